@@ -1,0 +1,1 @@
+//! sandboxd: a sandbox-first agent service.
