@@ -1,1 +1,6 @@
-//! sandboxd: a sandbox-first agent service.
+//! sandboxd: a sandbox-first agent service. Every session runs in its own hardened Docker
+//! container; the host keeps only the agent loop, the LLM calls and the orchestration.
+
+pub mod config;
+pub mod sandbox;
+pub mod tools;

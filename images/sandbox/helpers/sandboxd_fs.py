@@ -1,0 +1,170 @@
+"""sandboxd file helper: one per session, serves file operations over framed stdin/stdout.
+
+Runs as the sandbox user, so it can touch exactly what sandboxed code can touch; it exists
+only to make file operations ~1 ms instead of a ~70 ms `docker exec` each.
+"""
+import errno
+import os
+import shutil
+import stat
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sandboxd_proto as proto  # noqa: E402
+
+
+def kind_of(mode):
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def error_kind(exc):
+    return {
+        errno.ENOENT: "not_found",
+        errno.EISDIR: "is_dir",
+        errno.ENOTDIR: "not_dir",
+        errno.EACCES: "permission",
+        errno.EPERM: "permission",
+        errno.EEXIST: "exists",
+        errno.ENOSPC: "no_space",
+        errno.EROFS: "read_only",
+        errno.ENOTEMPTY: "not_empty",
+        errno.EFBIG: "too_large",
+    }.get(exc.errno, "other")
+
+
+def op_read(req, body):
+    path, limit = req["path"], int(req["limit"])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return {"ok": False, "kind": "is_dir", "message": "is a directory"}, b""
+        if st.st_size > limit:
+            return {"ok": False, "kind": "too_large", "size": st.st_size}, b""
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                return {"ok": False, "kind": "too_large", "size": total}, b""
+            chunks.append(chunk)
+        return {"ok": True}, b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def op_write(req, body):
+    path = req["path"]
+    parent = os.path.dirname(path)
+    if parent and req.get("parents", True):
+        os.makedirs(parent, exist_ok=True)
+    # Write beside the target, then rename: a reader never sees half a file.
+    tmp = "%s.sandboxd-%d.tmp" % (path, os.getpid())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(body)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        finally:
+            os.close(fd)
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        try:
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+        except FileNotFoundError:
+            pass
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return {"ok": True}, b""
+
+
+def op_stat(req, body):
+    st = os.lstat(req["path"])
+    return {
+        "ok": True,
+        "kind": kind_of(st.st_mode),
+        "size": st.st_size,
+        "mode": stat.S_IMODE(st.st_mode),
+        "modified": int(st.st_mtime),
+    }, b""
+
+
+def op_list(req, body):
+    entries = []
+    with os.scandir(req["path"]) as it:
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+                entries.append({"name": e.name, "kind": kind_of(st.st_mode), "size": st.st_size})
+            except OSError:
+                entries.append({"name": e.name, "kind": "other", "size": 0})
+    entries.sort(key=lambda e: e["name"])
+    return {"ok": True, "entries": entries}, b""
+
+
+def op_mkdir(req, body):
+    os.makedirs(req["path"], exist_ok=True)
+    return {"ok": True}, b""
+
+
+def op_remove(req, body):
+    path = req["path"]
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        if req.get("recursive"):
+            shutil.rmtree(path)
+        else:
+            os.rmdir(path)
+    else:
+        os.unlink(path)
+    return {"ok": True}, b""
+
+
+OPS = {
+    "read": op_read,
+    "write": op_write,
+    "stat": op_stat,
+    "list": op_list,
+    "mkdir": op_mkdir,
+    "remove": op_remove,
+}
+
+
+def main():
+    reader, writer = proto.claim_channel()
+    proto.write_frame(writer, {"ok": True, "hello": "sandboxd_fs", "pid": os.getpid()})
+    while True:
+        try:
+            req, body = proto.read_frame(reader)
+        except EOFError:
+            return
+        op = OPS.get(req.get("op"))
+        try:
+            if op is None:
+                resp, out = {"ok": False, "kind": "other", "message": "unknown op"}, b""
+            else:
+                resp, out = op(req, body)
+        except OSError as exc:
+            resp, out = {"ok": False, "kind": error_kind(exc), "message": exc.strerror or str(exc)}, b""
+        except Exception as exc:  # a helper bug must not kill the session's file access
+            resp, out = {"ok": False, "kind": "other", "message": repr(exc)}, b""
+        proto.write_frame(writer, resp, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+//! `sandboxd sessions list | rm ID | gc`: the session containers on this engine.
+
+use std::process::ExitCode;
+
+use super::Ctx;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SessionsCommand {
+    /// List every sandboxd-managed container.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a session and its container.
+    Rm { id: String },
+    /// Remove containers whose creating process is gone (and that were not kept) or that stopped.
+    Gc,
+}
+
+pub async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
+    let manager = ctx.manager().await?;
+    match cmd {
+        SessionsCommand::List { json } => {
+            let list = manager.list().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else if list.is_empty() {
+                println!("no sessions");
+            } else {
+                println!("{:<14} {:<12} {:<10} {:<6} {:<8} CONTAINER", "SESSION", "OWNER", "STATE", "KEPT", "PID");
+                for s in list {
+                    println!(
+                        "{:<14} {:<12} {:<10} {:<6} {:<8} {}",
+                        s.session_id,
+                        s.owner,
+                        s.state,
+                        if s.kept { "yes" } else { "no" },
+                        s.created_by_pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                        &s.container_id[..s.container_id.len().min(12)]
+                    );
+                }
+            }
+        }
+        SessionsCommand::Rm { id } => {
+            if !manager.list().await?.iter().any(|s| s.session_id == id) {
+                anyhow::bail!("no session {id}; see `sandboxd sessions list`");
+            }
+            manager.remove(&id).await?;
+            println!("removed session {id}");
+        }
+        SessionsCommand::Gc => {
+            let removed = manager.reconcile().await?;
+            if removed.is_empty() {
+                println!("nothing to remove");
+            } else {
+                println!("removed {} orphaned session(s): {}", removed.len(), removed.join(", "));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,385 @@
+//! Typed configuration: defaults, then the file (config/sandboxd.toml), then SANDBOXD_*
+//! environment variables, then CLI flags. An unknown or malformed key is an error that
+//! names the key; config/sandboxd.example.toml lists every key with its default.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}\n(see config/sandboxd.example.toml for every key and its default)")]
+    Parse { path: PathBuf, message: String },
+    #[error("environment variable {var}: {message} (variables are SANDBOXD_<SECTION>_<KEY>, e.g. SANDBOXD_LIMITS_MEMORY_MB=512)")]
+    Env { var: String, message: String },
+    #[error("invalid setting {key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub docker: DockerConfig,
+    pub limits: Limits,
+    pub sessions: SessionsConfig,
+    pub llm: LlmConfig,
+    pub agent: AgentConfig,
+    pub mcp: McpConfig,
+    /// Where run transcripts and other state are kept.
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DockerConfig {
+    /// Image to run; empty means the image built by `sandboxd image build` for this version.
+    pub image: String,
+    /// Optional OCI runtime, e.g. "runsc" for gVisor; empty means Docker's default (runc).
+    pub runtime: String,
+}
+
+/// Resource limits of one session container. The admin's values are ceilings: a request
+/// may lower them (see `Limits::lowered`) and never raise them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: i64,
+    pub workspace_mb: u64,
+    pub tmp_mb: u64,
+    pub nofile: u64,
+    pub fsize_mb: u64,
+    /// The longest a single command may run.
+    pub max_timeout_secs: u64,
+    /// Bytes kept per output stream of a command (the middle of longer output is cut).
+    pub output_cap_kb: u64,
+    /// Largest file read or written in one call.
+    pub max_file_mb: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_mb: 1024,
+            cpus: 1.0,
+            pids: 256,
+            workspace_mb: 1024,
+            tmp_mb: 256,
+            nofile: 4096,
+            fsize_mb: 1024,
+            max_timeout_secs: 600,
+            output_cap_kb: 256,
+            max_file_mb: 100,
+        }
+    }
+}
+
+/// What a request (CLI flag, API call, MCP client) may ask for: only lower limits.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitRequest {
+    pub memory_mb: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<i64>,
+    pub workspace_mb: Option<u64>,
+    pub tmp_mb: Option<u64>,
+}
+
+impl Limits {
+    /// Applies a request, refusing any value above the admin's ceiling or below a floor
+    /// that would make the sandbox unusable.
+    pub fn lowered(&self, req: &LimitRequest) -> Result<Limits, ConfigError> {
+        fn pick<T: PartialOrd + Copy + std::fmt::Display>(
+            key: &str,
+            ceiling: T,
+            floor: T,
+            asked: Option<T>,
+        ) -> Result<T, ConfigError> {
+            match asked {
+                None => Ok(ceiling),
+                Some(v) if v > ceiling => Err(ConfigError::Invalid {
+                    key: key.into(),
+                    message: format!("{v} is above the configured maximum of {ceiling}; a request can only lower limits"),
+                }),
+                Some(v) if v < floor => Err(ConfigError::Invalid {
+                    key: key.into(),
+                    message: format!("{v} is below the minimum of {floor}"),
+                }),
+                Some(v) => Ok(v),
+            }
+        }
+        let mut out = self.clone();
+        out.memory_mb = pick("memory_mb", self.memory_mb, 32, req.memory_mb)?;
+        out.cpus = pick("cpus", self.cpus, 0.05, req.cpus)?;
+        out.pids = pick("pids", self.pids, 16, req.pids)?;
+        out.workspace_mb = pick("workspace_mb", self.workspace_mb, 1, req.workspace_mb)?;
+        out.tmp_mb = pick("tmp_mb", self.tmp_mb, 1, req.tmp_mb)?;
+        Ok(out)
+    }
+
+    pub fn output_cap(&self) -> usize {
+        (self.output_cap_kb as usize).saturating_mul(1024)
+    }
+
+    pub fn max_file_bytes(&self) -> u64 {
+        self.max_file_mb.saturating_mul(1 << 20)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsConfig {
+    /// Most sessions (containers) alive at once.
+    pub max: usize,
+    /// A session unused for this long is removed by the reaper.
+    pub idle_timeout_secs: u64,
+    pub reap_interval_secs: u64,
+    /// The owner recorded on sessions started from the CLI.
+    pub default_owner: String,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        Self {
+            max: 16,
+            idle_timeout_secs: 1800,
+            reap_interval_secs: 60,
+            default_owner: "local".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LlmConfig {
+    pub model: String,
+    /// OpenAI-compatible endpoint; empty means OPENAI_BASE_URL or https://api.openai.com/v1.
+    pub base_url: String,
+    /// Empty means OPENAI_API_KEY.
+    pub api_key: String,
+    /// "openai" or "azure".
+    pub api_type: String,
+    pub deployment: String,
+    pub api_version: String,
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub timeout_secs: u64,
+    pub max_retries: u32,
+    pub multimodal: bool,
+    /// Model-name prefixes that take max_completion_tokens and no temperature.
+    pub reasoning_prefixes: Vec<String>,
+    pub vision: Option<VisionConfig>,
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        Self {
+            model: String::new(),
+            base_url: String::new(),
+            api_key: String::new(),
+            api_type: "openai".into(),
+            deployment: String::new(),
+            api_version: String::new(),
+            max_tokens: 4096,
+            temperature: 0.0,
+            timeout_secs: 300,
+            max_retries: 6,
+            multimodal: false,
+            reasoning_prefixes: ["o1", "o3", "o4", "gpt-5"].map(String::from).to_vec(),
+            vision: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VisionConfig {
+    pub model: String,
+    pub base_url: String,
+    pub api_key: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    pub max_steps: usize,
+    /// Characters of one tool observation shown to the model.
+    pub max_observe: usize,
+    /// Input tokens one run may spend in total; 0 means no budget.
+    pub max_input_tokens: u64,
+    /// Token budget of the context sent in one request (older turns are trimmed).
+    pub context_tokens: usize,
+    /// Default timeout of a bash tool call, in seconds (capped by limits.max_timeout_secs).
+    pub bash_timeout_secs: u64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            max_steps: 20,
+            max_observe: 10_000,
+            max_input_tokens: 0,
+            context_tokens: 100_000,
+            bash_timeout_secs: 120,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// Bearer token for `sandboxd mcp --listen`; empty means SANDBOXD_MCP_TOKEN.
+    pub token: String,
+    /// Client config (mcpServers) used by `sandboxd run`; empty means none.
+    pub servers_file: String,
+}
+
+impl Config {
+    /// Loads defaults → file → environment. `path` None means config/sandboxd.toml if it exists.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        Self::load_with_env(path, &env)
+    }
+
+    pub fn load_with_env(path: Option<&Path>, env: &[(String, String)]) -> Result<Config, ConfigError> {
+        let default_path = PathBuf::from("config/sandboxd.toml");
+        let path = match path {
+            Some(p) => Some(p.to_path_buf()),
+            None => default_path.exists().then_some(default_path),
+        };
+        let mut tree = match &path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.clone(),
+                    source,
+                })?;
+                text.parse::<toml::Table>().map_err(|e| ConfigError::Parse {
+                    path: p.clone(),
+                    message: e.to_string(),
+                })?
+            }
+            None => toml::Table::new(),
+        };
+        // Validate the file on its own first, so an error names the file and not the env.
+        if let Some(p) = &path {
+            Config::deserialize(toml::Value::Table(tree.clone())).map_err(|e| ConfigError::Parse {
+                path: p.clone(),
+                message: e.to_string(),
+            })?;
+        }
+        for (var, value) in env {
+            let Some(rest) = var.strip_prefix("SANDBOXD_") else { continue };
+            if matches!(rest, "CONFIG" | "LOG") || rest.starts_with("TEST_") {
+                continue;
+            }
+            apply_env(&mut tree, var, rest, value)?;
+        }
+        Config::deserialize(toml::Value::Table(tree)).map_err(|e| ConfigError::Env {
+            var: "SANDBOXD_*".into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The directory for transcripts and other files sandboxd keeps.
+    pub fn data_dir(&self) -> PathBuf {
+        if let Some(d) = &self.data_dir {
+            return d.clone();
+        }
+        if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
+            return PathBuf::from(d).join("sandboxd");
+        }
+        match std::env::var_os("HOME") {
+            Some(h) => PathBuf::from(h).join(".local/share/sandboxd"),
+            None => PathBuf::from(".sandboxd"),
+        }
+    }
+}
+
+const SECTIONS: &[&str] = &["docker", "limits", "sessions", "llm", "agent", "mcp"];
+
+fn apply_env(tree: &mut toml::Table, var: &str, rest: &str, value: &str) -> Result<(), ConfigError> {
+    let lower = rest.to_ascii_lowercase();
+    let (section, key) = match SECTIONS.iter().find(|s| lower.starts_with(&format!("{s}_"))) {
+        Some(s) => (Some(*s), lower[s.len() + 1..].to_string()),
+        None if lower == "data_dir" => (None, lower.clone()),
+        None => {
+            return Err(ConfigError::Env {
+                var: var.into(),
+                message: format!("unknown section; known sections are {}", SECTIONS.join(", ")),
+            });
+        }
+    };
+    // A value is read as a TOML literal when it is one (numbers, booleans, arrays), else as a string.
+    let parsed = format!("v = {value}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    let target = match section {
+        Some(s) => tree
+            .entry(s)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .ok_or_else(|| ConfigError::Env {
+                var: var.into(),
+                message: format!("[{s}] in the file is not a table"),
+            })?,
+        None => &mut *tree,
+    };
+    target.insert(key, parsed);
+    let probe = Config::deserialize(toml::Value::Table(tree.clone()));
+    probe.map(|_| ()).map_err(|e| ConfigError::Env {
+        var: var.into(),
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    }
+
+    #[test]
+    fn env_overrides_defaults_with_types() {
+        let c = Config::load_with_env(None, &env(&[("SANDBOXD_LIMITS_MEMORY_MB", "512"), ("SANDBOXD_LLM_MODEL", "gpt-4o")])).unwrap();
+        assert_eq!(c.limits.memory_mb, 512);
+        assert_eq!(c.llm.model, "gpt-4o");
+    }
+
+    #[test]
+    fn unknown_env_key_is_named() {
+        let e = Config::load_with_env(None, &env(&[("SANDBOXD_LIMITS_MEMORYMB", "512")])).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("SANDBOXD_LIMITS_MEMORYMB") && msg.contains("memorymb"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_file_key_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "[limits]\nmemroy_mb = 5\n").unwrap();
+        let msg = Config::load_with_env(Some(&p), &[]).unwrap_err().to_string();
+        assert!(msg.contains("memroy_mb"), "{msg}");
+        std::fs::write(&p, "[limits]\nmemory_mb = \"lots\"\n").unwrap();
+        let msg = Config::load_with_env(Some(&p), &[]).unwrap_err().to_string();
+        assert!(msg.contains("memory_mb") || msg.contains("integer"), "{msg}");
+    }
+
+    #[test]
+    fn requests_only_lower_limits() {
+        let l = Limits::default();
+        let lowered = l.lowered(&LimitRequest { memory_mb: Some(256), ..Default::default() }).unwrap();
+        assert_eq!(lowered.memory_mb, 256);
+        let err = l.lowered(&LimitRequest { pids: Some(100_000), ..Default::default() }).unwrap_err();
+        assert!(err.to_string().contains("above the configured maximum"));
+    }
+}

@@ -1,0 +1,69 @@
+//! SandboxError: what failed while reaching a session's container, and what to do about it.
+
+use std::time::Duration;
+
+/// Every variant says what failed and how to recover. Failures the model can act on
+/// (a missing file, a bad path) are turned into observations by the tools; the rest are
+/// failures of sandboxd or of its environment.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "the Docker engine is not reachable ({message}); start it (systemctl start docker) or set DOCKER_HOST, then run `sandboxd doctor`"
+    )]
+    EngineUnavailable { message: String },
+
+    #[error(
+        "the sandbox container of session {session} is gone ({message}); it was removed or killed from outside: start a new session"
+    )]
+    ContainerGone { session: String, message: String },
+
+    #[error("the sandbox image {tag} is missing; build it with `sandboxd image build`")]
+    ImageMissing { tag: String },
+
+    #[error("no session {id}; list the live ones with `sandboxd sessions list`")]
+    SessionNotFound { id: String },
+
+    #[error("the session limit of {limit} is reached; remove an idle session or raise [sessions] max")]
+    TooManySessions { limit: usize },
+
+    #[error("invalid path {path:?}: {reason}")]
+    InvalidPath { path: String, reason: String },
+
+    #[error("no such file or directory: {path}")]
+    NotFound { path: String },
+
+    #[error("{path} is {size} bytes, over the cap of {limit} bytes; read it in parts (head, tail, sed -n)")]
+    FileTooLarge { path: String, size: u64, limit: u64 },
+
+    #[error("{operation} {path}: {message}")]
+    FileOp {
+        operation: &'static str,
+        path: String,
+        message: String,
+    },
+
+    #[error("unsafe archive: {0}")]
+    Tar(#[from] crate::sandbox::tar_safety::TarError),
+
+    #[error("{what} timed out after {after:?}")]
+    Timeout { what: String, after: Duration },
+
+    #[error("the in-sandbox helper {helper} broke its protocol: {message}")]
+    Protocol { helper: String, message: String },
+
+    #[error("Docker refused to {operation}: {message}")]
+    Docker { operation: String, message: String },
+
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+impl SandboxError {
+    /// Whether this error means the container cannot be used any more.
+    pub fn is_fatal_for_session(&self) -> bool {
+        matches!(
+            self,
+            SandboxError::ContainerGone { .. } | SandboxError::EngineUnavailable { .. }
+        )
+    }
+}

@@ -1,0 +1,67 @@
+//! The Sandbox trait: the only way anything reaches a session's container.
+//!
+//! Tools, the agent and the servers see this trait and the plain types below, never a
+//! Docker type, so another backend (Kubernetes pods + the exec API) can implement it later.
+//! Only `docker*.rs` in this folder import bollard.
+
+pub mod docker;
+pub mod docker_image;
+pub mod framed;
+pub mod fs_client;
+pub mod manager;
+pub mod shell;
+pub mod tar_safety;
+mod output;
+
+mod error;
+mod types;
+
+pub use error::SandboxError;
+pub use manager::{SessionInfo, SessionManager};
+pub use types::*;
+
+use async_trait::async_trait;
+
+/// One session's sandbox. Every method is safe to call concurrently; implementations
+/// serialize where the underlying channel demands it (the persistent shell does).
+#[async_trait]
+pub trait Sandbox: Send + Sync {
+    /// The session id this sandbox belongs to.
+    fn session_id(&self) -> &str;
+
+    /// Runs one process to completion (one `docker exec`; ~70 ms, so not for the hot path).
+    async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError>;
+
+    /// Starts a long-lived process with attached stdin/stdout/stderr (drivers, tunnels).
+    async fn spawn(&self, req: SpawnRequest) -> Result<AttachedProcess, SandboxError>;
+
+    /// Runs a shell line in the session's persistent bash: cwd and exported variables persist.
+    async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError>;
+
+    /// Throws the persistent shell away; the next call starts a fresh one.
+    async fn restart_shell(&self) -> Result<(), SandboxError>;
+
+    async fn read_file(&self, path: &str) -> Result<Vec<u8>, SandboxError>;
+    async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), SandboxError>;
+    async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError>;
+    async fn stat(&self, path: &str) -> Result<FileStat, SandboxError>;
+    async fn mkdir(&self, path: &str) -> Result<(), SandboxError>;
+    async fn remove(&self, path: &str, recursive: bool) -> Result<(), SandboxError>;
+
+    /// Unpacks a tar archive (validated on the host first) into `dir` inside the sandbox.
+    async fn upload_tar(&self, dir: &str, archive: &[u8]) -> Result<(), SandboxError>;
+    /// Packs `dir` inside the sandbox into a tar archive (to be validated by the caller).
+    async fn download_tar(&self, dir: &str) -> Result<Vec<u8>, SandboxError>;
+
+    /// Kills every process in the sandbox that carries `SANDBOXD_TAG=<tag>` in its environment.
+    async fn kill_tagged(&self, tag: &str) -> Result<(), SandboxError>;
+
+    /// Whether the container is still running; a cheap inspect.
+    async fn is_alive(&self) -> bool;
+}
+
+/// The prefix every path inside the sandbox is resolved against when relative.
+pub const WORKSPACE: &str = "/workspace";
+
+/// Where the image keeps the in-container helpers (see images/sandbox/helpers).
+pub const HELPERS_DIR: &str = "/usr/local/lib/sandboxd";

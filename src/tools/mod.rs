@@ -1,0 +1,118 @@
+//! Tools the model calls. Each tool is one file with the same shape: a struct holding the
+//! session's sandbox handle (never a host path), a name, a description under 1024
+//! characters, a JSON schema and `execute`. The registry validates arguments before a tool
+//! ever sees them.
+
+pub mod ask_human;
+pub mod bash;
+pub mod registry;
+pub mod terminate;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::sandbox::SandboxError;
+
+pub use registry::{RegistryError, ToolRegistry, ToolSpec};
+
+/// What a tool call produced, as the model will see it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub output: String,
+    /// Set when the call failed in a way the model can act on.
+    pub error: Option<String>,
+    /// A PNG or JPEG, base64-encoded (plots, screenshots).
+    pub base64_image: Option<String>,
+    /// A note from sandboxd itself (e.g. "the shell was restarted").
+    pub system: Option<String>,
+}
+
+impl ToolResult {
+    pub fn ok(output: impl Into<String>) -> Self {
+        Self {
+            output: output.into(),
+            ..Self::default()
+        }
+    }
+
+    pub fn error(message: impl Into<String>) -> Self {
+        Self {
+            error: Some(message.into()),
+            ..Self::default()
+        }
+    }
+
+    pub fn with_image(mut self, base64: String) -> Self {
+        self.base64_image = Some(base64);
+        self
+    }
+
+    pub fn with_system(mut self, note: impl Into<String>) -> Self {
+        self.system = Some(note.into());
+        self
+    }
+
+    pub fn is_error(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// The text the model reads: the error or the output, then any system note.
+    pub fn render(&self) -> String {
+        let mut text = match &self.error {
+            Some(e) if self.output.is_empty() => format!("Error: {e}"),
+            Some(e) => format!("{}\nError: {e}", self.output),
+            None => self.output.clone(),
+        };
+        if let Some(s) = &self.system {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&format!("[sandboxd: {s}]"));
+        }
+        text
+    }
+}
+
+/// A failure of sandboxd itself, not something the model can fix by changing its call.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("the tool call was cancelled")]
+    Cancelled,
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ToolError {
+    /// Sandbox errors a model can act on become observations; the rest stay errors.
+    pub fn into_observation(self) -> Result<ToolResult, ToolError> {
+        match self {
+            ToolError::Sandbox(e) if !e.is_fatal_for_session() => Ok(ToolResult::error(e.to_string())),
+            other => Err(other),
+        }
+    }
+}
+
+/// Per-call context: cancellation (Ctrl-C, a closed client) reaches the tool through it.
+#[derive(Clone, Default)]
+pub struct ToolContext {
+    pub cancel: CancellationToken,
+}
+
+#[async_trait]
+pub trait Tool: Send + Sync {
+    fn name(&self) -> &str;
+    fn description(&self) -> &str;
+    /// A JSON schema object: `{"type":"object","properties":{…},"required":[…]}`.
+    fn parameters(&self) -> Value;
+    /// `args` has already been checked against `parameters()` by the registry.
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<ToolResult, ToolError>;
+}
+
+/// Reads an optional string argument.
+pub fn arg_str<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
+    args.get(key).and_then(Value::as_str)
+}

@@ -1,0 +1,76 @@
+//! Shared test plumbing: a SessionManager on the real engine and the real image, and a
+//! guard that removes a test's containers even when the test panics.
+#![allow(dead_code)]
+
+pub mod fake_llm;
+
+use std::sync::Arc;
+
+use sandboxd::config::{Config, LimitRequest, Limits, SessionsConfig};
+use sandboxd::sandbox::docker::{self, DockerRuntime};
+use sandboxd::sandbox::docker_image;
+use sandboxd::sandbox::manager::Session;
+use sandboxd::sandbox::SessionManager;
+
+/// The image under test: SANDBOXD_DOCKER_IMAGE when set, else the one this recipe builds
+/// (built now if missing — CI builds it before the tests).
+pub async fn image(engine: &docker::Engine) -> String {
+    if let Ok(tag) = std::env::var("SANDBOXD_DOCKER_IMAGE")
+        && !tag.is_empty()
+    {
+        return tag;
+    }
+    let quiet = |_| {};
+    docker_image::ensure_image(engine, &quiet)
+        .await
+        .expect("the sandbox image is missing and could not be built: run `sandboxd image build`")
+}
+
+pub async fn runtime() -> DockerRuntime {
+    let engine = docker::connect()
+        .await
+        .expect("these tests need a running Docker engine (CI starts one)");
+    let tag = image(&engine).await;
+    DockerRuntime::new(engine, tag, None)
+}
+
+pub fn test_limits() -> Limits {
+    Config::load_with_env(None, &[]).expect("default config").limits
+}
+
+pub async fn manager_with(limits: Limits, max: usize) -> Arc<SessionManager> {
+    SessionManager::new(
+        Arc::new(runtime().await),
+        limits,
+        SessionsConfig {
+            max,
+            ..SessionsConfig::default()
+        },
+    )
+}
+
+pub async fn manager() -> Arc<SessionManager> {
+    manager_with(test_limits(), 32).await
+}
+
+/// Removes the session's container on drop, through the docker CLI (Drop cannot await).
+pub struct Cleanup(pub String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f", &format!("sandboxd-{}", self.0)])
+            .output();
+    }
+}
+
+/// A fresh session owned by "test", and the guard that removes it.
+pub async fn session(manager: &SessionManager) -> (Arc<Session>, Cleanup) {
+    session_with(manager, &LimitRequest::default()).await
+}
+
+pub async fn session_with(manager: &SessionManager, req: &LimitRequest) -> (Arc<Session>, Cleanup) {
+    let s = manager.create("test", req, false).await.expect("create a session");
+    let guard = Cleanup(s.id.clone());
+    (s, guard)
+}
