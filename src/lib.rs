@@ -1,1 +1,2 @@
 //! sandboxd: a sandbox-first agent service.
+pub mod sandbox;
