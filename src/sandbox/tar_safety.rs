@@ -26,11 +26,15 @@
 //!   tar bombs; duplicates are refused because "last one wins" is how overwrites sneak in;
 //!   truncated archives and a missing end-of-archive marker are errors.
 //! * Extraction never overwrites (`create_new`), never writes through an existing symlink in the
-//!   destination and masks modes to 0o755/0o644. It checks each path before writing; it cannot
-//!   close a race with a process that is concurrently modifying `dest`, so `dest` must not be
-//!   writable by a running sandbox (extract into a host-private staging dir, or pause it).
+//!   destination (Judge0 CVE-2024-28185), and sets modes itself: directories 0o755, files 0o755
+//!   if any execute bit was set, else 0o644, so nothing privileged or world-writable lands on the
+//!   host. It dry-runs every path against `dest` first, so a conflict also writes nothing. It
+//!   cannot close a race with a process concurrently modifying `dest` (std has no `openat`), so
+//!   `dest` must not be writable by a running sandbox: use a host-private staging dir, or pause.
 //! * `archive_dir` never follows symlinks, refuses links that leave `src` and special files, and
-//!   re-validates its own output so we never emit what we would refuse to accept.
+//!   re-validates its own output so we never emit what we would refuse to accept. A file swapped
+//!   for a link between `lstat` and `open` is caught by comparing device and inode before reading;
+//!   a swap to a FIFO could still block the open, so the same "no concurrent writer" rule applies.
 
 use std::io;
 use std::path::Path;
@@ -125,11 +129,11 @@ pub enum TarError {
     Io { path: String, source: io::Error },
 }
 
-pub(crate) fn lossy(bytes: &[u8]) -> String {
+fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-pub(crate) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> TarError + '_ {
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> TarError + '_ {
     move |source| TarError::Io {
         path: path.display().to_string(),
         source,
