@@ -1,22 +1,207 @@
-//! Placeholder until the tar branch lands (replaced by the real module on merge).
-#[derive(Debug, thiserror::Error)]
-pub enum TarError {
-    #[error("placeholder")]
-    Placeholder,
-}
+//! Host-side handling of hostile tar archives (uploads into, downloads out of, a sandbox).
+//!
+//! Every byte of an archive comes from the model or the sandbox, so it is hostile. The worst
+//! code-runner escapes on record came from exactly this kind of host-side copy code (tar slip,
+//! RUSTSEC-2021-0080 symlink-then-file, Judge0 CVE-2024-28185 planted symlinks, docker cp
+//! CVE-2018-15664). The rules, and why each exists:
+//!
+//! * The whole archive is validated before anything is written, so a bad archive can never leave
+//!   a half-extracted tree behind (a partial success would be a foothold for the next request).
+//! * No absolute names and no `..` component, in the resolved (GNU/PAX long) name *and* in the raw
+//!   header name: other tools prefer one or the other, and that disagreement is an attack surface.
+//!   `\` also counts as a separator for the `..` check because Windows-side tools treat it so.
+//! * PAX headers may not repeat a key and a PAX `path`/`linkpath` must agree with the name the
+//!   `tar` crate resolves: parsers differ in which copy wins (first, last, GNU vs PAX).
+//! * Hard links are refused outright: their target is resolved by the extractor against the
+//!   destination, the classic way to alias a host file.
+//! * Symlinks must be relative and, resolved lexically from the link's own directory, stay inside
+//!   the root; a `..` in a target may only leave a directory this archive itself creates, because
+//!   `..` after a symlink (or after a directory that exists only on the host) goes elsewhere.
+//! * No entry may go *through* an earlier symlink, even one pointing inside: a writer that
+//!   follows links is the bug class we are defending against, so we never depend on one.
+//! * Only regular files, directories and symlinks: devices, FIFOs and sparse/unknown types have
+//!   side effects on open or differ between parsers. Setuid/setgid (and sticky on files) are
+//!   refused rather than silently dropped so the caller notices.
+//! * Entry count and total declared size are bounded (checked before any data is read) against
+//!   tar bombs; duplicates are refused because "last one wins" is how overwrites sneak in;
+//!   truncated archives and a missing end-of-archive marker are errors.
+//! * Extraction never overwrites (`create_new`), never writes through an existing symlink in the
+//!   destination (Judge0 CVE-2024-28185), and sets modes itself: directories 0o755, files 0o755
+//!   if any execute bit was set, else 0o644, so nothing privileged or world-writable lands on the
+//!   host. It dry-runs every path against `dest` first, so a conflict also writes nothing. It
+//!   cannot close a race with a process concurrently modifying `dest` (std has no `openat`), so
+//!   `dest` must not be writable by a running sandbox: use a host-private staging dir, or pause.
+//! * `archive_dir` never follows symlinks, refuses links that leave `src` and special files, and
+//!   re-validates its own output so we never emit what we would refuse to accept. A file swapped
+//!   for a link between `lstat` and `open` is caught by comparing device and inode before reading;
+//!   a swap to a FIFO could still block the open, so the same "no concurrent writer" rule applies.
+
+use std::io;
+use std::path::Path;
+
+mod build;
+mod extract;
+mod validate;
+
+pub use build::archive_dir;
+pub use extract::extract_archive;
+pub use validate::validate_archive;
+
+const DIR_MODE: u32 = 0o755;
+const EXEC_MODE: u32 = 0o755;
+const FILE_MODE: u32 = 0o644;
+
+/// Upper bounds enforced while reading or building an archive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TarLimits {
     pub max_total_bytes: u64,
     pub max_entries: usize,
 }
+
 impl Default for TarLimits {
     fn default() -> Self {
-        Self { max_total_bytes: 1 << 30, max_entries: 100_000 }
+        Self {
+            max_total_bytes: 1 << 30,
+            max_entries: 100_000,
+        }
     }
 }
+
+/// What a validated archive contains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ArchiveSummary {
     pub entries: usize,
     pub total_bytes: u64,
 }
-pub fn validate_archive(_bytes: &[u8], _limits: &TarLimits) -> Result<ArchiveSummary, TarError> {
-    Ok(ArchiveSummary { entries: 0, total_bytes: 0 })
+
+const ALLOWED: &str = "only regular files, directories and relative in-tree symlinks are allowed";
+
+#[derive(thiserror::Error, Debug)]
+pub enum TarError {
+    #[error("entry `{path}`: absolute paths are not allowed; names must be relative to the root")]
+    AbsolutePath { path: String },
+    #[error("entry `{path}`: `..` components are not allowed; names must stay inside the root")]
+    ParentComponent { path: String },
+    #[error("entry #{index} has an empty name; every non-directory entry needs a relative name")]
+    EmptyName { index: usize },
+    #[error("entry `{path}`: hard links are not allowed (target `{target}`); {ALLOWED}")]
+    HardLink { path: String, target: String },
+    #[error("entry `{path}`: symlink target `{target}` is absolute; targets must be relative")]
+    SymlinkAbsolute { path: String, target: String },
+    #[error(
+        "entry `{path}`: symlink target `{target}` escapes the root; targets must resolve inside \
+         it and `..` may only leave directories created by the archive"
+    )]
+    SymlinkEscape { path: String, target: String },
+    #[error("entry `{path}`: {kind} device nodes are not allowed; {ALLOWED}")]
+    DeviceNode { path: String, kind: &'static str },
+    #[error("entry `{path}`: FIFOs are not allowed; {ALLOWED}")]
+    Fifo { path: String },
+    #[error("entry `{path}`: entry type {kind} is not supported; {ALLOWED}")]
+    UnsupportedType { path: String, kind: String },
+    #[error(
+        "entry `{path}`: mode {mode:#o} has setuid/setgid/sticky bits; only 0o777 bits allowed"
+    )]
+    PrivilegedMode { path: String, mode: u32 },
+    #[error("entry `{path}`: more than {max} entries; at most {max} are allowed")]
+    TooManyEntries { path: String, max: usize },
+    #[error("entry `{path}`: declared size {size} exceeds the limit of {max} bytes")]
+    EntryTooLarge { path: String, size: u64, max: u64 },
+    #[error("entry `{path}`: total size reaches {total} bytes; at most {max} are allowed")]
+    TotalTooLarge { path: String, total: u64, max: u64 },
+    #[error("entry `{path}` goes through symlink `{link}`; paths must not traverse symlinks")]
+    ThroughSymlink { path: String, link: String },
+    #[error("entry `{path}`: parent `{parent}` is not a directory; parents must be directories")]
+    ParentNotDirectory { path: String, parent: String },
+    #[error("entry `{path}` appears more than once; each path may be declared only once")]
+    Duplicate { path: String },
+    #[error("entry `{path}`: global PAX header sets `{key}`; only metadata keys are allowed")]
+    GlobalPaxOverride { path: String, key: String },
+    #[error("archive is corrupt or truncated at `{path}`: {reason}; only complete tars accepted")]
+    Corrupt { path: String, reason: String },
+    #[error("`{path}` must be an existing directory that is not a symlink")]
+    NotADirectory { path: String },
+    #[error("`{path}` is an existing symlink; extraction never writes through symlinks")]
+    DestSymlink { path: String },
+    #[error("`{path}` already exists in the destination; extraction never overwrites")]
+    DestExists { path: String },
+    #[error("I/O error at `{path}`: {source}")]
+    Io { path: String, source: io::Error },
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> TarError + '_ {
+    move |source| TarError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// A validated entry, ready to be written; file data is a range of the input bytes.
+enum Action {
+    Dir,
+    File {
+        start: usize,
+        end: usize,
+        executable: bool,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+}
+
+struct Planned {
+    components: Vec<Vec<u8>>,
+    action: Action,
+}
+
+fn join(components: &[Vec<u8>]) -> Vec<u8> {
+    components.join(&b'/')
+}
+
+/// Lexically resolves `target` from `parent`; returns the directories left via `..`, or `None`
+/// if the walk leaves the root. Runs with `/` only and with `\` too, and both must stay inside.
+fn resolve_link(parent: &[Vec<u8>], target: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut popped = Vec::new();
+    for backslash_too in [false, true] {
+        let mut stack = parent.to_vec();
+        let split = target.split(|b| *b == b'/' || (backslash_too && *b == b'\\'));
+        for component in split {
+            match component {
+                b"" | b"." => {}
+                b".." => {
+                    popped.push(join(&stack));
+                    stack.pop()?;
+                }
+                other => stack.push(other.to_vec()),
+            }
+        }
+    }
+    Some(popped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve_link;
+
+    fn parts(s: &str) -> Vec<Vec<u8>> {
+        s.split('/')
+            .filter(|c| !c.is_empty())
+            .map(|c| c.as_bytes().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn resolve_link_stays_inside_or_says_none() {
+        // Each of the two passes records the directory it leaves.
+        let left = Some(vec![b"a/b".to_vec(), b"a/b".to_vec()]);
+        assert_eq!(resolve_link(&parts("a/b"), b"../c"), left);
+        assert!(resolve_link(&parts("a"), b"../..").is_none());
+        assert!(resolve_link(&[], b"..").is_none());
+        assert!(resolve_link(&parts("a"), b"..\\..").is_none());
+        assert_eq!(resolve_link(&[], b"x/./y"), Some(vec![]));
+    }
 }
