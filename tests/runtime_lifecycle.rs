@@ -1,0 +1,169 @@
+//! Lifecycle: the reconciler removes orphans and nothing else, a container killed from
+//! outside fails fast, limits requests only go down, the session cap holds.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use sandboxd::config::LimitRequest;
+use sandboxd::sandbox::{SandboxError, ShellOptions};
+
+fn docker(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker CLI")
+}
+
+#[tokio::test]
+async fn the_reconciler_removes_orphans_and_touches_nothing_else() {
+    // A sandboxd process that holds a session and dies without cleanup.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["exec", "--", "sleep", "600"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let orphan = loop {
+        // The creator label is pid:start-time; match on the pid.
+        let all = docker(&[
+            "ps",
+            "--format",
+            "{{.Names}} {{.Label \"sandboxd.creator\"}}",
+            "--filter",
+            "label=sandboxd.managed=true",
+        ]);
+        let text = String::from_utf8_lossy(&all.stdout).to_string();
+        if let Some(line) = text.lines().find(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|c| c.starts_with(&format!("{pid}:")))
+        }) {
+            break line.split_whitespace().next().unwrap().to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child never created its container"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _orphan_guard = support::Cleanup(orphan.trim_start_matches("sandboxd-").to_string());
+    // An unrelated, unlabelled container beside it.
+    let image = support::runtime().await.image().to_string();
+    let bystander = format!("bystander-{:08x}", rand::random::<u32>());
+    let run = docker(&[
+        "run",
+        "-d",
+        "--name",
+        &bystander,
+        "--network",
+        "none",
+        &image,
+        "sleep",
+        "600",
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let m = support::manager().await;
+    let (mine, _g) = support::session(&m).await;
+    let removed = m.reconcile().await.unwrap();
+    assert!(
+        removed.iter().any(|r| orphan.ends_with(r.as_str())),
+        "removed {removed:?}, orphan {orphan}"
+    );
+    assert!(
+        !removed.contains(&mine.id),
+        "a live session of this process was removed"
+    );
+    let gone = docker(&["inspect", &orphan]);
+    assert!(!gone.status.success(), "the orphan is still there");
+    let alive = docker(&["inspect", "--format", "{{.State.Running}}", &bystander]);
+    assert_eq!(String::from_utf8_lossy(&alive.stdout).trim(), "true");
+    assert!(mine.sandbox.is_alive().await);
+    docker(&["rm", "-f", &bystander]);
+}
+
+#[tokio::test]
+async fn a_container_killed_from_outside_fails_fast_with_a_clear_error() {
+    let m = support::manager().await;
+    let (s, _g) = support::session(&m).await;
+    s.sandbox
+        .shell("true", ShellOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        docker(&["kill", &format!("sandboxd-{}", s.id)])
+            .status
+            .success()
+    );
+    let t = Instant::now();
+    let shell = s.sandbox.shell("echo hi", ShellOptions::default()).await;
+    let file = s.sandbox.read_file("/workspace/x").await;
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    let err = shell.expect_err("a dead container cannot run commands");
+    assert!(matches!(err, SandboxError::ContainerGone { .. }), "{err}");
+    assert!(err.to_string().contains("start a new session"));
+    assert!(file.is_err());
+    assert!(!s.sandbox.is_alive().await);
+}
+
+#[tokio::test]
+async fn requests_cannot_raise_limits_and_the_session_cap_holds() {
+    let m = support::manager_with(support::test_limits(), 1).await;
+    let err = m
+        .create(
+            "test",
+            &LimitRequest {
+                memory_mb: Some(1 << 20),
+                ..Default::default()
+            },
+            false,
+        )
+        .await
+        .err()
+        .expect("raising memory must be refused");
+    assert!(
+        err.to_string().contains("above the configured maximum"),
+        "{err}"
+    );
+    let (_s, _g) = support::session(&m).await;
+    let err = m
+        .create("test", &LimitRequest::default(), false)
+        .await
+        .err()
+        .expect("over the cap");
+    assert!(
+        matches!(err, SandboxError::TooManySessions { limit: 1 }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn idle_sessions_are_reaped() {
+    let limits = support::test_limits();
+    let m = sandboxd::sandbox::SessionManager::new(
+        std::sync::Arc::new(support::runtime().await),
+        limits,
+        sandboxd::config::SessionsConfig {
+            idle_timeout_secs: 1,
+            ..Default::default()
+        },
+    );
+    let (s, _g) = support::session(&m).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reaped = m.reap_idle().await;
+    assert_eq!(reaped, vec![s.id.clone()]);
+    let gone = docker(&["inspect", &format!("sandboxd-{}", s.id)]);
+    assert!(!gone.status.success());
+}
