@@ -102,6 +102,8 @@ async fn a_memory_bomb_is_oom_killed_and_reported() {
         out.stderr_lossy()
     );
     assert_eq!(out.stdout_lossy(), "");
+    let note = out.note.unwrap_or_default();
+    assert!(note.contains("out-of-memory"), "note: {note:?}");
     // The session survives its bomb.
     assert_eq!(
         s.sandbox

@@ -42,7 +42,7 @@ async fn the_engine_reports_every_hardening_setting() {
     assert_eq!(hc("RestartPolicy.Name"), "\"no\"");
     assert_eq!(hc("Binds"), "null");
     assert_eq!(hc("Mounts"), "null");
-    assert_eq!(hc("Devices"), "[]");
+    assert!(matches!(hc("Devices").as_str(), "[]" | "null"));
     assert!(hc("MaskedPaths").contains("/proc/kcore"));
     let log = hc("LogConfig");
     assert!(log.contains("max-size"), "{log}");
@@ -109,7 +109,7 @@ async fn inside_the_container_nothing_is_granted() {
     std::fs::write(dir.path().join(&canary), "secret").unwrap();
     let found = s
         .sandbox
-        .exec(ExecRequest::shell_line(format!("grep -rl {canary} / 2>/dev/null | head -1; find / -name '{canary}' 2>/dev/null | head -1")).timeout(Duration::from_secs(60)))
+        .exec(ExecRequest::shell_line(format!("find / \\( -path /proc -o -path /sys \\) -prune -o -name '{canary}' -print 2>/dev/null | head -1; grep -rls {canary} /workspace /tmp /etc /mnt /media /srv /opt /home /root 2>/dev/null | head -1")).timeout(Duration::from_secs(60)))
         .await
         .unwrap();
     assert_eq!(found.stdout_lossy().trim(), "");

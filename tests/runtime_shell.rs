@@ -113,7 +113,9 @@ async fn timeout_kills_the_command_and_the_shell_stays_usable() {
     assert_eq!(out.stdout_lossy(), "ok\n/tmp\n1\n");
     // No sleep survived the kill.
     let ps = sb
-        .exec(ExecRequest::shell_line("pgrep -x sleep || true"))
+        .exec(ExecRequest::shell_line(
+            "ps -eo args= | grep -x 'sleep 1000' || true",
+        ))
         .await
         .unwrap();
     assert_eq!(ps.stdout_lossy().trim(), "");

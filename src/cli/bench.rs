@@ -1,16 +1,251 @@
-//! `sandboxd bench`: benchmarks beside the docker CLI.
+//! `sandboxd bench`: sandboxd beside the plain `docker` CLI doing the same work in the same
+//! run, printed as Markdown tables for BENCHMARKS.md. Timings live here, never in tests.
 
-use std::process::ExitCode;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use sandboxd::config::LimitRequest;
+use sandboxd::sandbox::{SessionManager, ShellOptions};
 
 use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// The task; asked on stdin when absent.
-    #[arg(long)]
-    pub prompt: Option<String>,
+    /// Which group to run: runtime, tools, agent, browser, mcp, or all.
+    #[arg(default_value = "all")]
+    pub group: String,
+    /// Repetitions of each fast measurement.
+    #[arg(long, default_value_t = 200)]
+    pub iterations: usize,
 }
 
-pub async fn main(_ctx: Ctx, _args: BenchArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`sandboxd bench` is not built yet")
+/// p50 and p99 of a sample, in milliseconds.
+pub fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
+    samples.sort();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples
+            .get(i)
+            .map(|d| d.as_secs_f64() * 1e3)
+            .unwrap_or(f64::NAN)
+    };
+    (at(0.5), at(0.99))
+}
+
+pub fn row(
+    what: &str,
+    ours: &mut [Duration],
+    baseline_name: &str,
+    base: &mut [Duration],
+    target: &str,
+) {
+    let (o50, o99) = percentiles(ours);
+    if base.is_empty() {
+        println!("| {what} | {o50:.2} | {o99:.2} | — | — | — | {target} |");
+        return;
+    }
+    let (b50, b99) = percentiles(base);
+    println!(
+        "| {what} | {o50:.2} | {o99:.2} | {baseline_name}: {b50:.2} | {b99:.2} | {:.2}× | {target} |",
+        o50 / b50
+    );
+}
+
+pub fn header() {
+    println!(
+        "| measurement | sandboxd p50 ms | p99 ms | baseline p50 ms | baseline p99 ms | ratio (p50) | target |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+}
+
+fn docker_cli(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("docker")
+        .args(args)
+        .stderr(Stdio::piped())
+        .output()
+        .context("run the docker CLI")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "docker {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let manager = ctx.manager().await?;
+    println!(
+        "sandboxd bench — {} — machine: {} cores",
+        chrono_date(),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    println!();
+    let all = args.group == "all";
+    if all || args.group == "runtime" {
+        runtime(&manager, args.iterations).await?;
+    }
+    manager.remove_all().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn chrono_date() -> String {
+    Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
+    let image = docker_cli(&[
+        "inspect",
+        "--format",
+        "{{.Id}}",
+        &sandboxd::sandbox::docker_image::image_tag(),
+    ])
+    .unwrap_or_else(|_| sandboxd::sandbox::docker_image::image_tag());
+    println!("### Runtime");
+    println!();
+    header();
+    // Session create-to-ready (first command answered) vs `docker run -d` of the same hardening.
+    let rounds = 10;
+    let (mut ours, mut base) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let s = manager
+            .create("bench", &LimitRequest::default(), false)
+            .await?;
+        s.sandbox.shell("true", ShellOptions::default()).await?;
+        ours.push(t.elapsed());
+        manager.remove(&s.id).await?;
+        let t = Instant::now();
+        let id = docker_cli(&[
+            "run",
+            "-d",
+            "--network",
+            "none",
+            "--read-only",
+            "--user",
+            "1000:1000",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges:true",
+            "--init",
+            "--pids-limit",
+            "256",
+            "--memory",
+            "1g",
+            "--memory-swap",
+            "1g",
+            "--cpus",
+            "1",
+            "--tmpfs",
+            "/workspace:rw,exec,size=1024m,uid=1000,gid=1000",
+            "--tmpfs",
+            "/tmp:rw,noexec,size=256m",
+            "--label",
+            "sandboxd.bench=true",
+            &image,
+            "sleep",
+            "infinity",
+        ])?;
+        base.push(t.elapsed());
+        docker_cli(&["rm", "-f", &id])?;
+    }
+    row(
+        "session create-to-ready (first `true` answered)",
+        &mut ours,
+        "docker run -d",
+        &mut base,
+        "≤ 1.2× docker run -d",
+    );
+
+    let s = manager
+        .create("bench", &LimitRequest::default(), false)
+        .await?;
+    let container = format!("sandboxd-{}", s.id);
+    s.sandbox.shell("true", ShellOptions::default()).await?;
+    let mut ours = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        s.sandbox.shell("true", ShellOptions::default()).await?;
+        ours.push(t.elapsed());
+    }
+    let mut base = Vec::new();
+    for _ in 0..n.min(50) {
+        let t = Instant::now();
+        docker_cli(&["exec", &container, "true"])?;
+        base.push(t.elapsed());
+    }
+    row(
+        "command round trip (`true`)",
+        &mut ours,
+        "docker exec",
+        &mut base,
+        "p50 ≤ 1 ms",
+    );
+
+    // 1 MiB write + read: the file helper vs `docker cp` in and out of a container that allows it
+    // (the archive API refuses a read-only root, so the baseline container is writable).
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let mut ours = Vec::new();
+    for _ in 0..n.min(50) {
+        let t = Instant::now();
+        s.sandbox.write_file("/workspace/bench.bin", &data).await?;
+        let back = s.sandbox.read_file("/workspace/bench.bin").await?;
+        ours.push(t.elapsed());
+        anyhow::ensure!(back.len() == data.len(), "round trip lost bytes");
+    }
+    let plain = docker_cli(&[
+        "run",
+        "-d",
+        "--network",
+        "none",
+        "--label",
+        "sandboxd.bench=true",
+        &image,
+        "sleep",
+        "infinity",
+    ])?;
+    let dir = tempfile_dir()?;
+    let src = dir.join("bench.bin");
+    std::fs::write(&src, &data)?;
+    let mut base = Vec::new();
+    for _ in 0..n.min(20) {
+        let t = Instant::now();
+        docker_cli(&[
+            "cp",
+            &src.to_string_lossy(),
+            &format!("{plain}:/tmp/bench.bin"),
+        ])?;
+        docker_cli(&[
+            "cp",
+            &format!("{plain}:/tmp/bench.bin"),
+            &dir.join("back.bin").to_string_lossy(),
+        ])?;
+        base.push(t.elapsed());
+    }
+    docker_cli(&["rm", "-f", &plain])?;
+    let _ = std::fs::remove_dir_all(&dir);
+    row(
+        "1 MiB write + read",
+        &mut ours,
+        "docker cp in + out",
+        &mut base,
+        "≤ 30 ms",
+    );
+    manager.remove(&s.id).await?;
+    println!();
+    Ok(())
+}
+
+fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("sandboxd-bench-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }

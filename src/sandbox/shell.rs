@@ -11,7 +11,7 @@
 //! gets EOF at once instead of hanging until the timeout.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -37,6 +37,8 @@ pub struct PersistentShell {
     /// Why the last shell ended, told to the model on the next call.
     pending_note: std::sync::Mutex<Option<String>>,
     ever_started: AtomicBool,
+    /// The cgroup's OOM-kill counter as last seen, to tell an OOM kill from another SIGKILL.
+    oom_kills_seen: AtomicU64,
 }
 
 enum Outcome {
@@ -142,11 +144,24 @@ impl PersistentShell {
         }
         if let Outcome::Died(why) = &outcome {
             *guard = None;
+            if !host.is_alive().await {
+                return Err(SandboxError::ContainerGone {
+                    session: host.session_id().to_string(),
+                    message: format!("the shell ended ({why}) and the container is not running"),
+                });
+            }
             self.set_note(format!(
                 "the shell exited ({why}); a new one was started, so the working directory and variables were reset"
             ));
         }
 
+        let mut oom_note = None;
+        if matches!(outcome, Outcome::Done(137))
+            && let Some(count) = oom_kill_count(host).await
+            && count > self.oom_kills_seen.swap(count, Ordering::Relaxed)
+        {
+            oom_note = Some("the command was killed by the out-of-memory killer: it reached the sandbox's memory limit".to_string());
+        }
         let (stdout, stdout_truncated) = out.finish();
         let (stderr, stderr_truncated) = err.finish();
         let timed_out = matches!(outcome, Outcome::TimedOut);
@@ -166,7 +181,7 @@ impl PersistentShell {
             stdout_truncated,
             stderr_truncated,
             timed_out,
-            note: join_notes(note, died_note),
+            note: join_notes(join_notes(note, died_note), oom_note),
             duration: started.elapsed(),
         })
     }
@@ -207,6 +222,22 @@ impl PersistentShell {
             *n = Some(note);
         }
     }
+}
+
+/// The container's OOM-kill counter (cgroup v2 memory.events or v1 memory.oom_control).
+pub async fn oom_kill_count(host: &dyn Sandbox) -> Option<u64> {
+    for path in [
+        "/sys/fs/cgroup/memory.events",
+        "/sys/fs/cgroup/memory/memory.oom_control",
+    ] {
+        if let Ok(text) = host.read_file(path).await {
+            let text = String::from_utf8_lossy(&text);
+            return text
+                .lines()
+                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok());
+        }
+    }
+    None
 }
 
 /// Discards stray output left by background jobs and tells whether the shell still runs.
