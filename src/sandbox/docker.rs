@@ -418,10 +418,15 @@ impl DockerSandbox {
         let exec_id = exec.id.clone();
         let exit_code: super::ExitProbe =
             Box::new(move || Box::pin(exec_exit_code(docker, exec_id)));
+        let started = Box::pin(exec_started(self.docker.clone(), exec.id.clone()));
+        let stdin = Box::pin(StdinGuard {
+            inner: input,
+            started: Some(started),
+        });
         Ok((
             exec.id,
             AttachedProcess {
-                stdin: input,
+                stdin,
                 output,
                 exit_code,
             },
@@ -741,6 +746,54 @@ impl Sandbox for DockerSandbox {
                 .await,
             Ok(info) if info.state.as_ref().and_then(|s| s.running) == Some(true)
         )
+    }
+}
+
+/// Waits until the engine reports the exec's process as started (or already finished).
+async fn exec_started(docker: Docker, exec_id: String) {
+    for _ in 0..400 {
+        match docker.inspect_exec(&exec_id).await {
+            Ok(info) if info.running == Some(true) || info.exit_code.is_some() => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(_) => return,
+        }
+    }
+}
+
+/// The stdin of an attached exec. Docker 20.10 answers a stdin close that arrives before the
+/// process has started with "task … not found" instead of EOF, so shutdown waits for the start.
+struct StdinGuard {
+    inner: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    started: Option<futures::future::BoxFuture<'static, ()>>,
+}
+
+impl tokio::io::AsyncWrite for StdinGuard {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.inner.as_mut().poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.inner.as_mut().poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if let Some(started) = self.started.as_mut() {
+            if started.as_mut().poll(cx).is_pending() {
+                return std::task::Poll::Pending;
+            }
+            self.started = None;
+        }
+        self.inner.as_mut().poll_shutdown(cx)
     }
 }
 
