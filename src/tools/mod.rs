@@ -5,6 +5,7 @@
 
 pub mod ask_human;
 pub mod bash;
+pub mod editor;
 pub mod registry;
 pub mod terminate;
 
