@@ -1,1 +1,3 @@
 //! sandboxd: a sandbox-first agent service.
+
+pub mod sandbox;
