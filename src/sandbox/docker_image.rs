@@ -208,7 +208,8 @@ pub async fn build_image(
     if !force && image_present(docker).await? {
         return Ok(BuildOutcome::UpToDate { tag });
     }
-    if find_in_path("mmdebstrap").is_none() {
+    let search_path = std::env::var_os("PATH").unwrap_or_default();
+    if find_program("mmdebstrap", &search_path).is_none() {
         return Err(ImageError::MmdebstrapMissing);
     }
 
@@ -442,10 +443,9 @@ fn file_chunks(file: tokio::fs::File) -> impl Stream<Item = io::Result<Bytes>> +
     })
 }
 
-fn find_in_path(program: &str) -> Option<PathBuf> {
+fn find_program(program: &str, search_path: &std::ffi::OsStr) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
+    std::env::split_paths(search_path)
         .map(|dir| dir.join(program))
         .find(|candidate| {
             std::fs::metadata(candidate)
@@ -527,6 +527,75 @@ mod tests {
         assert_eq!(
             changes.last(),
             Some(&format!("LABEL sandboxd.recipe={}", recipe_hash()))
+        );
+    }
+
+    #[test]
+    fn programs_are_found_only_where_the_search_path_says() {
+        let system = std::ffi::OsStr::new("/usr/bin:/bin");
+        assert!(find_program("sh", system).is_some());
+        assert!(find_program("sh", std::ffi::OsStr::new("/nonexistent")).is_none());
+        assert!(find_program("no-such-program-here", system).is_none());
+    }
+
+    fn fake_recipe(script: &str) -> (TempDir, PathBuf) {
+        let dir = TempDir::create().expect("temp dir");
+        let recipe = dir.path().join("recipe");
+        std::fs::create_dir(&recipe).expect("recipe dir");
+        std::fs::write(recipe.join(BUILD_SCRIPT), script).expect("script");
+        (dir, recipe)
+    }
+
+    #[tokio::test]
+    async fn a_failing_recipe_reports_its_exit_status_and_last_lines() {
+        let (dir, recipe) = fake_recipe(
+            "for i in $(seq 1 50); do echo \"line $i\" >&2; done\n\
+             printf 'I: a step\\n'\n\
+             exit 3\n",
+        );
+        let seen = std::sync::Mutex::new(Vec::new());
+        let record = |p: BuildProgress| seen.lock().expect("lock").push(p);
+        let rootfs = dir.path().join("rootfs.tar");
+        let err = run_recipe(&recipe, &rootfs, dir.path(), &record)
+            .await
+            .expect_err("the recipe fails");
+        let ImageError::BuildFailed { status, log_tail } = err else {
+            panic!("unexpected error: {err}");
+        };
+        assert!(status.contains('3'), "{status}");
+        let tail: Vec<&str> = log_tail.lines().collect();
+        assert_eq!(tail.len(), LOG_TAIL_LINES);
+        assert!(tail.contains(&"line 50") && tail.contains(&"I: a step"));
+        assert!(!tail.contains(&"line 1"));
+        let seen = seen.into_inner().expect("lock");
+        assert_eq!(seen.len(), 51);
+        assert!(seen.contains(&BuildProgress::Step("a step".to_owned())));
+        assert!(seen.contains(&BuildProgress::Log("line 1".to_owned())));
+    }
+
+    #[tokio::test]
+    async fn a_recipe_that_exits_0_without_output_is_a_failure() {
+        let (dir, recipe) = fake_recipe("exit 0\n");
+        let rootfs = dir.path().join("rootfs.tar");
+        let err = run_recipe(&recipe, &rootfs, dir.path(), &|_| {})
+            .await
+            .expect_err("no rootfs was written");
+        assert!(matches!(err, ImageError::BuildFailed { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_recipe_that_writes_the_rootfs_succeeds() {
+        let (dir, recipe) = fake_recipe("echo 'progress bar 10%\rprogress bar 100%'\n: > \"$1\"\n");
+        let rootfs = dir.path().join("rootfs.tar");
+        let seen = std::sync::Mutex::new(Vec::new());
+        let record = |p: BuildProgress| seen.lock().expect("lock").push(p);
+        run_recipe(&recipe, &rootfs, dir.path(), &record)
+            .await
+            .expect("recipe succeeds");
+        assert!(rootfs.is_file());
+        assert_eq!(
+            seen.into_inner().expect("lock"),
+            vec![BuildProgress::Log("progress bar 100%".to_owned())]
         );
     }
 
