@@ -17,7 +17,7 @@ grep -q '^sandbox:' "$root/etc/group" || echo 'sandbox:x:1000:' >> "$root/etc/gr
 grep -q '^sandbox:' "$root/etc/passwd" ||
     echo 'sandbox:x:1000:1000:sandboxd session user:/workspace:/bin/bash' >> "$root/etc/passwd"
 if [ -f "$root/etc/shadow" ] && ! grep -q '^sandbox:' "$root/etc/shadow"; then
-    echo 'sandbox:!:0::::::' >> "$root/etc/shadow"
+    echo 'sandbox:!:::::::' >> "$root/etc/shadow"
 fi
 install -d -o 1000 -g 1000 -m 0755 "$root/workspace"
 

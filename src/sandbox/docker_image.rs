@@ -220,7 +220,7 @@ pub async fn build_image(
     let rootfs = workspace.path().join("rootfs.tar");
 
     progress(BuildProgress::Step(format!(
-        "building the rootfs for {tag} with mmdebstrap (takes a few minutes)"
+        "building the rootfs for {tag} with mmdebstrap (a minute or two)"
     )));
     run_recipe(&recipe_dir, &rootfs, workspace.path(), progress).await?;
 
