@@ -1,0 +1,56 @@
+#!/bin/bash
+# Finishes the sandbox rootfs after mmdebstrap installed the packages (a --customize-hook).
+#
+# Usage: bash customize.sh ROOTFS   (SANDBOXD_RECIPE_DIR must point at the recipe directory)
+#
+# Adds the unprivileged `sandbox` user the containers run as, the /workspace mount point, the
+# in-container helpers, and removes host details that mmdebstrap copied in.
+set -euo pipefail
+
+root=${1:?usage: customize.sh ROOTFS}
+recipe_dir=${SANDBOXD_RECIPE_DIR:?SANDBOXD_RECIPE_DIR is not set}
+
+echo "I: sandboxd: creating user sandbox (1000:1000, home /workspace)" >&2
+# Written directly rather than with useradd: the image has no passwd package, and uid/gid must be
+# exactly 1000 because the session code and the tmpfs mount options name them numerically.
+grep -q '^sandbox:' "$root/etc/group" || echo 'sandbox:x:1000:' >> "$root/etc/group"
+grep -q '^sandbox:' "$root/etc/passwd" ||
+    echo 'sandbox:x:1000:1000:sandboxd session user:/workspace:/bin/bash' >> "$root/etc/passwd"
+if [ -f "$root/etc/shadow" ] && ! grep -q '^sandbox:' "$root/etc/shadow"; then
+    echo 'sandbox:!:::::::' >> "$root/etc/shadow"
+fi
+install -d -o 1000 -g 1000 -m 0755 "$root/workspace"
+
+echo "I: sandboxd: installing helpers into /usr/local/lib/sandboxd" >&2
+install -d -o root -g root -m 0755 "$root/usr/local/lib/sandboxd"
+(
+    cd "$recipe_dir/helpers"
+    find . -type f ! -name .keep -print0 | sort -z | while IFS= read -r -d '' f; do
+        install -D -o root -g root -m 0755 "$f" "$root/usr/local/lib/sandboxd/${f#./}"
+    done
+)
+# install -D creates intermediate directories with the umask; make them predictable too.
+find "$root/usr/local/lib/sandboxd" -type d -exec chmod 0755 {} +
+
+# mmdebstrap resolves the Essential set on its own, before packages.txt is read, and so takes
+# init-system-helpers' first alternative "usrmerge", which drags in perl (~55 MB). The rootfs is
+# merged-/usr already and packages.txt installs usr-is-merged, so it can go. dpkg refuses if
+# anything still depends on one of these, which keeps this list honest.
+echo "I: sandboxd: removing usrmerge and the perl it needed" >&2
+chroot "$root" dpkg --purge usrmerge libfile-find-rule-perl libnumber-compare-perl \
+    libtext-glob-perl perl perl-modules-5.36 libperl5.36 >&2
+
+# The libraries' own test suites (~45 MB) are never imported by user code. They are deleted here
+# rather than kept out with dpkg path-exclude, because the packages' postinst byte-compiles every
+# listed .py file and fails on missing ones.
+echo "I: sandboxd: removing the test suites of pandas and matplotlib" >&2
+rm -rf "$root/usr/lib/python3/dist-packages/pandas/tests" \
+    "$root/usr/lib/python3/dist-packages/matplotlib/tests" \
+    "$root/usr/lib/python3/dist-packages/mpl_toolkits/tests"
+
+# The host's apt sources (mirror URLs, possibly with credentials), hostname and resolver were
+# needed during the build only. Docker supplies hostname/hosts/resolv.conf at run time.
+rm -f "$root/etc/apt/sources.list" "$root"/etc/apt/sources.list.d/*
+: > "$root/etc/hostname"
+: > "$root/etc/resolv.conf"
+rm -f "$root"/var/cache/debconf/*-old "$root"/var/lib/dpkg/*-old
