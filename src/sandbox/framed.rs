@@ -94,6 +94,11 @@ impl FramedProcess {
         }
     }
 
+    /// The helper's exit code once it has exited (None while it runs or when unknown).
+    pub async fn exit_code(self) -> Option<i64> {
+        (self.process.exit_code)().await
+    }
+
     pub async fn call(
         &mut self,
         header: &Value,

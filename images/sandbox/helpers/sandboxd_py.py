@@ -1,0 +1,371 @@
+"""sandboxd python driver: one persistent interpreter per session, driven like a notebook kernel.
+
+The host (src/tools/python) spawns this once per session and sends frames over stdin/stdout
+(see sandboxd_proto.py):
+
+    {"op": "execute", "id": N, "output_cap": BYTES}  body: the cell's source (UTF-8)
+    {"op": "interrupt", "id": N}                     raise KeyboardInterrupt in cell N, if it runs
+    {"op": "exit"}                                   leave at once
+
+Each execute is answered by one frame whose header names the sizes of the body's parts, in
+this order: stdout, stderr, value (the repr of a final expression), error (a traceback) and
+image (the PNG of the first figure). A reader thread takes frames while a cell runs, so an
+interrupt reaches the main thread at once with pthread_kill; processes the cell started get
+SIGINT too (like Ctrl-C in a terminal), processes of earlier cells are left alone.
+
+During a cell, fds 1 and 2 point at unlinked files in /tmp (so output of os.system and of
+subprocesses is captured too, and the driver never holds more than the cap in memory); the
+head and the tail of each are read back and the middle is cut.
+"""
+import ast
+import builtins
+import faulthandler
+import io
+import linecache
+import os
+import queue
+import signal
+import struct
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import types
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sandboxd_proto as proto  # noqa: E402
+
+del sys.path[0]
+
+DRIVER_FILES = {__file__, os.path.abspath(__file__)}
+FIGURE_DIR = "/workspace/figures"
+IMAGE_LIMIT = 4 << 20
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+DRIVER_MODULE = None
+
+
+class State:
+    """What the reader thread needs to know about the running cell."""
+
+    lock = threading.Lock()
+    running = None  # id of the cell in progress
+    started_ticks = 0  # its start, in the clock of /proc/PID/stat
+    main_ident = threading.main_thread().ident
+
+
+def boot_ticks():
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLOCK_TICKS)
+
+
+def descendants_since(ticks):
+    """Our descendant processes started at or after `ticks` (the cell's own children)."""
+    parents, started = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2:].split()
+            parents[int(name)] = int(fields[1])
+            started[int(name)] = int(fields[19])
+        except (OSError, ValueError, IndexError):
+            pass
+    children = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = [], [os.getpid()]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            stack.append(child)
+            if started.get(child, 0) >= ticks:
+                found.append(child)
+    return found
+
+
+def interrupt(cell_id):
+    with State.lock:
+        if State.running is None or State.running != cell_id:
+            return
+        signal.pthread_kill(State.main_ident, signal.SIGINT)
+        since = State.started_ticks
+    for pid in descendants_since(since):
+        try:
+            os.kill(pid, signal.SIGINT)
+        except OSError:
+            pass
+
+
+def on_sigint(signum, frame):
+    # A late interrupt that lands after its cell ended must not hit the driver itself.
+    if State.running is not None:
+        raise KeyboardInterrupt
+
+
+def reader_loop(reader, requests):
+    while True:
+        try:
+            req, body = proto.read_frame(reader)
+        except BaseException:
+            # The host closed the channel or spoke garbage: nobody is left to answer.
+            os._exit(0)
+        if req.get("op") == "interrupt":
+            interrupt(req.get("id"))
+        else:
+            requests.put((req, body))
+
+
+def send_frame(writer, header, body):
+    h = proto.json.dumps(header).encode()
+    data = memoryview(proto.MAGIC + struct.pack(">I", len(h)) + h + struct.pack(">I", len(body)) + body)
+    # A signal can cut a large write short; a half frame would desynchronize the host.
+    while data:
+        n = writer.write(data)
+        if n is None:
+            continue
+        data = data[n:]
+
+
+def cut_middle(data, cap):
+    if len(data) <= cap:
+        return data, False
+    half = cap // 2
+    marker = ("\n[... %d bytes cut by sandboxd ...]\n" % (len(data) - cap)).encode()
+    return data[:half] + marker + data[len(data) - (cap - half):], True
+
+
+def read_capped(f, cap):
+    fd = f.fileno()
+    size = os.fstat(fd).st_size
+
+    def pread_all(n, offset):
+        chunks = []
+        while n > 0:
+            chunk = os.pread(fd, n, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n -= len(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+
+    if size <= cap:
+        return pread_all(size, 0), False
+    half = cap // 2
+    tail = cap - half
+    marker = ("\n[... %d bytes cut by sandboxd ...]\n" % (size - cap)).encode()
+    return pread_all(half, 0) + marker + pread_all(tail, size - tail), True
+
+
+def text_writer(fd):
+    # Unbuffered text on the raw fd keeps print() and os.system() output in order.
+    return io.TextIOWrapper(
+        io.FileIO(fd, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+        write_through=True,
+    )
+
+
+def user_traceback(exc):
+    """The traceback as the user's code sees it: every driver frame is left out."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    seen, todo = set(), [te]
+    while todo:
+        t = todo.pop()
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        t.stack = traceback.StackSummary.from_list([f for f in t.stack if f.filename not in DRIVER_FILES])
+        todo.extend([t.__cause__, t.__context__])
+    return "".join(te.format())
+
+
+class Figures:
+    counter = 0
+
+    @classmethod
+    def next_path(cls):
+        while True:
+            cls.counter += 1
+            path = "%s/figure-%d.png" % (FIGURE_DIR, cls.counter)
+            if not os.path.exists(path):
+                return path
+
+    @classmethod
+    def collect(cls):
+        """Saves and closes every open pyplot figure; returns (paths, first PNG)."""
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return [], b""
+        paths, first = [], b""
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            try:
+                buf = io.BytesIO()
+                fig.savefig(buf, format="png")
+                data = buf.getvalue()
+                os.makedirs(FIGURE_DIR, exist_ok=True)
+                path = cls.next_path()
+                with open(path, "wb") as f:
+                    f.write(data)
+                paths.append(path)
+                if not first and len(data) <= IMAGE_LIMIT:
+                    first = data
+            except Exception as exc:  # one bad figure must not lose the cell's result
+                sys.stderr.write("sandboxd: could not save figure %s: %r\n" % (num, exc))
+            finally:
+                plt.close(fig)
+        return paths, first
+
+
+class Cell:
+    count = 0
+
+    def __init__(self, ns, saved_stderr):
+        self.ns = ns
+        self.saved_stderr = saved_stderr
+        self.devnull = os.open(os.devnull, os.O_RDWR)
+
+    def run(self, req, source):
+        Cell.count += 1
+        cell_id = req.get("id")
+        cap = max(1024, int(req.get("output_cap", 256 * 1024)))
+        filename = "<cell-%d>" % Cell.count
+        code = source.decode("utf-8", "replace")
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        out_f = tempfile.TemporaryFile(dir="/tmp", prefix="sandboxd-py-")
+        err_f = tempfile.TemporaryFile(dir="/tmp", prefix="sandboxd-py-")
+        value = error = ""
+        figures, image, interrupted = [], b"", False
+        try:
+            os.dup2(out_f.fileno(), 1)
+            os.dup2(err_f.fileno(), 2)
+            sys.stdout, sys.stderr = text_writer(1), text_writer(2)
+            if getattr(sys.stdin, "closed", True):
+                sys.stdin = open(os.devnull)
+            signal.signal(signal.SIGINT, on_sigint)
+            try:
+                tree = ast.parse(code, filename)
+                last = None
+                if tree.body and isinstance(tree.body[-1], ast.Expr):
+                    last = compile(ast.Expression(tree.body.pop().value), filename, "eval")
+                body = compile(tree, filename, "exec")
+            except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as exc:
+                error = "".join(traceback.format_exception_only(type(exc), exc))
+            else:
+                try:
+                    with State.lock:
+                        State.running, State.started_ticks = cell_id, boot_ticks()
+                    try:
+                        exec(body, self.ns)
+                        result = eval(last, self.ns) if last is not None else None
+                        if result is not None:
+                            self.ns["_"] = result
+                            value = repr(result)
+                    finally:
+                        try:
+                            figures, image = Figures.collect()
+                        finally:
+                            with State.lock:
+                                State.running = None
+                except BaseException as exc:
+                    interrupted = isinstance(exc, KeyboardInterrupt)
+                    try:
+                        error = user_traceback(exc)
+                    except BaseException as exc2:
+                        error = "%s (and formatting its traceback failed: %r)" % (type(exc).__name__, exc2)
+        finally:
+            with State.lock:
+                State.running = None
+            signal.signal(signal.SIGINT, on_sigint)
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except BaseException:
+                    pass
+            sys.stdout = open(os.devnull, "w")
+            sys.stderr = text_writer(2)
+            os.dup2(self.devnull, 1)
+            os.dup2(self.saved_stderr, 2)
+        stdout, stdout_cut = read_capped(out_f, cap)
+        stderr, stderr_cut = read_capped(err_f, cap)
+        out_f.close()
+        err_f.close()
+        value, _ = cut_middle(value.encode("utf-8", "backslashreplace"), cap)
+        error, _ = cut_middle(error.encode("utf-8", "backslashreplace"), cap)
+        parts = [stdout, stderr, value, error, image]
+        header = {
+            "id": cell_id,
+            "sizes": [len(p) for p in parts],
+            "stdout_cut": stdout_cut,
+            "stderr_cut": stderr_cut,
+            "interrupted": interrupted,
+            "figures": figures,
+        }
+        return header, b"".join(parts)
+
+
+def main():
+    reader, writer = proto.claim_channel()
+    saved_stderr = os.dup(2)
+    os.set_inheritable(saved_stderr, False)
+    # A segfault in native code leaves a Python traceback on the driver's own stderr,
+    # which the host reports as the interpreter's last words.
+    faulthandler.enable(file=os.fdopen(saved_stderr, "w", closefd=False), all_threads=False)
+    warnings.filterwarnings("ignore", message=r".*non-interactive, and thus cannot be shown")
+
+    # Cells run in a fresh __main__ (so pickle finds their classes) with '' on sys.path,
+    # like an interactive interpreter started in /workspace.
+    global DRIVER_MODULE
+    DRIVER_MODULE = sys.modules["__main__"]  # keeps the driver's own globals alive
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main_module
+    sys.argv = [""]
+    sys.path[0] = ""
+
+    # A child forked by a cell (multiprocessing) must not hold the protocol channel or the
+    # driver's stderr: while it did, the host would not see this interpreter die.
+    private = (reader.fileno(), writer.fileno(), saved_stderr)
+
+    def forget_channel():
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in private:
+            os.dup2(devnull, fd)
+        os.close(devnull)
+
+    os.register_at_fork(after_in_child=forget_channel)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    requests = queue.Queue()
+    threading.Thread(target=reader_loop, args=(reader, requests), name="sandboxd-reader", daemon=True).start()
+    cell = Cell(main_module.__dict__, saved_stderr)
+    send_frame(writer, {"ok": True, "hello": "sandboxd_py", "pid": os.getpid(), "python": sys.version.split()[0]}, b"")
+    while True:
+        try:
+            req, body = requests.get()
+            op = req.get("op")
+            if op == "exit":
+                os._exit(0)
+            if op == "execute":
+                try:
+                    header, out = cell.run(req, body)
+                except Exception as exc:  # a driver bug must not take the session's variables
+                    msg = ("sandboxd driver error: %r" % exc).encode()
+                    header, out = {"id": req.get("id"), "sizes": [0, 0, 0, len(msg), 0], "figures": []}, msg
+            else:
+                header, out = {"id": req.get("id"), "unknown_op": str(op)}, b""
+            send_frame(writer, header, out)
+        except KeyboardInterrupt:
+            continue
+        except OSError:
+            # The protocol channel is gone (a cell closed our fds?): the host will restart us.
+            os._exit(70)
+
+
+if __name__ == "__main__":
+    main()

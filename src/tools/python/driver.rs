@@ -1,0 +1,377 @@
+//! The host side of the in-sandbox python driver (images/sandbox/helpers/sandboxd_py.py):
+//! starting it, running one cell under a deadline, interrupting it and killing it.
+//!
+//! Everything the driver sends is hostile input: it runs the model's code in the same
+//! process, so a cell can write anything to the protocol channel. Frames are bounded by
+//! `FramedProcess`, and a reply is checked (part sizes add up) before it is used.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+
+use crate::sandbox::framed::FramedProcess;
+use crate::sandbox::{ExecRequest, HELPERS_DIR, Sandbox, SandboxError, SpawnRequest, WORKSPACE};
+
+/// How long an interrupted cell gets to come back before the interpreter is killed.
+pub const GRACE: Duration = Duration::from_secs(2);
+/// Interrupts are repeated at this pace during the grace period: a cell may swallow one.
+const INTERRUPT_EVERY: Duration = Duration::from_millis(500);
+const HELLO_TIMEOUT: Duration = Duration::from_secs(20);
+/// The largest figure the driver sends back (it checks too).
+const IMAGE_LIMIT: usize = 4 << 20;
+
+/// What one cell produced.
+#[derive(Debug, Default)]
+pub struct CellOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_cut: bool,
+    pub stderr_cut: bool,
+    /// The repr of the cell's final expression, when it had one that was not None.
+    pub value: Option<String>,
+    /// The traceback of an exception the cell raised (KeyboardInterrupt included).
+    pub error: Option<String>,
+    /// The PNG of the first figure, and where every figure was saved.
+    pub image: Option<Vec<u8>>,
+    pub figures: Vec<String>,
+}
+
+/// How a cell ended.
+#[derive(Debug)]
+pub enum CellEnd {
+    Done(CellOutput),
+    /// The deadline passed: interrupted and back with the state kept (Some), or stuck (None)
+    /// and to be killed by the caller.
+    TimedOut(Option<CellOutput>),
+    /// The caller cancelled; an interrupt was sent and the reply is left for `settle`.
+    Cancelled,
+    /// The interpreter is gone; says why.
+    Died(String),
+}
+
+/// One running interpreter.
+pub struct Driver {
+    framed: FramedProcess,
+    pid: u32,
+    next_id: u64,
+    /// A cell whose reply was not read yet (its caller was cancelled or dropped).
+    in_flight: Option<u64>,
+}
+
+impl Driver {
+    /// Starts an interpreter and waits for its hello.
+    pub async fn start(sandbox: &dyn Sandbox, max_body: usize) -> Result<Self, SandboxError> {
+        let req = SpawnRequest::new([
+            "python3".to_string(),
+            format!("{HELPERS_DIR}/sandboxd_py.py"),
+        ])
+        .cwd(WORKSPACE)
+        .env("MPLBACKEND", "Agg")
+        .env("MPLCONFIGDIR", "/tmp/matplotlib")
+        .env("PYTHONUNBUFFERED", "1");
+        let process = sandbox.spawn(req).await?;
+        let mut framed = FramedProcess::new("sandboxd_py", process, max_body);
+        let hello = match timeout(HELLO_TIMEOUT, framed.recv()).await {
+            Ok(r) => r?.0,
+            Err(_) => {
+                return Err(SandboxError::Timeout {
+                    what: "starting the python interpreter".into(),
+                    after: HELLO_TIMEOUT,
+                });
+            }
+        };
+        let pid = hello["pid"]
+            .as_u64()
+            .filter(|p| *p > 1 && *p <= u32::MAX as u64);
+        match (hello["hello"].as_str(), pid) {
+            (Some("sandboxd_py"), Some(pid)) => Ok(Self {
+                framed,
+                pid: pid as u32,
+                next_id: 1,
+                in_flight: None,
+            }),
+            _ => Err(SandboxError::Protocol {
+                helper: "sandboxd_py".into(),
+                message: format!("unexpected hello {hello}"),
+            }),
+        }
+    }
+
+    pub fn has_cell_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Runs one cell until it finishes, the deadline passes or `cancel` fires.
+    pub async fn run(
+        &mut self,
+        code: &str,
+        output_cap: usize,
+        deadline: Duration,
+        cancel: &CancellationToken,
+    ) -> CellEnd {
+        let id = self.next_id;
+        self.next_id += 1;
+        let header = json!({"op": "execute", "id": id, "output_cap": output_cap});
+        if let Err(e) = self.framed.send(&header, code.as_bytes()).await {
+            return CellEnd::Died(e.to_string());
+        }
+        self.in_flight = Some(id);
+        let until = Instant::now() + deadline;
+        tokio::select! {
+            reply = self.reply(id) => return reply.map_or_else(CellEnd::Died, CellEnd::Done),
+            _ = sleep_until(until) => {}
+            _ = cancel.cancelled() => {
+                let _ = self.interrupt(id).await;
+                return CellEnd::Cancelled;
+            }
+        }
+        match self.interrupt_and_wait(id).await {
+            Ok(out) => CellEnd::TimedOut(out),
+            Err(why) => CellEnd::Died(why),
+        }
+    }
+
+    /// Brings back a cell left running by a cancelled call. Ok(false): it would not stop.
+    pub async fn settle(&mut self) -> Result<bool, String> {
+        match self.in_flight {
+            None => Ok(true),
+            Some(id) => Ok(self.interrupt_and_wait(id).await?.is_some()),
+        }
+    }
+
+    async fn interrupt(&mut self, id: u64) -> Result<(), SandboxError> {
+        self.framed
+            .send(&json!({"op": "interrupt", "id": id}), &[])
+            .await
+    }
+
+    /// Interrupts cell `id` (repeatedly) and waits up to GRACE for its reply.
+    async fn interrupt_and_wait(&mut self, id: u64) -> Result<Option<CellOutput>, String> {
+        let until = Instant::now() + GRACE;
+        while Instant::now() < until {
+            self.interrupt(id).await.map_err(|e| e.to_string())?;
+            let slice = INTERRUPT_EVERY.min(until.saturating_duration_since(Instant::now()));
+            if let Ok(reply) = timeout(slice, self.reply(id)).await {
+                return reply.map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads frames until the reply of cell `id` (stale replies of older cells are skipped).
+    async fn reply(&mut self, id: u64) -> Result<CellOutput, String> {
+        loop {
+            let (header, body) = self.framed.recv().await.map_err(|e| match e {
+                SandboxError::Protocol { message, .. } => message,
+                other => other.to_string(),
+            })?;
+            if header["id"].as_u64() != Some(id) {
+                continue;
+            }
+            self.in_flight = None;
+            return parse_reply(&header, body);
+        }
+    }
+
+    /// Says why the interpreter died, from its exit code, and its last words (a fatal error
+    /// and the cell lines it was running), if any. Consumes the dead driver.
+    pub async fn obituary(
+        self,
+        sandbox: &dyn Sandbox,
+        what_happened: String,
+    ) -> (String, Option<String>) {
+        let pid = self.pid;
+        let code = timeout(Duration::from_secs(3), self.framed.exit_code())
+            .await
+            .ok()
+            .flatten();
+        let cause = match code {
+            Some(code) => describe_exit(code),
+            None => {
+                // Still running: its channel was corrupted (a cell wrote on it). Make sure it is gone.
+                kill_tree(sandbox, pid).await;
+                format!(
+                    "its channel to sandboxd was corrupted ({}), so it was killed",
+                    tail_chars(&what_happened, 200)
+                )
+            }
+        };
+        let words = what_happened
+            .split_once("its last words: ")
+            .map(|(_, w)| last_words(w))
+            .filter(|w| !w.is_empty() && w != "(none)");
+        (cause, words)
+    }
+
+    /// Kills the interpreter and every process it started.
+    pub async fn kill(self, sandbox: &dyn Sandbox) {
+        kill_tree(sandbox, self.pid).await;
+    }
+
+    /// Asks an idle interpreter to leave (processes it started keep running).
+    pub async fn exit(mut self) {
+        let _ = self.framed.send(&json!({"op": "exit"}), &[]).await;
+    }
+}
+
+async fn kill_tree(sandbox: &dyn Sandbox, pid: u32) {
+    let req = ExecRequest::new([
+        "python3".to_string(),
+        format!("{HELPERS_DIR}/killtree.py"),
+        "--tree".into(),
+        pid.to_string(),
+    ])
+    .timeout(Duration::from_secs(10));
+    if let Err(e) = sandbox.exec(req).await {
+        tracing::warn!(session = sandbox.session_id(), pid, error = %e, "could not kill the python interpreter");
+    }
+}
+
+fn describe_exit(code: i64) -> String {
+    match code {
+        137 => {
+            "it was killed with SIGKILL, most likely for using more memory than the sandbox allows"
+                .into()
+        }
+        139 => "it crashed with a segmentation fault (SIGSEGV)".into(),
+        134 => "it aborted (SIGABRT)".into(),
+        c if c > 128 && c < 160 => format!("it was killed by signal {}", c - 128),
+        c => format!("it exited with code {c}"),
+    }
+}
+
+/// The useful part of what a dying interpreter wrote on its own stderr: faulthandler's
+/// "Fatal Python error" and the cell lines it was in, else the end of the text.
+fn last_words(text: &str) -> String {
+    let text = text.trim();
+    let picked: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("Fatal Python error") || l.contains("File \"<cell-"))
+        .take(20)
+        .collect();
+    if picked.is_empty() {
+        tail_chars(text, 1000).to_string()
+    } else {
+        picked.join("\n")
+    }
+}
+
+fn tail_chars(s: &str, n: usize) -> &str {
+    match s.char_indices().rev().nth(n) {
+        Some((i, _)) => &s[i..],
+        None => s,
+    }
+}
+
+/// Splits a reply body into its parts, checking the sizes the (hostile) header claims.
+fn parse_reply(header: &Value, body: Bytes) -> Result<CellOutput, String> {
+    let bad = |why: &str| format!("the interpreter sent a malformed reply ({why})");
+    let sizes: Vec<usize> = header["sizes"]
+        .as_array()
+        .ok_or_else(|| bad("no sizes"))?
+        .iter()
+        .map(|v| v.as_u64().map(|n| n as usize))
+        .collect::<Option<_>>()
+        .ok_or_else(|| bad("sizes are not numbers"))?;
+    if sizes.len() != 5
+        || sizes.iter().try_fold(0usize, |a, n| a.checked_add(*n)) != Some(body.len())
+    {
+        return Err(bad("the part sizes do not add up to the body"));
+    }
+    let mut parts = Vec::with_capacity(5);
+    let mut at = 0;
+    for n in sizes {
+        parts.push(body.slice(at..at + n));
+        at += n;
+    }
+    let text = |b: &Bytes| (!b.is_empty()).then(|| String::from_utf8_lossy(b).into_owned());
+    let image = (!parts[4].is_empty()
+        && parts[4].len() <= IMAGE_LIMIT
+        && parts[4].starts_with(b"\x89PNG\r\n\x1a\n"))
+    .then(|| parts[4].to_vec());
+    let figures = header["figures"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .take(100)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(CellOutput {
+        stdout: parts[0].to_vec(),
+        stderr: parts[1].to_vec(),
+        stdout_cut: header["stdout_cut"] == true,
+        stderr_cut: header["stderr_cut"] == true,
+        value: text(&parts[2]),
+        error: text(&parts[3]),
+        image,
+        figures,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_split_by_their_sizes() {
+        let h = json!({"id": 1, "sizes": [2, 1, 1, 0, 0], "figures": ["/workspace/figures/figure-1.png"]});
+        let out = parse_reply(&h, Bytes::from_static(b"hie2")).unwrap();
+        assert_eq!(out.stdout, b"hi");
+        assert_eq!(out.stderr, b"e");
+        assert_eq!(out.value.as_deref(), Some("2"));
+        assert_eq!(out.error, None);
+        assert_eq!(out.figures.len(), 1);
+    }
+
+    #[test]
+    fn lying_sizes_are_refused() {
+        for sizes in [
+            json!([1, 1, 1, 1, 1]),
+            json!([usize::MAX, 2, 0, 0, 0]),
+            json!([1]),
+            json!("x"),
+        ] {
+            let h = json!({"id": 1, "sizes": sizes});
+            assert!(
+                parse_reply(&h, Bytes::from_static(b"abc")).is_err(),
+                "{sizes}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_image_that_is_not_a_png_is_dropped() {
+        let h = json!({"id": 1, "sizes": [0, 0, 0, 0, 3]});
+        assert!(
+            parse_reply(&h, Bytes::from_static(b"GIF"))
+                .unwrap()
+                .image
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn last_words_keep_the_fatal_error_and_the_cell_lines() {
+        let dump = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n  \
+                    File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n  File \"<cell-3>\", line 2 in <module>\n  \
+                    File \"/usr/local/lib/sandboxd/sandboxd_py.py\", line 344 in main\n\nExtension modules: numpy (total: 1)";
+        assert_eq!(
+            last_words(dump),
+            "Fatal Python error: Segmentation fault\n  File \"<cell-3>\", line 2 in <module>"
+        );
+        assert_eq!(last_words("  plain words \n"), "plain words");
+    }
+
+    #[test]
+    fn exit_codes_are_explained() {
+        assert!(describe_exit(137).contains("memory"));
+        assert!(describe_exit(139).contains("segmentation"));
+        assert_eq!(describe_exit(1), "it exited with code 1");
+    }
+}
