@@ -6,6 +6,7 @@
 pub mod ask_human;
 pub mod bash;
 pub mod registry;
+pub mod session;
 pub mod terminate;
 
 use async_trait::async_trait;
