@@ -82,11 +82,7 @@ pub async fn bench_agent_step(sandbox: Arc<dyn Sandbox>, steps: usize) -> Result
         }
         marks
     });
-    let request = RunRequest {
-        task: "benchmark".into(),
-        owner: "bench".into(),
-        session_id: sandbox.session_id().to_string(),
-    };
+    let request = RunRequest::new("benchmark", "bench", sandbox.session_id());
     let outcome = agent.run(request, Some(tx), CancellationToken::new()).await;
     server.abort();
     let marks = collector.await.unwrap_or_default();

@@ -54,9 +54,23 @@ impl AgentSettings {
 /// One task for the agent, and whom it belongs to.
 #[derive(Debug, Clone)]
 pub struct RunRequest {
+    /// Chosen by the caller so it can name outputs before the run starts (`new_run_id()`).
+    pub run_id: String,
     pub task: String,
     pub owner: String,
     pub session_id: String,
+}
+
+impl RunRequest {
+    /// A request with a fresh run id.
+    pub fn new(task: impl Into<String>, owner: impl Into<String>, session_id: impl Into<String>) -> Self {
+        Self {
+            run_id: new_run_id(),
+            task: task.into(),
+            owner: owner.into(),
+            session_id: session_id.into(),
+        }
+    }
 }
 
 /// How a run ended.
@@ -96,8 +110,7 @@ impl Agent {
         events: Option<mpsc::UnboundedSender<Event>>,
         cancel: CancellationToken,
     ) -> RunOutcome {
-        let run_id = new_run_id();
-        react::Run::new(self, run_id, request, events, cancel).execute().await
+        react::Run::new(self, request, events, cancel).execute().await
     }
 }
 

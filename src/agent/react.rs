@@ -41,13 +41,13 @@ enum Next {
 impl<'a> Run<'a> {
     pub(super) fn new(
         agent: &'a Agent,
-        run_id: String,
         request: RunRequest,
         events: Option<mpsc::UnboundedSender<Event>>,
         cancel: CancellationToken,
     ) -> Self {
         let system = prompts::system(&agent.tools.names(), agent.settings.max_steps);
         let memory = Memory::new(system, request.task.clone());
+        let run_id = request.run_id.clone();
         Self {
             agent,
             emitter: Emitter::new(run_id.clone(), events),
