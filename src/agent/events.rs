@@ -93,7 +93,8 @@ pub enum EventKind {
         steps: usize,
         prompt_tokens: u64,
         completion_tokens: u64,
-        elapsed_ms: u64,
+        /// Wall time of the whole run.
+        duration_ms: u64,
     },
 }
 

@@ -273,7 +273,7 @@ impl<'a> Run<'a> {
             steps,
             prompt_tokens: self.usage.prompt_tokens,
             completion_tokens: self.usage.completion_tokens,
-            elapsed_ms: elapsed.as_millis() as u64,
+            duration_ms: elapsed.as_millis() as u64,
         });
         let transcript = self.agent.settings.transcript_dir.as_ref().and_then(|dir| {
             let t = Transcript {

@@ -75,14 +75,14 @@ fn show(ev: &Event) {
             eprintln!("⟳ LLM retry {attempt}/{max_attempts} in {:.1}s: {}", *delay_ms as f64 / 1000.0, short(reason, 200));
         }
         EventKind::Error { message } => eprintln!("error: {message}"),
-        EventKind::RunFinished { reason, answer, steps, prompt_tokens, completion_tokens, elapsed_ms } => {
+        EventKind::RunFinished { reason, answer, steps, prompt_tokens, completion_tokens, duration_ms } => {
             if let Some(a) = answer {
                 println!("{a}");
             }
             eprintln!(
                 "── {} · {steps} steps · {prompt_tokens} prompt + {completion_tokens} completion tokens · {:.1}s",
                 reason.describe(),
-                *elapsed_ms as f64 / 1000.0
+                *duration_ms as f64 / 1000.0
             );
         }
     }
