@@ -12,11 +12,21 @@ use serde_json::json;
 use support::fake_llm::{FakeLlm, Reply};
 use tokio_util::sync::CancellationToken;
 
-async fn ask(client: &LlmClient) -> (Result<sandboxd::llm::Completion, LlmError>, Vec<RetryNotice>) {
+async fn ask(
+    client: &LlmClient,
+) -> (
+    Result<sandboxd::llm::Completion, LlmError>,
+    Vec<RetryNotice>,
+) {
     let retries = Mutex::new(Vec::new());
     let on_retry = |n: RetryNotice| retries.lock().unwrap().push(n);
     let r = client
-        .chat(&[Message::system("s"), Message::user("u")], &[], &CancellationToken::new(), &on_retry)
+        .chat(
+            &[Message::system("s"), Message::user("u")],
+            &[],
+            &CancellationToken::new(),
+            &on_retry,
+        )
         .await;
     (r, retries.into_inner().unwrap())
 }
@@ -33,20 +43,38 @@ async fn rate_limit_is_retried_after_the_servers_retry_after() {
     let rec = llm.recorded();
     assert_eq!(rec.len(), 2);
     let waited = rec[1].at - rec[0].at;
-    assert!(waited >= Duration::from_secs(1), "Retry-After: 1 not honoured, waited {waited:?}");
-    assert!(waited < Duration::from_secs(3), "waited far longer than asked: {waited:?}");
+    assert!(
+        waited >= Duration::from_secs(1),
+        "Retry-After: 1 not honoured, waited {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(3),
+        "waited far longer than asked: {waited:?}"
+    );
     assert_eq!(retries.len(), 1);
     assert_eq!(retries[0].delay, Duration::from_secs(1));
-    assert!(retries[0].reason.contains("Rate limit reached"), "{}", retries[0].reason);
+    assert!(
+        retries[0].reason.contains("Rate limit reached"),
+        "{}",
+        retries[0].reason
+    );
 }
 
 #[tokio::test]
 async fn bad_request_is_not_retried_and_names_the_server_message() {
-    let llm = FakeLlm::start(vec![Reply::error(400, "Invalid value for 'tool_choice': banana"), Reply::text("never")]).await;
+    let llm = FakeLlm::start(vec![
+        Reply::error(400, "Invalid value for 'tool_choice': banana"),
+        Reply::text("never"),
+    ])
+    .await;
     let (r, retries) = ask(&llm.client()).await;
     let err = r.unwrap_err();
     assert!(matches!(err, LlmError::Http { status: 400, .. }), "{err:?}");
-    assert!(err.to_string().contains("Invalid value for 'tool_choice': banana"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("Invalid value for 'tool_choice': banana"),
+        "{err}"
+    );
     assert_eq!(llm.requests().len(), 1, "a 400 must not be retried");
     assert!(retries.is_empty());
 
@@ -58,12 +86,21 @@ async fn bad_request_is_not_retried_and_names_the_server_message() {
     }])
     .await;
     let err = ask(&llm.client()).await.0.unwrap_err();
-    assert!(matches!(err, LlmError::ContextTooLong { status: 400, .. }), "{err:?}");
-    assert!(err.to_string().contains("maximum context length is 4096"), "{err}");
+    assert!(
+        matches!(err, LlmError::ContextTooLong { status: 400, .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("maximum context length is 4096"),
+        "{err}"
+    );
 
     let llm = FakeLlm::start(vec![Reply::error(401, "Incorrect API key provided")]).await;
     let err = ask(&llm.client()).await.0.unwrap_err();
-    assert!(err.to_string().contains("401") && err.to_string().contains("Incorrect API key"), "{err}");
+    assert!(
+        err.to_string().contains("401") && err.to_string().contains("Incorrect API key"),
+        "{err}"
+    );
     assert_eq!(llm.requests().len(), 1);
 }
 
@@ -75,11 +112,21 @@ async fn server_errors_are_retried_up_to_the_attempt_limit() {
     let client = LlmClient::new(llm.endpoint(), None, settings);
     let (r, retries) = ask(&client).await;
     let err = r.unwrap_err();
-    assert!(err.to_string().contains("overloaded") && err.to_string().contains("after 4 attempts"), "{err}");
+    assert!(
+        err.to_string().contains("overloaded") && err.to_string().contains("after 4 attempts"),
+        "{err}"
+    );
     assert_eq!(llm.requests().len(), 4);
-    assert_eq!(retries.iter().map(|r| r.attempt).collect::<Vec<_>>(), vec![2, 3, 4]);
+    assert_eq!(
+        retries.iter().map(|r| r.attempt).collect::<Vec<_>>(),
+        vec![2, 3, 4]
+    );
     // Exponential: each wait at least half of base·2^n (equal jitter).
-    assert!(retries[2].delay >= Duration::from_millis(40), "{:?}", retries[2].delay);
+    assert!(
+        retries[2].delay >= Duration::from_millis(40),
+        "{:?}",
+        retries[2].delay
+    );
 
     // A connection refused is retried too, and reported as unreachable.
     let dead = {
@@ -90,8 +137,14 @@ async fn server_errors_are_retried_up_to_the_attempt_limit() {
     endpoint.base_url = format!("http://{dead}/v1");
     let mut settings = FakeLlm::settings();
     settings.max_attempts = 2;
-    let err = ask(&LlmClient::new(endpoint, None, settings)).await.0.unwrap_err();
-    assert!(matches!(err, LlmError::Unreachable { attempts: 2, .. }), "{err:?}");
+    let err = ask(&LlmClient::new(endpoint, None, settings))
+        .await
+        .0
+        .unwrap_err();
+    assert!(
+        matches!(err, LlmError::Unreachable { attempts: 2, .. }),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -135,11 +188,18 @@ async fn reasoning_models_get_max_completion_tokens_and_no_temperature() {
     let llm = FakeLlm::start(vec![Reply::text("a"), Reply::text("b")]).await;
     let mut endpoint = llm.endpoint();
     endpoint.model = "o3-mini".into();
-    ask(&LlmClient::new(endpoint, None, FakeLlm::settings())).await.0.unwrap();
+    ask(&LlmClient::new(endpoint, None, FakeLlm::settings()))
+        .await
+        .0
+        .unwrap();
     ask(&llm.client()).await.0.unwrap();
     let reqs = llm.requests();
     assert_eq!(reqs[0]["max_completion_tokens"], 4096);
-    assert!(reqs[0].get("temperature").is_none() && reqs[0].get("max_tokens").is_none(), "{}", reqs[0]);
+    assert!(
+        reqs[0].get("temperature").is_none() && reqs[0].get("max_tokens").is_none(),
+        "{}",
+        reqs[0]
+    );
     assert_eq!(reqs[1]["max_tokens"], 4096);
     assert!(reqs[1].get("temperature").is_some());
     assert_eq!(reqs[1]["stream"], false);
@@ -153,8 +213,18 @@ async fn azure_requests_use_the_deployment_path_and_api_key_header() {
     endpoint.base_url = llm.base_url().trim_end_matches("/v1").to_string();
     endpoint.deployment = "gpt4o-prod".into();
     endpoint.api_version = "2024-10-21".into();
-    let c = ask(&LlmClient::new(endpoint, None, FakeLlm::settings())).await.0.unwrap();
+    let c = ask(&LlmClient::new(endpoint, None, FakeLlm::settings()))
+        .await
+        .0
+        .unwrap();
     assert_eq!(c.content.as_deref(), Some("az"));
     let rec = llm.recorded();
-    assert!(rec[0].headers.iter().any(|(k, v)| k == "api-key" && v == "sk-fake"), "{:?}", rec[0].headers);
+    assert!(
+        rec[0]
+            .headers
+            .iter()
+            .any(|(k, v)| k == "api-key" && v == "sk-fake"),
+        "{:?}",
+        rec[0].headers
+    );
 }

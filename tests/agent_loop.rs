@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sandboxd::agent::{Agent, AgentSettings, Event, EventKind, FinishReason, RunOutcome, RunRequest};
 use sandboxd::agent::transcript::Transcript;
+use sandboxd::agent::{
+    Agent, AgentSettings, Event, EventKind, FinishReason, RunOutcome, RunRequest,
+};
 use sandboxd::config::Config;
 use sandboxd::llm::LlmClient;
 use sandboxd::sandbox::ExecRequest;
@@ -36,7 +38,13 @@ fn tools(session: &Session) -> ToolRegistry {
 
 async fn run(agent: &Agent, session: &Session, task: &str) -> (RunOutcome, Vec<Event>) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
-    let outcome = agent.run(RunRequest::new(task, "tester", session.id.clone()), Some(tx), CancellationToken::new()).await;
+    let outcome = agent
+        .run(
+            RunRequest::new(task, "tester", session.id.clone()),
+            Some(tx),
+            CancellationToken::new(),
+        )
+        .await;
     let mut events = Vec::new();
     while let Ok(e) = rx.try_recv() {
         events.push(e);
@@ -56,7 +64,14 @@ fn assert_all_paired(llm: &FakeLlm) {
 async fn a_final_text_answer_ends_the_run_before_max_steps() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    let llm = FakeLlm::start(vec![Reply::tool("bash", json!({"command": "echo 6*7 | bc 2>/dev/null || echo 42"})), Reply::text("The answer is 42.")]).await;
+    let llm = FakeLlm::start(vec![
+        Reply::tool(
+            "bash",
+            json!({"command": "echo 6*7 | bc 2>/dev/null || echo 42"}),
+        ),
+        Reply::text("The answer is 42."),
+    ])
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let agent = Agent::new(llm.client(), tools(&s), settings(20, Some(dir.path())));
     let (outcome, events) = run(&agent, &s, "What is 6*7?").await;
@@ -65,9 +80,22 @@ async fn a_final_text_answer_ends_the_run_before_max_steps() {
     assert_eq!(outcome.steps, 2);
     assert_eq!(llm.requests().len(), 2, "no request after the final answer");
     // Events: started, then the finish with its reason; tool result carries the output.
-    assert!(matches!(events.first().map(|e| &e.kind), Some(EventKind::RunStarted { .. })));
-    assert!(matches!(events.last().map(|e| &e.kind), Some(EventKind::RunFinished { reason: FinishReason::FinalAnswer, .. })));
-    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::ToolResult { output, .. } if output.contains("42"))));
+    assert!(matches!(
+        events.first().map(|e| &e.kind),
+        Some(EventKind::RunStarted { .. })
+    ));
+    assert!(matches!(
+        events.last().map(|e| &e.kind),
+        Some(EventKind::RunFinished {
+            reason: FinishReason::FinalAnswer,
+            ..
+        })
+    ));
+    assert!(
+        events.iter().any(
+            |e| matches!(&e.kind, EventKind::ToolResult { output, .. } if output.contains("42"))
+        )
+    );
     // Every event is plain JSON and the seq numbers have no gap.
     for (i, e) in events.iter().enumerate() {
         assert_eq!(e.seq, i as u64);
@@ -77,12 +105,25 @@ async fn a_final_text_answer_ends_the_run_before_max_steps() {
     // The transcript holds the messages and the same events.
     let t = Transcript::load(outcome.transcript.as_ref().expect("a transcript")).unwrap();
     assert_eq!(t.run_id, outcome.run_id);
-    assert_eq!((t.owner.as_str(), t.session_id.as_str()), ("tester", s.id.as_str()));
+    assert_eq!(
+        (t.owner.as_str(), t.session_id.as_str()),
+        ("tester", s.id.as_str())
+    );
     assert_eq!(t.events.len(), events.len());
-    assert_eq!(t.messages.len(), 5, "system, task, assistant+call, tool, final assistant");
+    assert_eq!(
+        t.messages.len(),
+        5,
+        "system, task, assistant+call, tool, final assistant"
+    );
     // The system prompt describes the sandbox honestly.
-    let sys = llm.requests()[0]["messages"][0]["content"].as_str().unwrap().to_string();
-    assert!(sys.contains("NO network") && sys.contains("/workspace") && sys.contains("terminate"), "{sys}");
+    let sys = llm.requests()[0]["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        sys.contains("NO network") && sys.contains("/workspace") && sys.contains("terminate"),
+        "{sys}"
+    );
 }
 
 #[tokio::test]
@@ -99,13 +140,22 @@ async fn bad_calls_and_timeouts_become_observations_and_the_run_goes_on() {
     .await;
     let agent = Agent::new(llm.client(), tools(&s), settings(20, None));
     let (outcome, _) = run(&agent, &s, "try things").await;
-    assert_eq!(outcome.reason, FinishReason::Terminated { status: "success".into() });
+    assert_eq!(
+        outcome.reason,
+        FinishReason::Terminated {
+            status: "success".into()
+        }
+    );
     assert_eq!(outcome.answer.as_deref(), Some("ok"));
     let reqs = llm.requests();
     assert_eq!(reqs.len(), 5);
     let obs = |i: usize| last_of_role(&reqs[i], "tool").unwrap();
     assert!(obs(1).contains("not valid JSON"), "{}", obs(1));
-    assert!(obs(2).contains("no tool named \"no_such_tool\"") && obs(2).contains("bash"), "{}", obs(2));
+    assert!(
+        obs(2).contains("no tool named \"no_such_tool\"") && obs(2).contains("bash"),
+        "{}",
+        obs(2)
+    );
     assert!(obs(3).contains("timed out after 1s"), "{}", obs(3));
     assert!(obs(4).contains("still-alive"), "{}", obs(4));
     assert_all_paired(&llm);
@@ -115,7 +165,9 @@ async fn bad_calls_and_timeouts_become_observations_and_the_run_goes_on() {
 async fn max_steps_ends_the_run_with_that_reason() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    let llm = FakeLlm::start_with_fallback(vec![], Reply::tool("bash", json!({"command": "date +%N"}))).await;
+    let llm =
+        FakeLlm::start_with_fallback(vec![], Reply::tool("bash", json!({"command": "date +%N"})))
+            .await;
     let agent = Agent::new(llm.client(), tools(&s), settings(3, None));
     let (outcome, _) = run(&agent, &s, "loop forever").await;
     assert_eq!(outcome.reason, FinishReason::MaxSteps { max_steps: 3 });
@@ -127,7 +179,8 @@ async fn max_steps_ends_the_run_with_that_reason() {
 async fn the_stuck_nudge_appears_once_and_goes_away() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    let same = || Reply::tool("bash", json!({"command": "ls /nonexistent"})).with_content("Let me look.");
+    let same =
+        || Reply::tool("bash", json!({"command": "ls /nonexistent"})).with_content("Let me look.");
     let llm = FakeLlm::start(vec![
         same(),
         same(),
@@ -145,13 +198,22 @@ async fn the_stuck_nudge_appears_once_and_goes_away() {
             .as_array()
             .unwrap()
             .iter()
-            .filter(|m| m["role"] == "user" && m["content"].as_str().is_some_and(|c| c.contains("Change your\nstrategy") || c.contains("Change your strategy")))
+            .filter(|m| {
+                m["role"] == "user"
+                    && m["content"].as_str().is_some_and(|c| {
+                        c.contains("Change your\nstrategy") || c.contains("Change your strategy")
+                    })
+            })
             .count()
     };
     assert_eq!(nudges(0), 0);
     assert_eq!(nudges(1), 0, "one step is not a repetition");
     assert_eq!(nudges(2), 1, "the nudge appears after the same step twice");
-    assert_eq!(nudges(3), 1, "still stuck: still exactly one nudge, never accumulated");
+    assert_eq!(
+        nudges(3),
+        1,
+        "still stuck: still exactly one nudge, never accumulated"
+    );
     assert_eq!(nudges(4), 0, "a different step removes the nudge");
     let toggles: Vec<bool> = events
         .iter()
@@ -186,21 +248,35 @@ async fn a_long_run_trimmed_to_a_small_budget_never_orphans_a_tool_message() {
     for (i, r) in reqs.iter().enumerate() {
         let msgs = r["messages"].as_array().unwrap();
         assert_eq!(msgs[0]["role"], "system", "request {i}");
-        assert_eq!(msgs[1]["content"], "make output", "request {i}: the task is always kept");
+        assert_eq!(
+            msgs[1]["content"], "make output",
+            "request {i}: the task is always kept"
+        );
         // ~4 chars per token; the budget is 3000 tokens plus one over-budget turn at most.
         let chars = serde_json::to_string(msgs).unwrap().len();
         assert!(chars < 4 * 3000 + 4000, "request {i} is {chars} characters");
     }
     let last = reqs.last().unwrap()["messages"].as_array().unwrap();
-    assert!(last[2]["content"].as_str().unwrap().contains("earlier messages of this run were left out"));
-    assert!(events.iter().any(|e| matches!(e.kind, EventKind::ContextTrimmed { .. })));
+    assert!(
+        last[2]["content"]
+            .as_str()
+            .unwrap()
+            .contains("earlier messages of this run were left out")
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::ContextTrimmed { .. }))
+    );
 }
 
 #[tokio::test]
 async fn a_second_run_starts_from_clean_state_and_the_budget_ends_runs() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    let llm = FakeLlm::start_with_fallback(vec![], Reply::tool("bash", json!({"command": "echo step"}))).await;
+    let llm =
+        FakeLlm::start_with_fallback(vec![], Reply::tool("bash", json!({"command": "echo step"})))
+            .await;
     let agent = Agent::new(llm.client(), tools(&s), settings(2, None));
     let (first, _) = run(&agent, &s, "first task").await;
     let (second, _) = run(&agent, &s, "second task").await;
@@ -209,17 +285,32 @@ async fn a_second_run_starts_from_clean_state_and_the_budget_ends_runs() {
     let reqs = llm.requests();
     assert_eq!(reqs.len(), 4);
     let msgs = reqs[2]["messages"].as_array().unwrap();
-    assert_eq!(msgs.len(), 2, "the second run's first request holds only its own system prompt and task");
+    assert_eq!(
+        msgs.len(),
+        2,
+        "the second run's first request holds only its own system prompt and task"
+    );
     assert_eq!(msgs[1]["content"], "second task");
     assert!(!reqs[3].to_string().contains("first task"));
-    assert_eq!(second.usage.prompt_tokens, (reqs[2].to_string().len() / 4 + reqs[3].to_string().len() / 4) as u64, "usage summed per run only");
+    assert_eq!(
+        second.usage.prompt_tokens,
+        (reqs[2].to_string().len() / 4 + reqs[3].to_string().len() / 4) as u64,
+        "usage summed per run only"
+    );
 
     // A budget of input tokens ends the run with that reason.
     let mut st = settings(50, None);
     st.max_input_tokens = 2500;
     let agent = Agent::new(llm.client(), tools(&s), st);
     let (outcome, _) = run(&agent, &s, "spend").await;
-    assert!(matches!(outcome.reason, FinishReason::TokenBudget { budget: 2500, .. }), "{:?}", outcome.reason);
+    assert!(
+        matches!(
+            outcome.reason,
+            FinishReason::TokenBudget { budget: 2500, .. }
+        ),
+        "{:?}",
+        outcome.reason
+    );
     assert!(outcome.steps >= 1 && outcome.steps < 50, "{outcome:?}");
 }
 
@@ -245,7 +336,8 @@ impl Tool for Picture {
 #[tokio::test]
 async fn images_reach_only_a_multimodal_model() {
     for multimodal in [false, true] {
-        let llm = FakeLlm::start(vec![Reply::tool("picture", json!({})), Reply::text("seen")]).await;
+        let llm =
+            FakeLlm::start(vec![Reply::tool("picture", json!({})), Reply::text("seen")]).await;
         let mut st = FakeLlm::settings();
         st.multimodal = multimodal;
         let client = Arc::new(LlmClient::new(llm.endpoint(), None, st));
@@ -253,14 +345,30 @@ async fn images_reach_only_a_multimodal_model() {
         reg.register(Arc::new(Picture)).unwrap();
         let agent = Agent::new(client, reg, settings(5, None));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
-        let outcome = agent.run(RunRequest::new("draw", "t", "none"), Some(tx), CancellationToken::new()).await;
+        let outcome = agent
+            .run(
+                RunRequest::new("draw", "t", "none"),
+                Some(tx),
+                CancellationToken::new(),
+            )
+            .await;
         assert_eq!(outcome.reason, FinishReason::FinalAnswer);
         let second = llm.requests()[1].to_string();
-        assert_eq!(second.contains("data:image/png;base64,iVBOR"), multimodal, "{second}");
+        assert_eq!(
+            second.contains("data:image/png;base64,iVBOR"),
+            multimodal,
+            "{second}"
+        );
         assert_eq!(second.contains("does not take images"), !multimodal);
         let mut flagged = false;
         while let Ok(e) = rx.try_recv() {
-            flagged |= matches!(e.kind, EventKind::ToolResult { has_image: true, .. });
+            flagged |= matches!(
+                e.kind,
+                EventKind::ToolResult {
+                    has_image: true,
+                    ..
+                }
+            );
         }
         assert!(flagged, "the tool result event carries the image flag");
         assert_all_paired(&llm);
@@ -271,7 +379,11 @@ async fn images_reach_only_a_multimodal_model() {
 async fn cancelling_during_a_long_tool_call_kills_the_command_and_the_container_goes() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    let llm = FakeLlm::start(vec![Reply::tool("bash", json!({"command": "sleep 977", "timeout": 600}))]).await;
+    let llm = FakeLlm::start(vec![Reply::tool(
+        "bash",
+        json!({"command": "sleep 977", "timeout": 600}),
+    )])
+    .await;
     let agent = Agent::new(llm.client(), tools(&s), settings(20, None));
     let cancel = CancellationToken::new();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
@@ -287,17 +399,39 @@ async fn cancelling_during_a_long_tool_call_kills_the_command_and_the_container_
         })
     };
     let started = std::time::Instant::now();
-    let outcome = agent.run(RunRequest::new("wait", "t", s.id.clone()), Some(tx), cancel).await;
+    let outcome = agent
+        .run(RunRequest::new("wait", "t", s.id.clone()), Some(tx), cancel)
+        .await;
     trigger.await.unwrap();
     assert_eq!(outcome.reason, FinishReason::Cancelled);
-    assert!(started.elapsed() < Duration::from_secs(20), "cancel took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "cancel took {:?}",
+        started.elapsed()
+    );
     // The container is still there, but the command is not.
-    let ps = s.sandbox.exec(ExecRequest::new(["ps", "-eo", "args"])).await.unwrap();
-    assert!(!ps.stdout_lossy().contains("sleep 977"), "{}", ps.stdout_lossy());
+    let ps = s
+        .sandbox
+        .exec(ExecRequest::new(["ps", "-eo", "args"]))
+        .await
+        .unwrap();
+    assert!(
+        !ps.stdout_lossy().contains("sleep 977"),
+        "{}",
+        ps.stdout_lossy()
+    );
     m.remove(&s.id).await.unwrap();
     let out = std::process::Command::new("docker")
-        .args(["ps", "-aq", "--filter", &format!("label=sandboxd.session={}", s.id)])
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=sandboxd.session={}", s.id),
+        ])
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).trim().is_empty(), "the container is gone");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+        "the container is gone"
+    );
 }

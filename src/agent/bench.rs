@@ -39,9 +39,12 @@ async fn answer(State(n): State<Arc<AtomicU64>>, Json(_body): Json<Value>) -> Js
     }))
 }
 
-/// Runs `steps` agent steps against `sandbox` and returns the duration of each step
-/// (from one "thinking" event to the next), the first (warm-up) step excluded.
-pub async fn bench_agent_step(sandbox: Arc<dyn Sandbox>, steps: usize) -> Result<Vec<Duration>, BenchError> {
+/// Runs `steps` measured agent steps against `sandbox` and returns the duration of each
+/// (from one "thinking" event to the next), after one extra warm-up step.
+pub async fn bench_agent_step(
+    sandbox: Arc<dyn Sandbox>,
+    steps: usize,
+) -> Result<Vec<Duration>, BenchError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let app = axum::Router::new()
@@ -59,9 +62,18 @@ pub async fn bench_agent_step(sandbox: Arc<dyn Sandbox>, steps: usize) -> Result
         deployment: String::new(),
         api_version: String::new(),
     };
-    let llm = Arc::new(LlmClient::new(endpoint, None, LlmSettings::from_config(&Default::default())));
+    let llm = Arc::new(LlmClient::new(
+        endpoint,
+        None,
+        LlmSettings::from_config(&Default::default()),
+    ));
     let mut tools = ToolRegistry::new();
-    let bash = Bash::new(sandbox.clone(), Duration::from_secs(30), Duration::from_secs(30), 64 * 1024);
+    let bash = Bash::new(
+        sandbox.clone(),
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+        64 * 1024,
+    );
     let _ = tools.register(Arc::new(bash));
     let _ = tools.register(Arc::new(Terminate));
     let settings = AgentSettings {
@@ -76,7 +88,10 @@ pub async fn bench_agent_step(sandbox: Arc<dyn Sandbox>, steps: usize) -> Result
     let collector = tokio::spawn(async move {
         let mut marks = Vec::new();
         while let Some(ev) = rx.recv().await {
-            if matches!(ev.kind, EventKind::Thinking { .. } | EventKind::RunFinished { .. }) {
+            if matches!(
+                ev.kind,
+                EventKind::Thinking { .. } | EventKind::RunFinished { .. }
+            ) {
                 marks.push(Instant::now());
             }
         }

@@ -14,14 +14,23 @@ use tokio::sync::mpsc;
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum FinishReason {
     /// The model called terminate.
-    Terminated { status: String },
+    Terminated {
+        status: String,
+    },
     /// The model answered with text and no tool call.
     FinalAnswer,
-    MaxSteps { max_steps: usize },
+    MaxSteps {
+        max_steps: usize,
+    },
     /// The per-run input-token budget is spent.
-    TokenBudget { budget: u64, spent: u64 },
+    TokenBudget {
+        budget: u64,
+        spent: u64,
+    },
     Cancelled,
-    Error { message: String },
+    Error {
+        message: String,
+    },
 }
 
 impl FinishReason {
@@ -39,7 +48,9 @@ impl FinishReason {
             FinishReason::Terminated { status } => format!("terminated ({status})"),
             FinishReason::FinalAnswer => "final answer".into(),
             FinishReason::MaxSteps { max_steps } => format!("reached max_steps ({max_steps})"),
-            FinishReason::TokenBudget { budget, spent } => format!("input-token budget spent ({spent} of {budget})"),
+            FinishReason::TokenBudget { budget, spent } => {
+                format!("input-token budget spent ({spent} of {budget})")
+            }
             FinishReason::Cancelled => "cancelled".into(),
             FinishReason::Error { message } => format!("error: {message}"),
         }
@@ -67,9 +78,19 @@ pub enum EventKind {
         max_steps: usize,
     },
     /// The model is being asked (the CLI shows a spinner until the next event).
-    Thinking { step: usize },
-    AssistantText { step: usize, text: String },
-    ToolCall { step: usize, call_id: String, name: String, arguments: String },
+    Thinking {
+        step: usize,
+    },
+    AssistantText {
+        step: usize,
+        text: String,
+    },
+    ToolCall {
+        step: usize,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
     ToolResult {
         step: usize,
         call_id: String,
@@ -81,12 +102,31 @@ pub enum EventKind {
         duration_ms: u64,
     },
     /// The same step came twice; the model is told to change strategy (or no longer is).
-    Nudge { step: usize, active: bool },
+    Nudge {
+        step: usize,
+        active: bool,
+    },
     /// Older turns were left out of the request to fit the context budget.
-    ContextTrimmed { step: usize, dropped_messages: usize },
-    Retry { attempt: u32, max_attempts: u32, delay_ms: u64, reason: String },
-    TokenUsage { step: usize, prompt_tokens: u64, completion_tokens: u64, total_prompt_tokens: u64, total_completion_tokens: u64 },
-    Error { message: String },
+    ContextTrimmed {
+        step: usize,
+        dropped_messages: usize,
+    },
+    Retry {
+        attempt: u32,
+        max_attempts: u32,
+        delay_ms: u64,
+        reason: String,
+    },
+    TokenUsage {
+        step: usize,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+        total_prompt_tokens: u64,
+        total_completion_tokens: u64,
+    },
+    Error {
+        message: String,
+    },
     RunFinished {
         reason: FinishReason,
         answer: Option<String>,

@@ -19,8 +19,12 @@ const PER_IMAGE: usize = 1000;
 pub fn estimate(m: &Message) -> usize {
     let chars = match m {
         Message::System { content } => content.len(),
-        Message::User { content: UserContent::Text(t) } => t.len(),
-        Message::User { content: UserContent::Parts(parts) } => {
+        Message::User {
+            content: UserContent::Text(t),
+        } => t.len(),
+        Message::User {
+            content: UserContent::Parts(parts),
+        } => {
             return PER_MESSAGE
                 + parts
                     .iter()
@@ -30,14 +34,20 @@ pub fn estimate(m: &Message) -> usize {
                     })
                     .sum::<usize>();
         }
-        Message::Assistant { content, tool_calls } => {
+        Message::Assistant {
+            content,
+            tool_calls,
+        } => {
             content.as_ref().map_or(0, String::len)
                 + tool_calls
                     .iter()
                     .map(|c| c.id.len() + c.function.name.len() + c.function.arguments.len() + 16)
                     .sum::<usize>()
         }
-        Message::Tool { tool_call_id, content } => tool_call_id.len() + content.len(),
+        Message::Tool {
+            tool_call_id,
+            content,
+        } => tool_call_id.len() + content.len(),
     };
     PER_MESSAGE + chars / 4
 }
@@ -80,7 +90,12 @@ impl Memory {
 
     /// The request context: head + the newest whole turns that fit `budget` tokens, then
     /// `tail` (a nudge) if given. The newest turn is always kept, even over budget.
-    pub fn context(&self, budget: usize, tail: Option<Message>, trimmed_note: &dyn Fn(usize) -> String) -> Context {
+    pub fn context(
+        &self,
+        budget: usize,
+        tail: Option<Message>,
+        trimmed_note: &dyn Fn(usize) -> String,
+    ) -> Context {
         let head = self.messages.len().min(2);
         let head_tokens: usize = self.tokens[..head].iter().sum();
         let tail_tokens = tail.as_ref().map_or(0, estimate);
@@ -148,11 +163,17 @@ mod tests {
                 .map(|id| ToolCall {
                     id: id.clone(),
                     kind: "function".into(),
-                    function: FunctionCall { name: "bash".into(), arguments: "{\"command\":\"true\"}".into() },
+                    function: FunctionCall {
+                        name: "bash".into(),
+                        arguments: "{\"command\":\"true\"}".into(),
+                    },
                 })
                 .collect(),
         }];
-        v.extend(ids.iter().map(|id| Message::tool(id.clone(), "x".repeat(400))));
+        v.extend(
+            ids.iter()
+                .map(|id| Message::tool(id.clone(), "x".repeat(400))),
+        );
         v
     }
 
@@ -168,8 +189,14 @@ mod tests {
         assert!(c.dropped > 0);
         assert!(matches!(c.messages[0], Message::System { .. }));
         assert_eq!(c.messages[1], Message::user("task"));
-        assert_eq!(c.messages[2], Message::user(format!("{} trimmed", c.dropped)));
-        assert!(matches!(c.messages[3], Message::Assistant { .. }), "the kept part starts with a whole turn");
+        assert_eq!(
+            c.messages[2],
+            Message::user(format!("{} trimmed", c.dropped))
+        );
+        assert!(
+            matches!(c.messages[3], Message::Assistant { .. }),
+            "the kept part starts with a whole turn"
+        );
         // A single giant turn is still sent.
         let c = m.context(10, None, &|n| format!("{n}"));
         assert!(matches!(c.messages[3], Message::Assistant { .. }));

@@ -63,7 +63,11 @@ pub struct RunRequest {
 
 impl RunRequest {
     /// A request with a fresh run id.
-    pub fn new(task: impl Into<String>, owner: impl Into<String>, session_id: impl Into<String>) -> Self {
+    pub fn new(
+        task: impl Into<String>,
+        owner: impl Into<String>,
+        session_id: impl Into<String>,
+    ) -> Self {
         Self {
             run_id: new_run_id(),
             task: task.into(),
@@ -95,7 +99,11 @@ pub struct Agent {
 
 impl Agent {
     pub fn new(llm: Arc<LlmClient>, tools: ToolRegistry, settings: AgentSettings) -> Self {
-        Self { llm, tools, settings }
+        Self {
+            llm,
+            tools,
+            settings,
+        }
     }
 
     pub fn settings(&self) -> &AgentSettings {
@@ -110,7 +118,9 @@ impl Agent {
         events: Option<mpsc::UnboundedSender<Event>>,
         cancel: CancellationToken,
     ) -> RunOutcome {
-        react::Run::new(self, request, events, cancel).execute().await
+        react::Run::new(self, request, events, cancel)
+            .execute()
+            .await
     }
 }
 
@@ -120,5 +130,8 @@ pub fn new_run_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    format!("run-{secs}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+    format!(
+        "run-{secs}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
 }

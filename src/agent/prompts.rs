@@ -20,7 +20,10 @@ pub fn nudge() -> String {
 }
 
 pub fn trimmed(count: usize) -> String {
-    TRIMMED.replace("{count}", &count.to_string()).trim_end().to_string()
+    TRIMMED
+        .replace("{count}", &count.to_string())
+        .trim_end()
+        .to_string()
 }
 
 pub fn empty_reply() -> String {
@@ -36,7 +39,11 @@ mod tests {
     #[test]
     fn placeholders_are_filled() {
         let s = super::system(&["bash".into(), "terminate".into()], 7);
-        assert!(s.contains("bash, terminate") && s.contains("at most 7 steps") && s.contains("NO network"));
+        assert!(
+            s.contains("bash, terminate")
+                && s.contains("at most 7 steps")
+                && s.contains("NO network")
+        );
         assert!(!s.contains('{'));
         assert!(super::trimmed(3).contains("3 earlier messages"));
     }

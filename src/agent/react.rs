@@ -74,7 +74,12 @@ impl<'a> Run<'a> {
         let mut steps = 0;
         let (reason, answer) = loop {
             if steps >= settings.max_steps {
-                break (FinishReason::MaxSteps { max_steps: settings.max_steps }, None);
+                break (
+                    FinishReason::MaxSteps {
+                        max_steps: settings.max_steps,
+                    },
+                    None,
+                );
             }
             if self.cancel.is_cancelled() {
                 break (FinishReason::Cancelled, None);
@@ -90,18 +95,25 @@ impl<'a> Run<'a> {
 
     async fn step(&mut self, step: usize) -> Next {
         let settings = &self.agent.settings;
-        let tools_tokens = estimate_text(&serde_json::to_string(&self.tools_json).unwrap_or_default());
+        let tools_tokens =
+            estimate_text(&serde_json::to_string(&self.tools_json).unwrap_or_default());
         let budget = settings.context_tokens.saturating_sub(tools_tokens);
         let tail = self.nudge.then(|| Message::user(prompts::nudge()));
         let context = self.memory.context(budget, tail, &prompts::trimmed);
         if context.dropped > 0 {
-            self.emitter.emit(EventKind::ContextTrimmed { step, dropped_messages: context.dropped });
+            self.emitter.emit(EventKind::ContextTrimmed {
+                step,
+                dropped_messages: context.dropped,
+            });
         }
         if settings.max_input_tokens > 0 {
             let next = (context.estimated_tokens + tools_tokens) as u64;
             if self.usage.prompt_tokens + next > settings.max_input_tokens {
                 return Next::Finish(
-                    FinishReason::TokenBudget { budget: settings.max_input_tokens, spent: self.usage.prompt_tokens },
+                    FinishReason::TokenBudget {
+                        budget: settings.max_input_tokens,
+                        spent: self.usage.prompt_tokens,
+                    },
                     None,
                 );
             }
@@ -118,12 +130,19 @@ impl<'a> Run<'a> {
                 reason: n.reason,
             })
         };
-        let completion = match self.agent.llm.chat(&context.messages, &self.tools_json, &self.cancel, &on_retry).await {
+        let completion = match self
+            .agent
+            .llm
+            .chat(&context.messages, &self.tools_json, &self.cancel, &on_retry)
+            .await
+        {
             Ok(c) => c,
             Err(LlmError::Cancelled) => return Next::Finish(FinishReason::Cancelled, None),
             Err(e) => {
                 let message = e.to_string();
-                self.emitter.emit(EventKind::Error { message: message.clone() });
+                self.emitter.emit(EventKind::Error {
+                    message: message.clone(),
+                });
                 return Next::Finish(FinishReason::Error { message }, None);
             }
         };
@@ -136,7 +155,10 @@ impl<'a> Run<'a> {
             total_completion_tokens: self.usage.completion_tokens,
         });
         if let Some(text) = &completion.content {
-            self.emitter.emit(EventKind::AssistantText { step, text: text.clone() });
+            self.emitter.emit(EventKind::AssistantText {
+                step,
+                text: text.clone(),
+            });
         }
         self.memory.push(Message::Assistant {
             content: completion.content.clone(),
@@ -175,8 +197,12 @@ impl<'a> Run<'a> {
                 text.push_str(&prompts::no_images());
             }
             let observation = cut_observation(&text, self.agent.settings.max_observe);
-            self.memory.push(Message::tool(call.id.clone(), observation));
-            if let Some(img) = result.base64_image.filter(|_| self.agent.llm.takes_images()) {
+            self.memory
+                .push(Message::tool(call.id.clone(), observation));
+            if let Some(img) = result
+                .base64_image
+                .filter(|_| self.agent.llm.takes_images())
+            {
                 images.push((call.function.name.clone(), img));
             }
             if stop.is_some() {
@@ -186,10 +212,14 @@ impl<'a> Run<'a> {
         if !images.is_empty() {
             let mut parts = Vec::new();
             for (name, img) in images {
-                parts.push(ContentPart::Text { text: format!("Image produced by {name}:") });
+                parts.push(ContentPart::Text {
+                    text: format!("Image produced by {name}:"),
+                });
                 parts.push(ContentPart::image_base64(&img));
             }
-            self.memory.push(Message::User { content: UserContent::Parts(parts) });
+            self.memory.push(Message::User {
+                content: UserContent::Parts(parts),
+            });
         }
         match finished {
             Some((reason, answer)) => Next::Finish(reason, answer),
@@ -198,7 +228,11 @@ impl<'a> Run<'a> {
     }
 
     /// Runs one call; the second value ends the run (terminate, cancel, a dead sandbox).
-    async fn act(&self, step: usize, call: &ToolCall) -> (ToolResult, Option<(FinishReason, Option<String>)>) {
+    async fn act(
+        &self,
+        step: usize,
+        call: &ToolCall,
+    ) -> (ToolResult, Option<(FinishReason, Option<String>)>) {
         let name = call.function.name.as_str();
         self.emitter.emit(EventKind::ToolCall {
             step,
@@ -207,8 +241,13 @@ impl<'a> Run<'a> {
             arguments: call.function.arguments.clone(),
         });
         let started = Instant::now();
-        let ctx = ToolContext { cancel: self.cancel.child_token() };
-        let exec = self.agent.tools.execute(name, &call.function.arguments, &ctx);
+        let ctx = ToolContext {
+            cancel: self.cancel.child_token(),
+        };
+        let exec = self
+            .agent
+            .tools
+            .execute(name, &call.function.arguments, &ctx);
         // The tool sees the cancel itself (bash restarts its shell, killing the command);
         // we only stop waiting if it does not return within the grace period.
         let cancel = self.cancel.clone();
@@ -219,19 +258,36 @@ impl<'a> Run<'a> {
         let (result, stop) = match outcome {
             Ok(r) => {
                 let stop = (name == terminate::NAME && !r.is_error()).then(|| {
-                    let args: Value = serde_json::from_str(&call.function.arguments).unwrap_or_default();
-                    let status = args.get("status").and_then(Value::as_str).unwrap_or("success").to_string();
+                    let args: Value =
+                        serde_json::from_str(&call.function.arguments).unwrap_or_default();
+                    let status = args
+                        .get("status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("success")
+                        .to_string();
                     let answer = args.get("answer").and_then(Value::as_str).map(String::from);
                     (FinishReason::Terminated { status }, answer)
                 });
                 (r, stop)
             }
-            Err(ToolError::Cancelled) => (ToolResult::error("the tool call was cancelled"), Some((FinishReason::Cancelled, None))),
+            Err(ToolError::Cancelled) => (
+                ToolResult::error("the tool call was cancelled"),
+                Some((FinishReason::Cancelled, None)),
+            ),
             Err(e) => {
                 let message = format!("sandboxd failed to run {name}: {e}");
-                self.emitter.emit(EventKind::Error { message: message.clone() });
+                self.emitter.emit(EventKind::Error {
+                    message: message.clone(),
+                });
                 let fatal = matches!(&e, ToolError::Sandbox(s) if s.is_fatal_for_session());
-                let stop = fatal.then(|| (FinishReason::Error { message: message.clone() }, None));
+                let stop = fatal.then(|| {
+                    (
+                        FinishReason::Error {
+                            message: message.clone(),
+                        },
+                        None,
+                    )
+                });
                 (ToolResult::error(message), stop)
             }
         };
@@ -257,10 +313,14 @@ impl<'a> Run<'a> {
             fingerprint.push('\u{1f}');
             fingerprint.push_str(&c.function.arguments);
         }
-        let repeated = !fingerprint.is_empty() && self.last_step.as_deref() == Some(fingerprint.as_str());
+        let repeated =
+            !fingerprint.is_empty() && self.last_step.as_deref() == Some(fingerprint.as_str());
         if repeated != self.nudge {
             self.nudge = repeated;
-            self.emitter.emit(EventKind::Nudge { step, active: repeated });
+            self.emitter.emit(EventKind::Nudge {
+                step,
+                active: repeated,
+            });
         }
         self.last_step = Some(fingerprint);
     }

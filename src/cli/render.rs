@@ -57,25 +57,61 @@ pub async fn render(mut rx: mpsc::UnboundedReceiver<Event>, json: bool) {
 
 fn show(ev: &Event) {
     match &ev.kind {
-        EventKind::RunStarted { session_id, model, max_steps, .. } => {
-            eprintln!("sandboxd: run {} · session {session_id} · model {model} · up to {max_steps} steps", ev.run_id);
+        EventKind::RunStarted {
+            session_id,
+            model,
+            max_steps,
+            ..
+        } => {
+            eprintln!(
+                "sandboxd: run {} · session {session_id} · model {model} · up to {max_steps} steps",
+                ev.run_id
+            );
         }
         EventKind::AssistantText { text, .. } => eprintln!("💭 {}", short(text, 400)),
-        EventKind::ToolCall { name, arguments, .. } => eprintln!("🔧 {name} {}", short(arguments, 200)),
-        EventKind::ToolResult { output, is_error, has_image, duration_ms, .. } => {
+        EventKind::ToolCall {
+            name, arguments, ..
+        } => eprintln!("🔧 {name} {}", short(arguments, 200)),
+        EventKind::ToolResult {
+            output,
+            is_error,
+            has_image,
+            duration_ms,
+            ..
+        } => {
             let mark = if *is_error { "✗" } else { "✓" };
             let image = if *has_image { " [image]" } else { "" };
             let first = output.lines().take(3).collect::<Vec<_>>().join(" ⏎ ");
             eprintln!("   {mark} {}{image} ({duration_ms} ms)", short(&first, 200));
         }
-        EventKind::Nudge { active: true, .. } => eprintln!("↻ the model repeated itself; asked it to change strategy"),
+        EventKind::Nudge { active: true, .. } => {
+            eprintln!("↻ the model repeated itself; asked it to change strategy")
+        }
         EventKind::Nudge { .. } => {}
-        EventKind::ContextTrimmed { .. } | EventKind::TokenUsage { .. } | EventKind::Thinking { .. } => {}
-        EventKind::Retry { attempt, max_attempts, delay_ms, reason } => {
-            eprintln!("⟳ LLM retry {attempt}/{max_attempts} in {:.1}s: {}", *delay_ms as f64 / 1000.0, short(reason, 200));
+        EventKind::ContextTrimmed { .. }
+        | EventKind::TokenUsage { .. }
+        | EventKind::Thinking { .. } => {}
+        EventKind::Retry {
+            attempt,
+            max_attempts,
+            delay_ms,
+            reason,
+        } => {
+            eprintln!(
+                "⟳ LLM retry {attempt}/{max_attempts} in {:.1}s: {}",
+                *delay_ms as f64 / 1000.0,
+                short(reason, 200)
+            );
         }
         EventKind::Error { message } => eprintln!("error: {message}"),
-        EventKind::RunFinished { reason, answer, steps, prompt_tokens, completion_tokens, duration_ms } => {
+        EventKind::RunFinished {
+            reason,
+            answer,
+            steps,
+            prompt_tokens,
+            completion_tokens,
+            duration_ms,
+        } => {
             if let Some(a) = answer {
                 println!("{a}");
             }
@@ -90,7 +126,10 @@ fn show(ev: &Event) {
 
 /// One line, at most `max` characters.
 fn short(text: &str, max: usize) -> String {
-    let line: String = text.chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
+    let line: String = text
+        .chars()
+        .map(|c| if c == '\n' { ' ' } else { c })
+        .collect();
     if line.chars().count() <= max {
         return line;
     }

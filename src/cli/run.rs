@@ -65,7 +65,10 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("the task is empty; pass --prompt \"...\" or type it on stdin");
     }
     let run_id = new_run_id();
-    let output = args.output.clone().unwrap_or_else(|| PathBuf::from("sandboxd-output").join(&run_id));
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("sandboxd-output").join(&run_id));
     check_output_dir(&output)?;
 
     // From here on Ctrl-C cancels the run instead of killing the process, so the container
@@ -78,7 +81,9 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("\nsandboxd: cancelling the run (Ctrl-C again to quit at once)…");
                 cancel.cancel();
                 if tokio::signal::ctrl_c().await.is_ok() {
-                    eprintln!("sandboxd: quitting; `sandboxd sessions gc` removes the container left behind");
+                    eprintln!(
+                        "sandboxd: quitting; `sandboxd sessions gc` removes the container left behind"
+                    );
                     std::process::exit(130);
                 }
             }
@@ -120,13 +125,22 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
 
     match copy_out(session.sandbox.as_ref(), &output).await {
         Ok(0) => eprintln!("sandboxd: /workspace was empty; nothing copied"),
-        Ok(n) => eprintln!("sandboxd: /workspace copied to {} ({n} entries)", output.display()),
+        Ok(n) => eprintln!(
+            "sandboxd: /workspace copied to {} ({n} entries)",
+            output.display()
+        ),
         Err(e) => eprintln!("sandboxd: could not copy /workspace out: {e:#}"),
     }
     if args.keep {
-        eprintln!("sandboxd: session {} kept (remove it with `sandboxd sessions rm {}`)", session.id, session.id);
+        eprintln!(
+            "sandboxd: session {} kept (remove it with `sandboxd sessions rm {}`)",
+            session.id, session.id
+        );
     } else if let Err(e) = manager.remove(&session.id).await {
-        eprintln!("sandboxd: could not remove the container of session {}: {e}", session.id);
+        eprintln!(
+            "sandboxd: could not remove the container of session {}: {e}",
+            session.id
+        );
     }
     watcher.abort();
     if let Some(path) = outcome.as_ref().and_then(|o| o.transcript.as_ref()) {
@@ -155,7 +169,10 @@ fn check_output_dir(dir: &Path) -> anyhow::Result<()> {
     match std::fs::symlink_metadata(dir) {
         Err(_) => Ok(()),
         Ok(m) if m.is_dir() && std::fs::read_dir(dir)?.next().is_none() => Ok(()),
-        Ok(_) => anyhow::bail!("the output directory {} exists and is not empty; choose another with --output", dir.display()),
+        Ok(_) => anyhow::bail!(
+            "the output directory {} exists and is not empty; choose another with --output",
+            dir.display()
+        ),
     }
 }
 
@@ -164,6 +181,9 @@ async fn copy_out(sandbox: &dyn Sandbox, dest: &Path) -> anyhow::Result<usize> {
     let archive = sandbox.download_tar(WORKSPACE).await?;
     std::fs::create_dir_all(dest).with_context(|| format!("cannot create {}", dest.display()))?;
     let dest = dest.to_path_buf();
-    let summary = tokio::task::spawn_blocking(move || extract_archive(&archive, &dest, &TarLimits::default())).await??;
+    let summary = tokio::task::spawn_blocking(move || {
+        extract_archive(&archive, &dest, &TarLimits::default())
+    })
+    .await??;
     Ok(summary.entries.saturating_sub(1))
 }

@@ -33,13 +33,21 @@ pub enum LlmError {
     #[error("invalid setting {key}: {message}")]
     Invalid { key: String, message: String },
     #[error("the LLM server answered HTTP {status}: {message}{}", attempts_note(*.attempts))]
-    Http { status: u16, message: String, attempts: u32 },
+    Http {
+        status: u16,
+        message: String,
+        attempts: u32,
+    },
     #[error(
         "the conversation is longer than the model's context window (HTTP {status}: {message}); lower [agent] context_tokens"
     )]
     ContextTooLong { status: u16, message: String },
     #[error("cannot reach the LLM server at {url}: {message}{}", attempts_note(*.attempts))]
-    Unreachable { url: String, message: String, attempts: u32 },
+    Unreachable {
+        url: String,
+        message: String,
+        attempts: u32,
+    },
     #[error("the LLM server did not answer within {after:?}{}; raise [llm] timeout_secs for slow local models", attempts_note(*.attempts))]
     Timeout { after: Duration, attempts: u32 },
     #[error("the LLM server sent a response sandboxd cannot read: {0}")]
@@ -49,7 +57,11 @@ pub enum LlmError {
 }
 
 fn attempts_note(attempts: u32) -> String {
-    if attempts > 1 { format!(" (after {attempts} attempts)") } else { String::new() }
+    if attempts > 1 {
+        format!(" (after {attempts} attempts)")
+    } else {
+        String::new()
+    }
 }
 
 /// A retry that is about to happen, for the event stream.
@@ -155,7 +167,11 @@ impl LlmClient {
 
     fn is_reasoning(&self, model: &str) -> bool {
         // "openai/o3-mini" and "o3-mini" are both reasoning models.
-        let bare = model.rsplit('/').next().unwrap_or(model).to_ascii_lowercase();
+        let bare = model
+            .rsplit('/')
+            .next()
+            .unwrap_or(model)
+            .to_ascii_lowercase();
         self.settings
             .reasoning_prefixes
             .iter()
@@ -197,13 +213,16 @@ impl LlmClient {
             };
             let failure = match outcome {
                 Ok(Ok(raw)) => {
-                    return raw
-                        .into_completion()
-                        .ok_or_else(|| LlmError::BadResponse("the response has no choices[0].message".into()));
+                    return raw.into_completion().ok_or_else(|| {
+                        LlmError::BadResponse("the response has no choices[0].message".into())
+                    });
                 }
                 Ok(Err(e)) => classify(e, &target.endpoint.base_url, attempt),
                 Err(_) => Failure::Retry {
-                    error: LlmError::Timeout { after: self.settings.timeout, attempts: attempt },
+                    error: LlmError::Timeout {
+                        after: self.settings.timeout,
+                        attempts: attempt,
+                    },
                     after: None,
                 },
             };
@@ -216,7 +235,11 @@ impl LlmClient {
             }
             let delay = match server_wait {
                 Some(d) => d.min(self.settings.retry_after_max),
-                None => backoff(self.settings.backoff_base, self.settings.backoff_max, attempt),
+                None => backoff(
+                    self.settings.backoff_base,
+                    self.settings.backoff_max,
+                    attempt,
+                ),
             };
             on_retry(RetryNotice {
                 attempt: attempt + 1,
@@ -235,7 +258,10 @@ impl LlmClient {
 
 enum Failure {
     Fatal(LlmError),
-    Retry { error: LlmError, after: Option<Duration> },
+    Retry {
+        error: LlmError,
+        after: Option<Duration>,
+    },
 }
 
 fn classify(e: OpenAIError, url: &str, attempts: u32) -> Failure {
@@ -252,18 +278,37 @@ fn classify(e: OpenAIError, url: &str, attempts: u32) -> Failure {
     };
     match failure {
         HttpFailure::Transport { message, .. } => Failure::Retry {
-            error: LlmError::Unreachable { url: url.into(), message, attempts },
+            error: LlmError::Unreachable {
+                url: url.into(),
+                message,
+                attempts,
+            },
             after: None,
         },
-        HttpFailure::Status { status, message, retry_after } => {
+        HttpFailure::Status {
+            status,
+            message,
+            retry_after,
+        } => {
             if is_context_length(&message) {
                 return Failure::Fatal(LlmError::ContextTooLong { status, message });
             }
-            let quota = message.contains("insufficient_quota") || message.contains("exceeded your current quota");
-            let error = LlmError::Http { status, message, attempts };
+            let quota = message.contains("insufficient_quota")
+                || message.contains("exceeded your current quota");
+            let error = LlmError::Http {
+                status,
+                message,
+                attempts,
+            };
             match status {
-                429 if !quota => Failure::Retry { error, after: retry_after },
-                408 | 500..=599 => Failure::Retry { error, after: retry_after },
+                429 if !quota => Failure::Retry {
+                    error,
+                    after: retry_after,
+                },
+                408 | 500..=599 => Failure::Retry {
+                    error,
+                    after: retry_after,
+                },
                 _ => Failure::Fatal(error),
             }
         }
@@ -272,9 +317,16 @@ fn classify(e: OpenAIError, url: &str, attempts: u32) -> Failure {
 
 fn is_context_length(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
-    ["context_length_exceeded", "maximum context length", "context length", "context window", "too many tokens", "prompt is too long"]
-        .iter()
-        .any(|needle| m.contains(needle))
+    [
+        "context_length_exceeded",
+        "maximum context length",
+        "context length",
+        "context window",
+        "too many tokens",
+        "prompt is too long",
+    ]
+    .iter()
+    .any(|needle| m.contains(needle))
 }
 
 /// base·2^(attempt-1), capped, with "equal jitter": half fixed, half random.
@@ -301,7 +353,9 @@ mod tests {
 
     #[test]
     fn context_errors_are_recognized() {
-        assert!(is_context_length("This model's maximum context length is 8192 tokens"));
+        assert!(is_context_length(
+            "This model's maximum context length is 8192 tokens"
+        ));
         assert!(!is_context_length("invalid model"));
     }
 }

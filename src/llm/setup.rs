@@ -40,7 +40,10 @@ impl std::fmt::Debug for Endpoint {
 pub const OPENAI_BASE: &str = "https://api.openai.com/v1";
 
 /// Resolves the main endpoint. `env` looks up process variables (injected for tests).
-pub fn resolve(cfg: &LlmConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, LlmError> {
+pub fn resolve(
+    cfg: &LlmConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Endpoint, LlmError> {
     let pick = |own: &str, vars: &[&str]| -> String {
         if !own.trim().is_empty() {
             return own.trim().to_string();
@@ -57,7 +60,9 @@ pub fn resolve(cfg: &LlmConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<
         other => {
             return Err(LlmError::Invalid {
                 key: "llm.api_type".into(),
-                message: format!("{other:?} is not a known API type; use \"openai\" (also for Ollama, vLLM and other compatible servers) or \"azure\""),
+                message: format!(
+                    "{other:?} is not a known API type; use \"openai\" (also for Ollama, vLLM and other compatible servers) or \"azure\""
+                ),
             });
         }
     };
@@ -75,7 +80,11 @@ pub fn resolve(cfg: &LlmConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<
             }
             Endpoint {
                 api_type,
-                base_url: if base_url.is_empty() { OPENAI_BASE.into() } else { base_url },
+                base_url: if base_url.is_empty() {
+                    OPENAI_BASE.into()
+                } else {
+                    base_url
+                },
                 api_key,
                 model,
                 deployment: String::new(),
@@ -88,16 +97,32 @@ pub fn resolve(cfg: &LlmConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<
             let deployment = cfg.deployment.trim().to_string();
             let api_version = cfg.api_version.trim().to_string();
             for (value, what) in [
-                (&api_key, "the Azure key (AZURE_OPENAI_API_KEY or [llm] api_key)"),
-                (&base_url, "the Azure endpoint (AZURE_OPENAI_ENDPOINT or [llm] base_url)"),
-                (&deployment, "the deployment (SANDBOXD_LLM_DEPLOYMENT or [llm] deployment)"),
-                (&api_version, "the API version (SANDBOXD_LLM_API_VERSION or [llm] api_version)"),
+                (
+                    &api_key,
+                    "the Azure key (AZURE_OPENAI_API_KEY or [llm] api_key)",
+                ),
+                (
+                    &base_url,
+                    "the Azure endpoint (AZURE_OPENAI_ENDPOINT or [llm] base_url)",
+                ),
+                (
+                    &deployment,
+                    "the deployment (SANDBOXD_LLM_DEPLOYMENT or [llm] deployment)",
+                ),
+                (
+                    &api_version,
+                    "the API version (SANDBOXD_LLM_API_VERSION or [llm] api_version)",
+                ),
             ] {
                 if value.is_empty() {
                     missing.push(what.to_string());
                 }
             }
-            let model = if model.is_empty() { deployment.clone() } else { model };
+            let model = if model.is_empty() {
+                deployment.clone()
+            } else {
+                model
+            };
             Endpoint {
                 api_type,
                 base_url,
@@ -116,7 +141,9 @@ pub fn resolve(cfg: &LlmConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<
 
 /// Resolves the optional [llm.vision] override on top of the main endpoint.
 pub fn resolve_vision(cfg: &LlmConfig, main: &Endpoint) -> Result<Option<Endpoint>, LlmError> {
-    let Some(v) = &cfg.vision else { return Ok(None) };
+    let Some(v) = &cfg.vision else {
+        return Ok(None);
+    };
     if v.model.trim().is_empty() {
         return Ok(None);
     }
@@ -136,7 +163,8 @@ fn check(mut e: Endpoint) -> Result<Endpoint, LlmError> {
     if e.api_key.chars().any(|c| !c.is_ascii_graphic()) {
         return Err(LlmError::Invalid {
             key: "llm.api_key".into(),
-            message: "the key contains spaces, control or non-ASCII characters; paste it again".into(),
+            message: "the key contains spaces, control or non-ASCII characters; paste it again"
+                .into(),
         });
     }
     while e.base_url.ends_with('/') {
@@ -145,7 +173,10 @@ fn check(mut e: Endpoint) -> Result<Endpoint, LlmError> {
     if !(e.base_url.starts_with("http://") || e.base_url.starts_with("https://")) {
         return Err(LlmError::Invalid {
             key: "llm.base_url".into(),
-            message: format!("{:?} is not an http(s) URL; e.g. http://localhost:11434/v1", e.base_url),
+            message: format!(
+                "{:?} is not an http(s) URL; e.g. http://localhost:11434/v1",
+                e.base_url
+            ),
         });
     }
     Ok(e)
@@ -191,24 +222,44 @@ mod tests {
     use super::*;
 
     fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| pairs.iter().find(|(a, _)| *a == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(a, _)| *a == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
     fn nothing_configured_names_what_is_missing() {
         let err = resolve(&LlmConfig::default(), &env_of(&[])).unwrap_err();
-        let LlmError::NotConfigured { missing } = &err else { panic!("{err}") };
+        let LlmError::NotConfigured { missing } = &err else {
+            panic!("{err}")
+        };
         assert_eq!(missing.len(), 2);
         let text = guidance(missing);
-        for needle in ["OPENAI_API_KEY", "SANDBOXD_LLM_MODEL", "SANDBOXD_LLM_BASE_URL", "AZURE_OPENAI_ENDPOINT", "[llm]"] {
+        for needle in [
+            "OPENAI_API_KEY",
+            "SANDBOXD_LLM_MODEL",
+            "SANDBOXD_LLM_BASE_URL",
+            "AZURE_OPENAI_ENDPOINT",
+            "[llm]",
+        ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
         }
     }
 
     #[test]
     fn local_server_needs_no_key_and_env_fills_in() {
-        let cfg = LlmConfig { model: "qwen".into(), ..LlmConfig::default() };
-        let e = resolve(&cfg, &env_of(&[("OPENAI_BASE_URL", "http://localhost:11434/v1/")])).unwrap();
+        let cfg = LlmConfig {
+            model: "qwen".into(),
+            ..LlmConfig::default()
+        };
+        let e = resolve(
+            &cfg,
+            &env_of(&[("OPENAI_BASE_URL", "http://localhost:11434/v1/")]),
+        )
+        .unwrap();
         assert_eq!(e.base_url, "http://localhost:11434/v1");
         assert_eq!(e.api_key, "");
         let e = resolve(&cfg, &env_of(&[("OPENAI_API_KEY", "sk-x")])).unwrap();
@@ -217,10 +268,24 @@ mod tests {
 
     #[test]
     fn azure_and_bad_values() {
-        let cfg = LlmConfig { api_type: "azure".into(), deployment: "d".into(), ..LlmConfig::default() };
+        let cfg = LlmConfig {
+            api_type: "azure".into(),
+            deployment: "d".into(),
+            ..LlmConfig::default()
+        };
         let err = resolve(&cfg, &env_of(&[("AZURE_OPENAI_API_KEY", "k")])).unwrap_err();
-        assert!(matches!(&err, LlmError::NotConfigured { missing } if missing.len() == 2), "{err}");
-        let cfg = LlmConfig { model: "m".into(), api_key: "bad key\n".into(), ..LlmConfig::default() };
-        assert!(matches!(resolve(&cfg, &env_of(&[])), Err(LlmError::Invalid { .. })));
+        assert!(
+            matches!(&err, LlmError::NotConfigured { missing } if missing.len() == 2),
+            "{err}"
+        );
+        let cfg = LlmConfig {
+            model: "m".into(),
+            api_key: "bad key\n".into(),
+            ..LlmConfig::default()
+        };
+        assert!(matches!(
+            resolve(&cfg, &env_of(&[])),
+            Err(LlmError::Invalid { .. })
+        ));
     }
 }

@@ -65,10 +65,20 @@ impl tower::Service<HttpRequestFactory> for Transport {
                 return Ok(response);
             }
             let retry_after = retry_after(
-                response.headers().get("retry-after-ms").and_then(|v| v.to_str().ok()),
-                response.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+                response
+                    .headers()
+                    .get("retry-after-ms")
+                    .and_then(|v| v.to_str().ok()),
+                response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()),
             );
-            let body = response.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
+            let body = response
+                .bytes()
+                .await
+                .map(|b| b.to_vec())
+                .unwrap_or_default();
             Err(boxed(HttpFailure::Status {
                 status: status.as_u16(),
                 message: server_message(&body),
@@ -95,7 +105,10 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// OpenAI's `retry-after-ms`, else `Retry-After` as seconds (an HTTP date counts as 1 s).
 pub fn retry_after(ms: Option<&str>, secs: Option<&str>) -> Option<Duration> {
-    if let Some(ms) = ms.and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0) {
+    if let Some(ms) = ms
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+    {
         return Some(Duration::from_secs_f64(ms / 1000.0));
     }
     let secs = secs?.trim();
@@ -125,7 +138,11 @@ pub fn server_message(body: &[u8]) -> String {
     });
     let msg = from_json.unwrap_or_else(|| {
         let t = text.trim();
-        if t.is_empty() { "(empty body)".to_string() } else { t.to_string() }
+        if t.is_empty() {
+            "(empty body)".to_string()
+        } else {
+            t.to_string()
+        }
     });
     msg.chars().take(1000).collect()
 }
@@ -136,17 +153,29 @@ mod tests {
 
     #[test]
     fn messages_from_each_server_shape() {
-        assert_eq!(server_message(br#"{"error":{"message":"bad model","type":"invalid_request_error"}}"#), "bad model");
+        assert_eq!(
+            server_message(br#"{"error":{"message":"bad model","type":"invalid_request_error"}}"#),
+            "bad model"
+        );
         assert_eq!(server_message(br#"{"object":"error","message":"vllm says no","type":"BadRequestError","code":400}"#), "vllm says no");
-        assert_eq!(server_message(br#"{"error":"ollama says no"}"#), "ollama says no");
+        assert_eq!(
+            server_message(br#"{"error":"ollama says no"}"#),
+            "ollama says no"
+        );
         assert_eq!(server_message(b"upstream gone"), "upstream gone");
     }
 
     #[test]
     fn retry_after_forms() {
         assert_eq!(retry_after(None, Some("2")), Some(Duration::from_secs(2)));
-        assert_eq!(retry_after(Some("1500"), Some("2")), Some(Duration::from_millis(1500)));
-        assert_eq!(retry_after(None, Some("Wed, 21 Oct 2015 07:28:00 GMT")), Some(Duration::from_secs(1)));
+        assert_eq!(
+            retry_after(Some("1500"), Some("2")),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            retry_after(None, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
+            Some(Duration::from_secs(1))
+        );
         assert_eq!(retry_after(None, None), None);
     }
 }

@@ -32,7 +32,9 @@ pub enum Message {
 
 impl Message {
     pub fn system(text: impl Into<String>) -> Self {
-        Message::System { content: text.into() }
+        Message::System {
+            content: text.into(),
+        }
     }
 
     pub fn user(text: impl Into<String>) -> Self {
@@ -75,7 +77,11 @@ pub struct ImageUrl {
 impl ContentPart {
     /// A base64 PNG or JPEG as a data URL part; the media type is sniffed from the bytes.
     pub fn image_base64(b64: &str) -> Self {
-        let mime = if b64.starts_with("/9j/") { "image/jpeg" } else { "image/png" };
+        let mime = if b64.starts_with("/9j/") {
+            "image/jpeg"
+        } else {
+            "image/png"
+        };
         ContentPart::ImageUrl {
             image_url: ImageUrl {
                 url: format!("data:{mime};base64,{b64}"),
@@ -206,7 +212,10 @@ impl RawResponse {
             .unwrap_or_default();
         let choice = self.choices?.into_iter().next()?;
         let message = choice.message?;
-        let mut content = message.content.and_then(content_text).filter(|c| !c.trim().is_empty());
+        let mut content = message
+            .content
+            .and_then(content_text)
+            .filter(|c| !c.trim().is_empty());
         if content.is_none() {
             content = message.refusal.filter(|r| !r.trim().is_empty());
         }
@@ -224,7 +233,10 @@ impl RawResponse {
                 };
                 Some(ToolCall {
                     // A missing id would make the tool message unpairable; invent a unique one.
-                    id: c.id.filter(|id| !id.is_empty()).unwrap_or_else(|| format!("call_{}_{i}", short_id())),
+                    id: c
+                        .id
+                        .filter(|id| !id.is_empty())
+                        .unwrap_or_else(|| format!("call_{}_{i}", short_id())),
                     kind: function_type(),
                     function: FunctionCall {
                         name: f.name.unwrap_or_default(),
@@ -267,7 +279,10 @@ mod tests {
     use serde_json::json;
 
     fn parse(v: Value) -> Completion {
-        serde_json::from_value::<RawResponse>(v).unwrap().into_completion().unwrap()
+        serde_json::from_value::<RawResponse>(v)
+            .unwrap()
+            .into_completion()
+            .unwrap()
     }
 
     #[test]
@@ -283,7 +298,13 @@ mod tests {
         }));
         assert_eq!(c.tool_calls[0].id, "chatcmpl-tool-3a1b");
         assert_eq!(c.tool_calls[0].function.arguments, "{\"command\": \"ls\"}");
-        assert_eq!(c.usage, Usage { prompt_tokens: 310, completion_tokens: 25 });
+        assert_eq!(
+            c.usage,
+            Usage {
+                prompt_tokens: 310,
+                completion_tokens: 25
+            }
+        );
     }
 
     #[test]
@@ -310,14 +331,23 @@ mod tests {
             tool_calls: vec![ToolCall {
                 id: "c1".into(),
                 kind: "function".into(),
-                function: FunctionCall { name: "bash".into(), arguments: "{}".into() },
+                function: FunctionCall {
+                    name: "bash".into(),
+                    arguments: "{}".into(),
+                },
             }],
         };
         assert_eq!(
             serde_json::to_value(&m).unwrap(),
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]})
         );
-        assert_eq!(serde_json::to_value(Message::tool("c1", "ok")).unwrap(), json!({"role": "tool", "tool_call_id": "c1", "content": "ok"}));
-        assert_eq!(serde_json::to_value(Message::user("hi")).unwrap(), json!({"role": "user", "content": "hi"}));
+        assert_eq!(
+            serde_json::to_value(Message::tool("c1", "ok")).unwrap(),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "ok"})
+        );
+        assert_eq!(
+            serde_json::to_value(Message::user("hi")).unwrap(),
+            json!({"role": "user", "content": "hi"})
+        );
     }
 }

@@ -21,7 +21,12 @@ pub fn session_tools(session: &Session, config: &Config, asker: Arc<dyn Asker>) 
 
     let mut registry = ToolRegistry::new();
     let tools: Vec<Arc<dyn super::Tool>> = vec![
-        Arc::new(Bash::new(sandbox.clone(), default_timeout, max_timeout, output_cap)),
+        Arc::new(Bash::new(
+            sandbox.clone(),
+            default_timeout,
+            max_timeout,
+            output_cap,
+        )),
         // python and str_replace_editor register here once merged:
         // Arc::new(super::python::Python::new(sandbox.clone(), default_timeout, max_timeout, output_cap)),
         // Arc::new(super::editor::StrReplaceEditor::new(sandbox.clone(), limits.max_file_bytes())),

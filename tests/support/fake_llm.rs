@@ -32,9 +32,16 @@ use sandboxd::llm::{ApiType, Endpoint, LlmClient, LlmSettings};
 #[derive(Debug, Clone)]
 pub enum Reply {
     /// An assistant message with optional text and tool calls `(name, raw JSON arguments)`.
-    Assistant { content: Option<String>, calls: Vec<(String, String)> },
+    Assistant {
+        content: Option<String>,
+        calls: Vec<(String, String)>,
+    },
     /// An HTTP error with a body and extra headers (Retry-After, ...).
-    Error { status: u16, body: Value, headers: Vec<(String, String)> },
+    Error {
+        status: u16,
+        body: Value,
+        headers: Vec<(String, String)>,
+    },
     /// A 200 with exactly this body (what Ollama or vLLM send).
     Raw(Value),
     /// Waits, then answers with the inner reply.
@@ -49,7 +56,10 @@ impl Reply {
     pub fn tools(calls: Vec<(&str, Value)>) -> Reply {
         Reply::Assistant {
             content: None,
-            calls: calls.into_iter().map(|(n, a)| (n.to_string(), a.to_string())).collect(),
+            calls: calls
+                .into_iter()
+                .map(|(n, a)| (n.to_string(), a.to_string()))
+                .collect(),
         }
     }
 
@@ -90,9 +100,17 @@ impl Reply {
 
     pub fn header(self, name: &str, value: &str) -> Reply {
         match self {
-            Reply::Error { status, body, mut headers } => {
+            Reply::Error {
+                status,
+                body,
+                mut headers,
+            } => {
                 headers.push((name.to_string(), value.to_string()));
-                Reply::Error { status, body, headers }
+                Reply::Error {
+                    status,
+                    body,
+                    headers,
+                }
             }
             other => other,
         }
@@ -154,14 +172,23 @@ impl FakeLlm {
         let app = Router::new()
             .route("/v1/chat/completions", post(handle))
             // Azure's path shape, so an azure config can be pointed here too.
-            .route("/openai/deployments/{deployment}/chat/completions", post(handle))
+            .route(
+                "/openai/deployments/{deployment}/chat/completions",
+                post(handle),
+            )
             .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the fake LLM");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the fake LLM");
         let addr = listener.local_addr().expect("fake LLM address");
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        FakeLlm { shared, addr, server }
+        FakeLlm {
+            shared,
+            addr,
+            server,
+        }
     }
 
     /// `http://127.0.0.1:PORT/v1`, as [llm] base_url wants it.
@@ -175,7 +202,11 @@ impl FakeLlm {
     }
 
     pub fn recorded(&self) -> Vec<Recorded> {
-        self.shared.requests.lock().map(|r| r.clone()).unwrap_or_default()
+        self.shared
+            .requests
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
     }
 
     pub fn endpoint(&self) -> Endpoint {
@@ -215,9 +246,18 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
             at: Instant::now(),
         });
     }
-    let next = shared.script.lock().ok().and_then(|mut s| s.pop_front()).or_else(|| shared.fallback.clone());
+    let next = shared
+        .script
+        .lock()
+        .ok()
+        .and_then(|mut s| s.pop_front())
+        .or_else(|| shared.fallback.clone());
     let Some(mut reply) = next else {
-        return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": {"message": "the fake LLM's script is exhausted"}}))).into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": {"message": "the fake LLM's script is exhausted"}})),
+        )
+            .into_response();
     };
     while let Reply::Delayed(by, inner) = reply {
         tokio::time::sleep(by).await;
@@ -235,7 +275,11 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
             if !tool_calls.is_empty() {
                 message["tool_calls"] = Value::Array(tool_calls);
             }
-            let finish = if calls.is_empty() { "stop" } else { "tool_calls" };
+            let finish = if calls.is_empty() {
+                "stop"
+            } else {
+                "tool_calls"
+            };
             axum::Json(json!({
                 "id": format!("chatcmpl-fake-{n}"), "object": "chat.completion", "created": 1_700_000_000u64, "model": "fake-model",
                 "choices": [{"index": 0, "message": message, "finish_reason": finish}],
@@ -244,8 +288,16 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
             }))
             .into_response()
         }
-        Reply::Error { status, body, headers } => {
-            let mut resp = (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body)).into_response();
+        Reply::Error {
+            status,
+            body,
+            headers,
+        } => {
+            let mut resp = (
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                axum::Json(body),
+            )
+                .into_response();
             for (k, v) in headers {
                 if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
                     resp.headers_mut().insert(k, v);
@@ -270,7 +322,9 @@ pub fn check_tool_pairing(body: &Value) -> Result<(), String> {
         if role == "tool" {
             let id = m["tool_call_id"].as_str().unwrap_or_default().to_string();
             if !open.contains(&id) {
-                return Err(format!("message {i}: tool message for {id:?} has no preceding assistant tool call"));
+                return Err(format!(
+                    "message {i}: tool message for {id:?} has no preceding assistant tool call"
+                ));
             }
             if answered.contains(&id) {
                 return Err(format!("message {i}: second tool message for {id:?}"));
@@ -279,7 +333,9 @@ pub fn check_tool_pairing(body: &Value) -> Result<(), String> {
             continue;
         }
         if let Some(missing) = open.iter().find(|id| !answered.contains(id)) {
-            return Err(format!("message {i} ({role}) comes before the tool result of {missing:?}"));
+            return Err(format!(
+                "message {i} ({role}) comes before the tool result of {missing:?}"
+            ));
         }
         open.clear();
         answered.clear();
@@ -290,7 +346,9 @@ pub fn check_tool_pairing(body: &Value) -> Result<(), String> {
         }
     }
     if let Some(missing) = open.iter().find(|id| !answered.contains(id)) {
-        return Err(format!("the request ends before the tool result of {missing:?}"));
+        return Err(format!(
+            "the request ends before the tool result of {missing:?}"
+        ));
     }
     Ok(())
 }
@@ -302,5 +360,10 @@ pub fn last_of_role(body: &Value, role: &str) -> Option<String> {
         .iter()
         .rev()
         .find(|m| m["role"] == role)
-        .map(|m| m["content"].as_str().map(String::from).unwrap_or_else(|| m["content"].to_string()))
+        .map(|m| {
+            m["content"]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| m["content"].to_string())
+        })
 }
