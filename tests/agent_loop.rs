@@ -103,7 +103,13 @@ async fn a_final_text_answer_ends_the_run_before_max_steps() {
         assert_eq!(&back, e);
     }
     // The transcript holds the messages and the same events.
-    let t = Transcript::load(outcome.transcript.as_ref().expect("a transcript")).unwrap();
+    let path = outcome.transcript.as_ref().expect("a transcript");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let t = Transcript::load(path).unwrap();
     assert_eq!(t.run_id, outcome.run_id);
     assert_eq!(
         (t.owner.as_str(), t.session_id.as_str()),
@@ -373,6 +379,39 @@ async fn images_reach_only_a_multimodal_model() {
         assert!(flagged, "the tool result event carries the image flag");
         assert_all_paired(&llm);
     }
+}
+
+#[tokio::test]
+async fn a_vision_override_gets_the_requests_that_carry_images() {
+    let main = FakeLlm::start(vec![Reply::tool("picture", json!({}))]).await;
+    let vision = FakeLlm::start(vec![Reply::text("I see a pixel")]).await;
+    let mut vision_endpoint = vision.endpoint();
+    vision_endpoint.model = "fake-vision".into();
+    let client = Arc::new(LlmClient::new(
+        main.endpoint(),
+        Some(vision_endpoint),
+        FakeLlm::settings(),
+    ));
+    let mut reg = ToolRegistry::new();
+    reg.register(Arc::new(Picture)).unwrap();
+    let agent = Agent::new(client, reg, settings(5, None));
+    let outcome = agent
+        .run(
+            RunRequest::new("draw", "t", "none"),
+            None,
+            CancellationToken::new(),
+        )
+        .await;
+    assert_eq!(outcome.answer.as_deref(), Some("I see a pixel"));
+    assert_eq!(
+        main.requests().len(),
+        1,
+        "the text-only request went to the main model"
+    );
+    let v = vision.requests();
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0]["model"], "fake-vision");
+    assert!(v[0].to_string().contains("data:image/png;base64,"));
 }
 
 #[tokio::test]

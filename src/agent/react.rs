@@ -87,7 +87,13 @@ impl<'a> Run<'a> {
             steps += 1;
             match self.step(steps).await {
                 Next::Continue => {}
-                Next::Finish(reason, answer) => break (reason, answer),
+                Next::Finish(reason, answer) => {
+                    // The budget check comes before the model is asked: that step never ran.
+                    if matches!(reason, FinishReason::TokenBudget { .. }) {
+                        steps -= 1;
+                    }
+                    break (reason, answer);
+                }
             }
         };
         self.finish(reason, answer, steps)

@@ -1,6 +1,8 @@
 //! The transcript of a run — every message and every event — saved as one JSON file,
 //! `<data_dir>/runs/<run-id>.json`, so a run can be read back after the terminal is gone.
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -30,7 +32,15 @@ impl Transcript {
         let path = dir.join(format!("{}.json", self.run_id));
         let tmp = dir.join(format!(".{}.json.tmp", self.run_id));
         let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(&tmp, text)?;
+        // Tasks and tool output may hold secrets: readable by the owner only.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(&text)?;
+        drop(file);
         std::fs::rename(&tmp, &path)?;
         Ok(path)
     }
