@@ -1,6 +1,8 @@
 //! sandboxd: a sandbox-first agent service. Every session runs in its own hardened Docker
 //! container; the host keeps only the agent loop, the LLM calls and the orchestration.
 
+pub mod agent;
 pub mod config;
+pub mod llm;
 pub mod sandbox;
 pub mod tools;

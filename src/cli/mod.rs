@@ -5,6 +5,7 @@ pub mod doctor;
 pub mod exec;
 pub mod image;
 pub mod mcp;
+pub mod render;
 pub mod run;
 pub mod sessions;
 pub mod tool;

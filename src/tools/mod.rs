@@ -8,6 +8,7 @@ pub mod bash;
 pub mod editor;
 pub mod python;
 pub mod registry;
+pub mod session;
 pub mod terminate;
 
 use async_trait::async_trait;

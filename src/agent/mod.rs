@@ -1,0 +1,137 @@
+//! The agent: a ReAct loop (think → act → observe) on an OpenAI-compatible LLM, with every
+//! tool call going into the session's sandbox through the registry.
+//!
+//! An `Agent` holds no per-run state: `run` builds a fresh memory, counters and stuck
+//! detector each time, so a second run in the same process starts clean (OpenManus kept
+//! its step counter and memory between requests).
+
+pub mod bench;
+pub mod events;
+pub mod memory;
+pub mod prompts;
+mod react;
+pub mod transcript;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use events::{Emitter, Event, EventKind, FinishReason};
+
+use crate::config::Config;
+use crate::llm::{LlmClient, Usage};
+use crate::tools::ToolRegistry;
+
+/// Loop settings, from [agent].
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub max_steps: usize,
+    /// Characters of one tool observation shown to the model.
+    pub max_observe: usize,
+    /// Input tokens one run may spend; 0 means no budget.
+    pub max_input_tokens: u64,
+    /// Token budget of the context sent in one request.
+    pub context_tokens: usize,
+    /// Where `<run-id>.json` transcripts go; None keeps none.
+    pub transcript_dir: Option<PathBuf>,
+}
+
+impl AgentSettings {
+    pub fn from_config(config: &Config) -> Self {
+        let a = &config.agent;
+        Self {
+            max_steps: a.max_steps.max(1),
+            max_observe: a.max_observe.max(100),
+            max_input_tokens: a.max_input_tokens,
+            context_tokens: a.context_tokens,
+            transcript_dir: Some(config.data_dir().join("runs")),
+        }
+    }
+}
+
+/// One task for the agent, and whom it belongs to.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// Chosen by the caller so it can name outputs before the run starts (`new_run_id()`).
+    pub run_id: String,
+    pub task: String,
+    pub owner: String,
+    pub session_id: String,
+}
+
+impl RunRequest {
+    /// A request with a fresh run id.
+    pub fn new(
+        task: impl Into<String>,
+        owner: impl Into<String>,
+        session_id: impl Into<String>,
+    ) -> Self {
+        Self {
+            run_id: new_run_id(),
+            task: task.into(),
+            owner: owner.into(),
+            session_id: session_id.into(),
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub run_id: String,
+    pub reason: FinishReason,
+    /// The terminate answer or the final text answer.
+    pub answer: Option<String>,
+    pub steps: usize,
+    pub usage: Usage,
+    pub elapsed: std::time::Duration,
+    /// Where the transcript was written, if it was.
+    pub transcript: Option<PathBuf>,
+}
+
+pub struct Agent {
+    llm: Arc<LlmClient>,
+    tools: ToolRegistry,
+    settings: AgentSettings,
+}
+
+impl Agent {
+    pub fn new(llm: Arc<LlmClient>, tools: ToolRegistry, settings: AgentSettings) -> Self {
+        Self {
+            llm,
+            tools,
+            settings,
+        }
+    }
+
+    pub fn settings(&self) -> &AgentSettings {
+        &self.settings
+    }
+
+    /// Runs one task to its end. Events go to `events` as they happen (if given); `cancel`
+    /// stops the run at once, cancelling the tool call in flight.
+    pub async fn run(
+        &self,
+        request: RunRequest,
+        events: Option<mpsc::UnboundedSender<Event>>,
+        cancel: CancellationToken,
+    ) -> RunOutcome {
+        react::Run::new(self, request, events, cancel)
+            .execute()
+            .await
+    }
+}
+
+/// A run id: sortable by time, unique, safe as a file name.
+pub fn new_run_id() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!(
+        "run-{secs}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}

@@ -1,0 +1,376 @@
+//! One run of the ReAct loop: think (chat with tools) → act (each tool call in order) →
+//! observe (tool messages cut to max_observe), until terminate, a final text answer,
+//! max_steps, the input-token budget, cancellation or an error that cannot be retried.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::events::{Emitter, Event, EventKind, FinishReason};
+use super::memory::{Memory, cut_observation, estimate_text};
+use super::transcript::Transcript;
+use super::{Agent, RunOutcome, RunRequest, prompts};
+use crate::llm::{ContentPart, LlmError, Message, ToolCall, Usage, UserContent};
+use crate::tools::{ToolContext, ToolError, ToolResult, terminate};
+
+/// How long a tool gets to clean up after a cancel before the run stops waiting for it.
+const CANCEL_GRACE: Duration = Duration::from_secs(15);
+
+pub(super) struct Run<'a> {
+    agent: &'a Agent,
+    run_id: String,
+    request: RunRequest,
+    emitter: Emitter,
+    cancel: CancellationToken,
+    memory: Memory,
+    usage: Usage,
+    tools_json: Vec<Value>,
+    /// The previous step's fingerprint, and whether the stuck nudge is on.
+    last_step: Option<String>,
+    nudge: bool,
+}
+
+/// What one step decided.
+enum Next {
+    Continue,
+    Finish(FinishReason, Option<String>),
+}
+
+impl<'a> Run<'a> {
+    pub(super) fn new(
+        agent: &'a Agent,
+        request: RunRequest,
+        events: Option<mpsc::UnboundedSender<Event>>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let system = prompts::system(&agent.tools.names(), agent.settings.max_steps);
+        let memory = Memory::new(system, request.task.clone());
+        let run_id = request.run_id.clone();
+        Self {
+            agent,
+            emitter: Emitter::new(run_id.clone(), events),
+            run_id,
+            request,
+            cancel,
+            memory,
+            usage: Usage::default(),
+            tools_json: agent.tools.to_openai(),
+            last_step: None,
+            nudge: false,
+        }
+    }
+
+    pub(super) async fn execute(mut self) -> RunOutcome {
+        let settings = self.agent.settings.clone();
+        self.emitter.emit(EventKind::RunStarted {
+            owner: self.request.owner.clone(),
+            session_id: self.request.session_id.clone(),
+            task: self.request.task.clone(),
+            model: self.agent.llm.model().to_string(),
+            max_steps: settings.max_steps,
+        });
+        let mut steps = 0;
+        let (reason, answer) = loop {
+            if steps >= settings.max_steps {
+                break (
+                    FinishReason::MaxSteps {
+                        max_steps: settings.max_steps,
+                    },
+                    None,
+                );
+            }
+            if self.cancel.is_cancelled() {
+                break (FinishReason::Cancelled, None);
+            }
+            steps += 1;
+            match self.step(steps).await {
+                Next::Continue => {}
+                Next::Finish(reason, answer) => {
+                    // The budget check comes before the model is asked: that step never ran.
+                    if matches!(reason, FinishReason::TokenBudget { .. }) {
+                        steps -= 1;
+                    }
+                    break (reason, answer);
+                }
+            }
+        };
+        self.finish(reason, answer, steps)
+    }
+
+    async fn step(&mut self, step: usize) -> Next {
+        let settings = &self.agent.settings;
+        let tools_tokens =
+            estimate_text(&serde_json::to_string(&self.tools_json).unwrap_or_default());
+        let budget = settings.context_tokens.saturating_sub(tools_tokens);
+        let tail = self.nudge.then(|| Message::user(prompts::nudge()));
+        let context = self.memory.context(budget, tail, &prompts::trimmed);
+        if context.dropped > 0 {
+            self.emitter.emit(EventKind::ContextTrimmed {
+                step,
+                dropped_messages: context.dropped,
+            });
+        }
+        if settings.max_input_tokens > 0 {
+            let next = (context.estimated_tokens + tools_tokens) as u64;
+            if self.usage.prompt_tokens + next > settings.max_input_tokens {
+                return Next::Finish(
+                    FinishReason::TokenBudget {
+                        budget: settings.max_input_tokens,
+                        spent: self.usage.prompt_tokens,
+                    },
+                    None,
+                );
+            }
+        }
+
+        // Think.
+        self.emitter.emit(EventKind::Thinking { step });
+        let emitter = &self.emitter;
+        let on_retry = |n: crate::llm::RetryNotice| {
+            emitter.emit(EventKind::Retry {
+                attempt: n.attempt,
+                max_attempts: n.max_attempts,
+                delay_ms: n.delay.as_millis() as u64,
+                reason: n.reason,
+            })
+        };
+        let completion = match self
+            .agent
+            .llm
+            .chat(&context.messages, &self.tools_json, &self.cancel, &on_retry)
+            .await
+        {
+            Ok(c) => c,
+            Err(LlmError::Cancelled) => return Next::Finish(FinishReason::Cancelled, None),
+            Err(e) => {
+                let message = e.to_string();
+                self.emitter.emit(EventKind::Error {
+                    message: message.clone(),
+                });
+                return Next::Finish(FinishReason::Error { message }, None);
+            }
+        };
+        self.usage.add(completion.usage);
+        self.emitter.emit(EventKind::TokenUsage {
+            step,
+            prompt_tokens: completion.usage.prompt_tokens,
+            completion_tokens: completion.usage.completion_tokens,
+            total_prompt_tokens: self.usage.prompt_tokens,
+            total_completion_tokens: self.usage.completion_tokens,
+        });
+        if let Some(text) = &completion.content {
+            self.emitter.emit(EventKind::AssistantText {
+                step,
+                text: text.clone(),
+            });
+        }
+        self.memory.push(Message::Assistant {
+            content: completion.content.clone(),
+            tool_calls: completion.tool_calls.clone(),
+        });
+        self.track_stuck(step, &completion.content, &completion.tool_calls);
+
+        if completion.tool_calls.is_empty() {
+            return match completion.content {
+                Some(text) => Next::Finish(FinishReason::FinalAnswer, Some(text)),
+                None => {
+                    self.memory.push(Message::user(prompts::empty_reply()));
+                    Next::Continue
+                }
+            };
+        }
+
+        // Act and observe, in order.
+        let mut images = Vec::new();
+        let mut finished: Option<(FinishReason, Option<String>)> = None;
+        for call in &completion.tool_calls {
+            if let Some((reason, _)) = &finished {
+                // Every tool call needs its tool message, even the ones we no longer run.
+                let why = match reason {
+                    FinishReason::Cancelled => "not run: the run was cancelled",
+                    _ => "not run: the run ended before this call",
+                };
+                self.memory.push(Message::tool(call.id.clone(), why));
+                continue;
+            }
+            let (result, stop) = self.act(step, call).await;
+            let has_image = result.base64_image.is_some();
+            let mut text = result.render();
+            if has_image && !self.agent.llm.takes_images() {
+                text.push('\n');
+                text.push_str(&prompts::no_images());
+            }
+            let observation = cut_observation(&text, self.agent.settings.max_observe);
+            self.memory
+                .push(Message::tool(call.id.clone(), observation));
+            if let Some(img) = result
+                .base64_image
+                .filter(|_| self.agent.llm.takes_images())
+            {
+                images.push((call.function.name.clone(), img));
+            }
+            if stop.is_some() {
+                finished = stop;
+            }
+        }
+        if !images.is_empty() {
+            let mut parts = Vec::new();
+            for (name, img) in images {
+                parts.push(ContentPart::Text {
+                    text: format!("Image produced by {name}:"),
+                });
+                parts.push(ContentPart::image_base64(&img));
+            }
+            self.memory.push(Message::User {
+                content: UserContent::Parts(parts),
+            });
+        }
+        match finished {
+            Some((reason, answer)) => Next::Finish(reason, answer),
+            None => Next::Continue,
+        }
+    }
+
+    /// Runs one call; the second value ends the run (terminate, cancel, a dead sandbox).
+    async fn act(
+        &self,
+        step: usize,
+        call: &ToolCall,
+    ) -> (ToolResult, Option<(FinishReason, Option<String>)>) {
+        let name = call.function.name.as_str();
+        self.emitter.emit(EventKind::ToolCall {
+            step,
+            call_id: call.id.clone(),
+            name: name.to_string(),
+            arguments: call.function.arguments.clone(),
+        });
+        let started = Instant::now();
+        let ctx = ToolContext {
+            cancel: self.cancel.child_token(),
+        };
+        let exec = self
+            .agent
+            .tools
+            .execute(name, &call.function.arguments, &ctx);
+        // The tool sees the cancel itself (bash restarts its shell, killing the command);
+        // we only stop waiting if it does not return within the grace period.
+        let cancel = self.cancel.clone();
+        let outcome = tokio::select! {
+            r = exec => r,
+            _ = async { cancel.cancelled().await; tokio::time::sleep(CANCEL_GRACE).await } => Err(ToolError::Cancelled),
+        };
+        let (result, stop) = match outcome {
+            Ok(r) => {
+                let stop = (name == terminate::NAME && !r.is_error()).then(|| {
+                    let args: Value =
+                        serde_json::from_str(&call.function.arguments).unwrap_or_default();
+                    let status = args
+                        .get("status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("success")
+                        .to_string();
+                    let answer = args.get("answer").and_then(Value::as_str).map(String::from);
+                    (FinishReason::Terminated { status }, answer)
+                });
+                (r, stop)
+            }
+            Err(ToolError::Cancelled) => (
+                ToolResult::error("the tool call was cancelled"),
+                Some((FinishReason::Cancelled, None)),
+            ),
+            Err(e) => {
+                let message = format!("sandboxd failed to run {name}: {e}");
+                self.emitter.emit(EventKind::Error {
+                    message: message.clone(),
+                });
+                let fatal = matches!(&e, ToolError::Sandbox(s) if s.is_fatal_for_session());
+                let stop = fatal.then(|| {
+                    (
+                        FinishReason::Error {
+                            message: message.clone(),
+                        },
+                        None,
+                    )
+                });
+                (ToolResult::error(message), stop)
+            }
+        };
+        let shown = cut_observation(&result.render(), self.agent.settings.max_observe);
+        self.emitter.emit(EventKind::ToolResult {
+            step,
+            call_id: call.id.clone(),
+            name: name.to_string(),
+            output: shown,
+            is_error: result.is_error(),
+            has_image: result.base64_image.is_some(),
+            duration_ms: started.elapsed().as_millis() as u64,
+        });
+        (result, stop)
+    }
+
+    /// The same step twice in a row turns the nudge on; a different step turns it off.
+    fn track_stuck(&mut self, step: usize, content: &Option<String>, calls: &[ToolCall]) {
+        let mut fingerprint = content.clone().unwrap_or_default();
+        for c in calls {
+            fingerprint.push('\u{1f}');
+            fingerprint.push_str(&c.function.name);
+            fingerprint.push('\u{1f}');
+            fingerprint.push_str(&c.function.arguments);
+        }
+        let repeated =
+            !fingerprint.is_empty() && self.last_step.as_deref() == Some(fingerprint.as_str());
+        if repeated != self.nudge {
+            self.nudge = repeated;
+            self.emitter.emit(EventKind::Nudge {
+                step,
+                active: repeated,
+            });
+        }
+        self.last_step = Some(fingerprint);
+    }
+
+    fn finish(self, reason: FinishReason, answer: Option<String>, steps: usize) -> RunOutcome {
+        let elapsed = self.emitter.elapsed();
+        self.emitter.emit(EventKind::RunFinished {
+            reason: reason.clone(),
+            answer: answer.clone(),
+            steps,
+            prompt_tokens: self.usage.prompt_tokens,
+            completion_tokens: self.usage.completion_tokens,
+            duration_ms: elapsed.as_millis() as u64,
+        });
+        let transcript = self.agent.settings.transcript_dir.as_ref().and_then(|dir| {
+            let t = Transcript {
+                run_id: self.run_id.clone(),
+                owner: self.request.owner.clone(),
+                session_id: self.request.session_id.clone(),
+                model: self.agent.llm.model().to_string(),
+                task: self.request.task.clone(),
+                reason: reason.clone(),
+                answer: answer.clone(),
+                steps,
+                usage: self.usage,
+                messages: self.memory.messages().to_vec(),
+                events: self.emitter.events(),
+            };
+            match t.save(dir) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(run = %self.run_id, error = %e, "cannot save the transcript");
+                    None
+                }
+            }
+        });
+        RunOutcome {
+            run_id: self.run_id,
+            reason,
+            answer,
+            steps,
+            usage: self.usage,
+            elapsed,
+            transcript,
+        }
+    }
+}

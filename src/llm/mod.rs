@@ -1,0 +1,361 @@
+//! The LLM client: async-openai (config, URLs, auth headers, Azure) with our own transport,
+//! our own retry policy and lenient response types.
+//!
+//! Requests and responses go through async-openai's `byot` methods with our types
+//! (`wire.rs`): its strict response types reject what Ollama and vLLM really send (no
+//! `created`, unknown `finish_reason`, untyped tool calls). Retries follow the issue's
+//! policy, not async-openai's: up to `max_retries` attempts on 429, 5xx, timeouts and
+//! connection errors, exponential backoff with jitter, Retry-After honoured; 400, 401,
+//! 403, 404 and context-length errors fail at once with the server's message.
+
+mod setup;
+mod transport;
+pub mod wire;
+
+use std::time::Duration;
+
+use async_openai::Client;
+use async_openai::config::{AzureConfig, Config, OpenAIConfig};
+use async_openai::error::OpenAIError;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+pub use setup::{ApiType, Endpoint, guidance, resolve, resolve_vision};
+pub use transport::HttpFailure;
+pub use wire::{Completion, ContentPart, FunctionCall, Message, ToolCall, Usage, UserContent};
+
+use crate::config::LlmConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    #[error("{}", guidance(.missing))]
+    NotConfigured { missing: Vec<String> },
+    #[error("invalid setting {key}: {message}")]
+    Invalid { key: String, message: String },
+    #[error("the LLM server answered HTTP {status}: {message}{}", attempts_note(*.attempts))]
+    Http {
+        status: u16,
+        message: String,
+        attempts: u32,
+    },
+    #[error(
+        "the conversation is longer than the model's context window (HTTP {status}: {message}); lower [agent] context_tokens"
+    )]
+    ContextTooLong { status: u16, message: String },
+    #[error("cannot reach the LLM server at {url}: {message}{}", attempts_note(*.attempts))]
+    Unreachable {
+        url: String,
+        message: String,
+        attempts: u32,
+    },
+    #[error("the LLM server did not answer within {after:?}{}; raise [llm] timeout_secs for slow local models", attempts_note(*.attempts))]
+    Timeout { after: Duration, attempts: u32 },
+    #[error("the LLM server sent a response sandboxd cannot read: {0}")]
+    BadResponse(String),
+    #[error("the LLM call was cancelled")]
+    Cancelled,
+}
+
+fn attempts_note(attempts: u32) -> String {
+    if attempts > 1 {
+        format!(" (after {attempts} attempts)")
+    } else {
+        String::new()
+    }
+}
+
+/// A retry that is about to happen, for the event stream.
+#[derive(Debug, Clone)]
+pub struct RetryNotice {
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub delay: Duration,
+    pub reason: String,
+}
+
+/// Tuning of one client, from [llm] (the backoff base is not a config key: tests shorten it).
+#[derive(Debug, Clone)]
+pub struct LlmSettings {
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub timeout: Duration,
+    pub max_attempts: u32,
+    pub multimodal: bool,
+    pub reasoning_prefixes: Vec<String>,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// The longest Retry-After we wait; a server asking for more gets this.
+    pub retry_after_max: Duration,
+}
+
+impl LlmSettings {
+    pub fn from_config(cfg: &LlmConfig) -> Self {
+        Self {
+            max_tokens: cfg.max_tokens,
+            temperature: cfg.temperature,
+            timeout: Duration::from_secs(cfg.timeout_secs.max(1)),
+            max_attempts: cfg.max_retries.max(1),
+            multimodal: cfg.multimodal,
+            reasoning_prefixes: cfg.reasoning_prefixes.clone(),
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+            retry_after_max: Duration::from_secs(120),
+        }
+    }
+}
+
+struct Target {
+    client: Client<Box<dyn Config>>,
+    endpoint: Endpoint,
+}
+
+impl Target {
+    fn new(endpoint: Endpoint) -> Self {
+        let config: Box<dyn Config> = match endpoint.api_type {
+            ApiType::OpenAi => Box::new(
+                OpenAIConfig::new()
+                    .with_api_base(endpoint.base_url.clone())
+                    .with_api_key(endpoint.api_key.clone()),
+            ),
+            ApiType::Azure => Box::new(
+                AzureConfig::new()
+                    .with_api_base(endpoint.base_url.clone())
+                    .with_api_key(endpoint.api_key.clone())
+                    .with_deployment_id(endpoint.deployment.clone())
+                    .with_api_version(endpoint.api_version.clone()),
+            ),
+        };
+        let client = Client::with_config(config).with_http_service(transport::Transport::default());
+        Self { client, endpoint }
+    }
+}
+
+pub struct LlmClient {
+    main: Target,
+    vision: Option<Target>,
+    settings: LlmSettings,
+}
+
+impl LlmClient {
+    /// From [llm] and the process environment; `NotConfigured` carries the setup guide.
+    pub fn from_config(cfg: &LlmConfig) -> Result<Self, LlmError> {
+        let endpoint = resolve(cfg, &|k| std::env::var(k).ok())?;
+        let vision = resolve_vision(cfg, &endpoint)?;
+        Ok(Self::new(endpoint, vision, LlmSettings::from_config(cfg)))
+    }
+
+    pub fn new(endpoint: Endpoint, vision: Option<Endpoint>, settings: LlmSettings) -> Self {
+        Self {
+            main: Target::new(endpoint),
+            vision: vision.map(Target::new),
+            settings,
+        }
+    }
+
+    pub fn model(&self) -> &str {
+        &self.main.endpoint.model
+    }
+
+    /// Whether images may be put into the conversation at all.
+    pub fn takes_images(&self) -> bool {
+        self.settings.multimodal || self.vision.is_some()
+    }
+
+    pub fn settings(&self) -> &LlmSettings {
+        &self.settings
+    }
+
+    fn is_reasoning(&self, model: &str) -> bool {
+        // "openai/o3-mini" and "o3-mini" are both reasoning models.
+        let bare = model
+            .rsplit('/')
+            .next()
+            .unwrap_or(model)
+            .to_ascii_lowercase();
+        self.settings
+            .reasoning_prefixes
+            .iter()
+            .any(|p| !p.is_empty() && bare.starts_with(&p.to_ascii_lowercase()))
+    }
+
+    /// One chat turn with tools (tool_choice auto), retried per the policy above.
+    pub async fn chat(
+        &self,
+        messages: &[Message],
+        tools: &[Value],
+        cancel: &CancellationToken,
+        on_retry: &(dyn Fn(RetryNotice) + Send + Sync),
+    ) -> Result<Completion, LlmError> {
+        let target = match &self.vision {
+            Some(v) if messages.iter().any(Message::has_image) => v,
+            _ => &self.main,
+        };
+        let model = target.endpoint.model.as_str();
+        let reasoning = self.is_reasoning(model);
+        let request = wire::ChatRequest {
+            model,
+            messages,
+            tools,
+            tool_choice: (!tools.is_empty()).then_some("auto"),
+            max_tokens: (!reasoning).then_some(self.settings.max_tokens),
+            max_completion_tokens: reasoning.then_some(self.settings.max_tokens),
+            temperature: (!reasoning).then_some(self.settings.temperature),
+            stream: false,
+        };
+        let max = self.settings.max_attempts;
+        let mut attempt = 1;
+        loop {
+            let chat = target.client.chat();
+            let call = chat.create_byot::<_, wire::RawResponse>(&request);
+            let outcome = tokio::select! {
+                r = tokio::time::timeout(self.settings.timeout, call) => r,
+                _ = cancel.cancelled() => return Err(LlmError::Cancelled),
+            };
+            let failure = match outcome {
+                Ok(Ok(raw)) => {
+                    return raw.into_completion().ok_or_else(|| {
+                        LlmError::BadResponse("the response has no choices[0].message".into())
+                    });
+                }
+                Ok(Err(e)) => classify(e, &target.endpoint.base_url, attempt),
+                Err(_) => Failure::Retry {
+                    error: LlmError::Timeout {
+                        after: self.settings.timeout,
+                        attempts: attempt,
+                    },
+                    after: None,
+                },
+            };
+            let (error, server_wait) = match failure {
+                Failure::Fatal(e) => return Err(e),
+                Failure::Retry { error, after } => (error, after),
+            };
+            if attempt >= max {
+                return Err(error);
+            }
+            let delay = match server_wait {
+                Some(d) => d.min(self.settings.retry_after_max),
+                None => backoff(
+                    self.settings.backoff_base,
+                    self.settings.backoff_max,
+                    attempt,
+                ),
+            };
+            on_retry(RetryNotice {
+                attempt: attempt + 1,
+                max_attempts: max,
+                delay,
+                reason: error.to_string(),
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = cancel.cancelled() => return Err(LlmError::Cancelled),
+            }
+            attempt += 1;
+        }
+    }
+}
+
+enum Failure {
+    Fatal(LlmError),
+    Retry {
+        error: LlmError,
+        after: Option<Duration>,
+    },
+}
+
+fn classify(e: OpenAIError, url: &str, attempts: u32) -> Failure {
+    let failure = match e {
+        OpenAIError::Boxed(b) => match b.downcast::<HttpFailure>() {
+            Ok(f) => *f,
+            Err(other) => return Failure::Fatal(LlmError::BadResponse(other.to_string())),
+        },
+        OpenAIError::JSONDeserialize(err, body) => {
+            let snippet: String = body.chars().take(300).collect();
+            return Failure::Fatal(LlmError::BadResponse(format!("{err}; body: {snippet}")));
+        }
+        other => return Failure::Fatal(LlmError::BadResponse(other.to_string())),
+    };
+    match failure {
+        HttpFailure::Transport { message, .. } => Failure::Retry {
+            error: LlmError::Unreachable {
+                url: url.into(),
+                message,
+                attempts,
+            },
+            after: None,
+        },
+        HttpFailure::Status {
+            status,
+            message,
+            retry_after,
+        } => {
+            if is_context_length(&message) {
+                return Failure::Fatal(LlmError::ContextTooLong { status, message });
+            }
+            let quota = message.contains("insufficient_quota")
+                || message.contains("exceeded your current quota");
+            let error = LlmError::Http {
+                status,
+                message,
+                attempts,
+            };
+            match status {
+                429 if !quota => Failure::Retry {
+                    error,
+                    after: retry_after,
+                },
+                408 | 500..=599 => Failure::Retry {
+                    error,
+                    after: retry_after,
+                },
+                _ => Failure::Fatal(error),
+            }
+        }
+    }
+}
+
+fn is_context_length(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "maximum context length",
+        "context length",
+        "context window",
+        "too many tokens",
+        "prompt is too long",
+    ]
+    .iter()
+    .any(|needle| m.contains(needle))
+}
+
+/// base·2^(attempt-1), capped, with "equal jitter": half fixed, half random.
+fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let exp = base.saturating_mul(1u32 << (attempt - 1).min(16)).min(max);
+    let half = exp / 2;
+    half + half.mul_f64(rand::random::<f64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(1);
+        let d1 = backoff(base, max, 1);
+        assert!(d1 >= Duration::from_millis(50) && d1 <= base);
+        let d4 = backoff(base, max, 4);
+        assert!(d4 >= Duration::from_millis(400) && d4 <= Duration::from_millis(800));
+        assert!(backoff(base, max, 30) <= max);
+    }
+
+    #[test]
+    fn context_errors_are_recognized() {
+        assert!(is_context_length(
+            "This model's maximum context length is 8192 tokens"
+        ));
+        assert!(!is_context_length("invalid model"));
+    }
+}

@@ -1,0 +1,254 @@
+//! `sandboxd run` as a user runs it: the real binary, the real engine and image, the LLM
+//! faked at the HTTP boundary. A full run that leaves a report on the host, the guidance
+//! when no LLM is configured, and Ctrl-C during a long command.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::fake_llm::{FakeLlm, Reply, check_tool_pairing};
+
+/// The binary with a clean environment: no OPENAI_* or SANDBOXD_* from the caller, run in
+/// `cwd` (so no config/sandboxd.toml is picked up) with its data under `cwd` too.
+fn sandboxd(cwd: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+    cmd.current_dir(cwd);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OPENAI_") || k.starts_with("SANDBOXD_") || k.starts_with("AZURE_OPENAI_")
+        {
+            cmd.env_remove(k);
+        }
+    }
+    if let Ok(image) = std::env::var("SANDBOXD_DOCKER_IMAGE") {
+        cmd.env("SANDBOXD_DOCKER_IMAGE", image);
+    }
+    cmd.env("SANDBOXD_DATA_DIR", cwd.join("data"));
+    cmd
+}
+
+fn with_llm(cmd: &mut Command, llm: &FakeLlm) {
+    cmd.env("SANDBOXD_LLM_BASE_URL", llm.base_url())
+        .env("SANDBOXD_LLM_MODEL", "fake-model");
+}
+
+/// Managed containers created by process `pid` (the `sandboxd.creator` label is `pid:start`).
+fn containers_of(pid: u32) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            "label=sandboxd.managed=true",
+            "--format",
+            "{{.ID}} {{.Label \"sandboxd.creator\"}}",
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|c| c.starts_with(&format!("{pid}:")))
+        })
+        .map(String::from)
+        .collect()
+}
+
+fn managed_count() -> usize {
+    let out = Command::new("docker")
+        .args(["ps", "-aq", "--filter", "label=sandboxd.managed=true"])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// The container count in the no-LLM test is only meaningful if no other test of this
+/// file creates containers at the same time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[test]
+fn without_an_llm_it_explains_what_to_set_and_creates_nothing() {
+    let _serial = SERIAL.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let before = managed_count();
+    let child = sandboxd(dir.path())
+        .args(["run", "--prompt", "say hi"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for needle in [
+        "no LLM is configured",
+        "OPENAI_API_KEY",
+        "SANDBOXD_LLM_MODEL",
+        "SANDBOXD_LLM_BASE_URL",
+        "Ollama",
+        "vLLM",
+        "AZURE_OPENAI_ENDPOINT",
+        "[llm]",
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "{needle:?} missing from:\n{stderr}"
+        );
+    }
+    assert!(containers_of(pid).is_empty(), "a container was created");
+    // The tests of this file are serialized (SERIAL), so nothing of ours runs meanwhile.
+    assert!(
+        managed_count() <= before,
+        "the number of managed containers grew"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "nothing was written either"
+    );
+}
+
+/// The scripted model of the full run. Kept in one place so it is easy to switch to the
+/// editor and python tools: compute a number, write the report, terminate.
+fn report_script() -> Vec<Reply> {
+    vec![
+        Reply::tool("bash", json!({"command": "python3 -c 'print(sum(i*i for i in range(1, 101)))' > /workspace/sum.txt && cat /workspace/sum.txt"}))
+            .with_content("First I compute the sum of squares."),
+        Reply::tool(
+            "bash",
+            json!({"command": "cat > /workspace/report.html <<EOF\n<!doctype html>\n<html><body><h1>Report</h1><p>Sum of squares 1..100 = <b>$(cat /workspace/sum.txt)</b></p></body></html>\nEOF"}),
+        ),
+        Reply::tool("terminate", json!({"status": "success", "answer": "The report is in /workspace/report.html"})),
+    ]
+}
+
+#[tokio::test]
+async fn a_full_run_leaves_the_report_on_the_host_and_removes_the_container() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start(report_script()).await;
+    let out_dir = dir.path().join("out");
+    let mut cmd = sandboxd(dir.path());
+    with_llm(&mut cmd, &llm);
+    cmd.args(["run", "--json", "--no-input", "--output"])
+        .arg(&out_dir)
+        .args([
+            "--prompt",
+            "Write an HTML report of the sum of squares of 1..100",
+        ]);
+    let child = tokio::process::Command::from(cmd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
+
+    let report = std::fs::read_to_string(out_dir.join("report.html"))
+        .unwrap_or_else(|e| panic!("no report ({e}):\n{stderr}"));
+    assert!(report.contains("<b>338350</b>"), "{report}");
+    assert!(
+        containers_of(pid).is_empty(),
+        "the container was not removed"
+    );
+
+    // --json: one event per line, ending with the finish.
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "run_started");
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run_finished");
+    assert_eq!(
+        last["reason"],
+        json!({"kind": "terminated", "status": "success"})
+    );
+    assert_eq!(last["steps"], 3);
+    let run_id = last["run_id"].as_str().unwrap();
+    assert!(
+        dir.path()
+            .join("data/runs")
+            .join(format!("{run_id}.json"))
+            .is_file(),
+        "transcript saved"
+    );
+
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 3);
+    for (i, body) in reqs.iter().enumerate() {
+        check_tool_pairing(body).unwrap_or_else(|e| panic!("request {i}: {e}"));
+    }
+    let tools: Vec<&str> = reqs[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        tools.contains(&"bash") && tools.contains(&"terminate") && tools.contains(&"ask_human"),
+        "{tools:?}"
+    );
+}
+
+#[tokio::test]
+async fn ctrl_c_during_a_long_command_cancels_and_removes_the_container() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start(vec![Reply::tool(
+        "bash",
+        json!({"command": "sleep 600", "timeout": 600}),
+    )])
+    .await;
+    let mut cmd = sandboxd(dir.path());
+    with_llm(&mut cmd, &llm);
+    cmd.args([
+        "run",
+        "--json",
+        "--no-input",
+        "--prompt",
+        "wait a long time",
+    ]);
+    let child = tokio::process::Command::from(cmd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    // Wait for the tool call to be running: the LLM was asked and the container exists.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while llm.requests().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(containers_of(pid).len(), 1, "the session container runs");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = Instant::now();
+    Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the run stops after Ctrl-C")
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(events.contains("\"kind\":\"cancelled\""), "{events}");
+    assert!(
+        containers_of(pid).is_empty(),
+        "the container was not removed"
+    );
+    assert_eq!(llm.requests().len(), 1, "no request after the cancel");
+}
