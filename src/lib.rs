@@ -2,5 +2,6 @@
 //! container; the host keeps only the agent loop, the LLM calls and the orchestration.
 
 pub mod config;
+pub mod mcp;
 pub mod sandbox;
 pub mod tools;

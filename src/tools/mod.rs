@@ -5,6 +5,7 @@
 
 pub mod ask_human;
 pub mod bash;
+pub mod files;
 pub mod registry;
 pub mod terminate;
 
