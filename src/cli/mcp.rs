@@ -26,10 +26,9 @@ pub async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
         Some(addr) => Some(resolve_token(addr, &ctx.config.mcp.token)?),
         None => None,
     };
+    // No reconcile() here: it removes every managed container that is not running yet,
+    // including ones another live sandboxd is starting at this moment.
     let manager = ctx.manager().await?;
-    if let Err(e) = manager.reconcile().await {
-        tracing::warn!(error = %e, "could not reconcile leftover sandboxes");
-    }
     match (args.listen, token) {
         (Some(addr), Some((token, generated))) => {
             let state = ServerState::new(manager, ctx.config.clone(), "mcp-http");
