@@ -8,6 +8,7 @@ import os
 import sys
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 
 server = MCPServer(
@@ -39,7 +40,7 @@ def image() -> Image:
 
 @server.tool(description="Always fails with a readable message.")
 def fail() -> str:
-    raise ValueError("this tool always fails")
+    raise ToolError("this tool always fails")
 
 
 @server.tool(description="Kills this server process in the middle of the call.")
