@@ -35,7 +35,9 @@ pub async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
             let server = HttpServer::bind(addr, token.clone()).await?;
             eprintln!("sandboxd mcp: listening on http://{}/mcp", server.addr);
             if generated {
-                eprintln!("sandboxd mcp: no token configured; clients must send  Authorization: Bearer {token}");
+                eprintln!(
+                    "sandboxd mcp: no token configured; clients must send  Authorization: Bearer {token}"
+                );
             }
             let stop = CancellationToken::new();
             let on_signal = stop.clone();
@@ -43,7 +45,10 @@ pub async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
                 shutdown_signal().await;
                 on_signal.cancel();
             });
-            server.serve(state, stop).await.context("the MCP HTTP server failed")?;
+            server
+                .serve(state, stop)
+                .await
+                .context("the MCP HTTP server failed")?;
         }
         _ => {
             let state = ServerState::new(manager.clone(), ctx.config.clone(), "mcp-stdio");

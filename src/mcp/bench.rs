@@ -60,22 +60,40 @@ impl McpCallBench {
 }
 
 /// Runs `iterations` warm calls; the container is removed before returning.
-pub async fn bench_mcp_call(manager: Arc<SessionManager>, config: Config, iterations: usize) -> Result<McpCallBench, BenchError> {
+pub async fn bench_mcp_call(
+    manager: Arc<SessionManager>,
+    config: Config,
+    iterations: usize,
+) -> Result<McpCallBench, BenchError> {
     let state = ServerState::new(manager, config, "mcp-bench");
     let token = hex::encode(rand::random::<[u8; 24]>());
-    let addr = "127.0.0.1:0".parse().map_err(|e| BenchError::Server(format!("{e}")))?;
-    let server = HttpServer::bind(addr, token.clone()).await.map_err(|e| BenchError::Server(e.to_string()))?;
+    let addr = "127.0.0.1:0"
+        .parse()
+        .map_err(|e| BenchError::Server(format!("{e}")))?;
+    let server = HttpServer::bind(addr, token.clone())
+        .await
+        .map_err(|e| BenchError::Server(e.to_string()))?;
     let url = format!("http://{}/mcp", server.addr);
     let stop = CancellationToken::new();
     let serving = tokio::spawn(server.serve(state, stop.clone()));
 
     let result = async {
-        let transport =
-            StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(url).auth_header(token));
-        let info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("sandboxd-bench", env!("CARGO_PKG_VERSION")));
-        let client = info.serve(transport).await.map_err(|e| BenchError::Client(e.to_string()))?;
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(url).auth_header(token),
+        );
+        let info = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("sandboxd-bench", env!("CARGO_PKG_VERSION")),
+        );
+        let client = info
+            .serve(transport)
+            .await
+            .map_err(|e| BenchError::Client(e.to_string()))?;
         let call = || {
-            let args = json!({"command": "true"}).as_object().cloned().unwrap_or_default();
+            let args = json!({"command": "true"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
             client.call_tool(CallToolRequestParams::new("bash").with_arguments(args))
         };
         let t = Instant::now();

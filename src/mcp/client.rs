@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock, Implementation,
-    Tool as RemoteTool,
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
+    Implementation, Tool as RemoteTool,
 };
 use rmcp::service::{NotificationContext, Peer, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -77,7 +77,10 @@ impl ToolsChange {
             parts.push(format!("new tools available: {}", self.added.join(", ")));
         }
         if !self.removed.is_empty() {
-            parts.push(format!("tools no longer available: {}", self.removed.join(", ")));
+            parts.push(format!(
+                "tools no longer available: {}",
+                self.removed.join(", ")
+            ));
         }
         format!("MCP server {:?}: {}", self.server, parts.join("; "))
     }
@@ -166,7 +169,9 @@ impl McpClients {
             if !server.refresh_due() {
                 continue;
             }
-            let Some(listed) = server.list_tools().await else { continue };
+            let Some(listed) = server.list_tools().await else {
+                continue;
+            };
             let old: Vec<Arc<McpTool>> = lock(&server.tools).clone();
             let mut change = ToolsChange {
                 server: server.config.name.clone(),
@@ -189,7 +194,10 @@ impl McpClients {
                     }
                 }
             }
-            for new in listed.iter().filter(|n| !old.iter().any(|o| o.name == n.name)) {
+            for new in listed
+                .iter()
+                .filter(|n| !old.iter().any(|o| o.name == n.name))
+            {
                 if try_register(registry, new) {
                     change.added.push(new.name.clone());
                     kept.push(new.clone());
@@ -252,7 +260,11 @@ impl ClientHandler for Notifier {
 
 enum Conn {
     Up(RunningService<RoleClient, Notifier>),
-    Down { retry_at: Instant, backoff: Duration, reason: String },
+    Down {
+        retry_at: Instant,
+        backoff: Duration,
+        reason: String,
+    },
 }
 
 struct RemoteServer {
@@ -292,7 +304,9 @@ impl RemoteServer {
             return true;
         }
         let every = self.config.refresh_every;
-        every > 0 && !self.notifier.ever_notified.load(Ordering::SeqCst) && self.calls_since_list.load(Ordering::SeqCst) >= every
+        every > 0
+            && !self.notifier.ever_notified.load(Ordering::SeqCst)
+            && self.calls_since_list.load(Ordering::SeqCst) >= every
     }
 
     /// (Re)starts the connection and reads the tool list and instructions.
@@ -305,8 +319,11 @@ impl RemoteServer {
         match tokio::time::timeout(CONNECT_TIMEOUT, self.start()).await {
             Ok(Ok(running)) => {
                 let info = running.peer_info();
-                let text = info.and_then(|i| i.instructions.clone()).filter(|t| !t.trim().is_empty());
-                *lock(&self.instructions) = text.map(|t| t.chars().take(MAX_INSTRUCTIONS).collect());
+                let text = info
+                    .and_then(|i| i.instructions.clone())
+                    .filter(|t| !t.trim().is_empty());
+                *lock(&self.instructions) =
+                    text.map(|t| t.chars().take(MAX_INSTRUCTIONS).collect());
                 let peer = running.peer().clone();
                 *conn = Conn::Up(running);
                 drop(conn);
@@ -326,7 +343,11 @@ impl RemoteServer {
                     _ => format!("no answer within {}s", CONNECT_TIMEOUT.as_secs()),
                 };
                 let reason = self.with_stderr(reason);
-                let next = if backoff.is_zero() { Duration::from_secs(1) } else { (backoff * 2).min(MAX_BACKOFF) };
+                let next = if backoff.is_zero() {
+                    Duration::from_secs(1)
+                } else {
+                    (backoff * 2).min(MAX_BACKOFF)
+                };
                 *conn = Conn::Down {
                     retry_at: Instant::now() + next,
                     backoff: next,
@@ -363,7 +384,10 @@ impl RemoteServer {
                 if let Some(stderr) = stderr {
                     self.forward_stderr(stderr);
                 }
-                handler.serve(transport).await.map_err(|e| format!("the MCP handshake failed: {e}"))
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| format!("the MCP handshake failed: {e}"))
             }
             Transport::Http { url, headers } => {
                 let mut cfg = StreamableHttpClientTransportConfig::with_uri(url.as_str());
@@ -375,13 +399,18 @@ impl RemoteServer {
                         cfg = cfg.auth_header(token.to_string());
                         continue;
                     }
-                    let name = axum::http::HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k:?}: {e}"))?;
-                    let value = axum::http::HeaderValue::try_from(v.as_str()).map_err(|e| format!("header {k:?}: {e}"))?;
+                    let name = axum::http::HeaderName::try_from(k.as_str())
+                        .map_err(|e| format!("header {k:?}: {e}"))?;
+                    let value = axum::http::HeaderValue::try_from(v.as_str())
+                        .map_err(|e| format!("header {k:?}: {e}"))?;
                     custom.insert(name, value);
                 }
                 let cfg = cfg.custom_headers(custom);
                 let transport = StreamableHttpClientTransport::from_config(cfg);
-                handler.serve(transport).await.map_err(|e| format!("cannot connect to {url}: {e}"))
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| format!("cannot connect to {url}: {e}"))
             }
         }
     }
@@ -403,10 +432,16 @@ impl RemoteServer {
         });
     }
 
-    async fn fetch_tools(self: &Arc<Self>, peer: &Peer<RoleClient>) -> Result<Vec<Arc<McpTool>>, String> {
+    async fn fetch_tools(
+        self: &Arc<Self>,
+        peer: &Peer<RoleClient>,
+    ) -> Result<Vec<Arc<McpTool>>, String> {
         self.notifier.list_changed.store(false, Ordering::SeqCst);
         self.calls_since_list.store(0, Ordering::SeqCst);
-        let listed = peer.list_all_tools().await.map_err(|e| format!("tools/list failed: {e}"))?;
+        let listed = peer
+            .list_all_tools()
+            .await
+            .map_err(|e| format!("tools/list failed: {e}"))?;
         let mut tools: Vec<Arc<McpTool>> = Vec::new();
         for t in listed {
             match McpTool::new(self.clone(), &t) {
@@ -414,7 +449,9 @@ impl RemoteServer {
                     tracing::warn!(server = %self.config.name, tool = %t.name, name = %tool.name, "two remote tools sanitize to the same name; keeping the first");
                 }
                 Some(tool) => tools.push(Arc::new(tool)),
-                None => tracing::warn!(server = %self.config.name, tool = %t.name, "a remote tool name has no usable characters; skipping it"),
+                None => {
+                    tracing::warn!(server = %self.config.name, tool = %t.name, "a remote tool name has no usable characters; skipping it")
+                }
             }
         }
         Ok(tools)
@@ -437,7 +474,9 @@ impl RemoteServer {
         {
             let mut conn = self.conn.lock().await;
             match &*conn {
-                Conn::Up(running) if !running.is_closed() && !running.peer().is_transport_closed() => {
+                Conn::Up(running)
+                    if !running.is_closed() && !running.peer().is_transport_closed() =>
+                {
                     return Ok(running.peer().clone());
                 }
                 Conn::Up(_) => {
@@ -447,7 +486,9 @@ impl RemoteServer {
                         reason: self.with_stderr("the connection closed".into()),
                     }
                 }
-                Conn::Down { retry_at, reason, .. } if Instant::now() < *retry_at => {
+                Conn::Down {
+                    retry_at, reason, ..
+                } if Instant::now() < *retry_at => {
                     let wait = retry_at.saturating_duration_since(Instant::now());
                     return Err(format!(
                         "the MCP server {:?} is down ({reason}); the next reconnect attempt is in {} s",
@@ -458,9 +499,12 @@ impl RemoteServer {
                 Conn::Down { .. } => {}
             }
         }
-        self.reconnect()
-            .await
-            .map_err(|e| format!("the MCP server {:?} could not be restarted: {e}", self.config.name))?;
+        self.reconnect().await.map_err(|e| {
+            format!(
+                "the MCP server {:?} could not be restarted: {e}",
+                self.config.name
+            )
+        })?;
         match &*self.conn.lock().await {
             Conn::Up(running) => Ok(running.peer().clone()),
             Conn::Down { reason, .. } => Err(reason.clone()),
@@ -504,7 +548,10 @@ impl RemoteServer {
         };
         match outcome {
             Ok(Ok(result)) => from_call_result(&result),
-            Ok(Err(ServiceError::McpError(e))) => ToolResult::error(format!("the MCP server {name:?} refused the call: {}", e.message)),
+            Ok(Err(ServiceError::McpError(e))) => ToolResult::error(format!(
+                "the MCP server {name:?} refused the call: {}",
+                e.message
+            )),
             Ok(Err(e)) => {
                 let reason = self.with_stderr(e.to_string());
                 self.mark_down(reason.clone()).await;
@@ -528,8 +575,12 @@ pub fn from_call_result(result: &CallToolResult) -> ToolResult {
         match block {
             ContentBlock::Text(t) => text.push(t.text.clone()),
             ContentBlock::Image(i) if image.is_none() => image = Some(i.data.clone()),
-            ContentBlock::Image(i) => text.push(format!("[another image ({}) was left out]", i.mime_type)),
-            ContentBlock::Audio(a) => text.push(format!("[audio ({}) is not supported here]", a.mime_type)),
+            ContentBlock::Image(i) => {
+                text.push(format!("[another image ({}) was left out]", i.mime_type))
+            }
+            ContentBlock::Audio(a) => {
+                text.push(format!("[audio ({}) is not supported here]", a.mime_type))
+            }
             ContentBlock::Resource(_) => text.push("[an embedded resource was left out]".into()),
             ContentBlock::ResourceLink(r) => text.push(format!("[resource: {}]", r.uri)),
             _ => text.push("[content of an unknown kind was left out]".into()),
@@ -542,9 +593,17 @@ pub fn from_call_result(result: &CallToolResult) -> ToolResult {
     }
     let text = text.join("\n");
     let mut out = if result.is_error == Some(true) {
-        ToolResult::error(if text.is_empty() { "the tool failed without a message".into() } else { text })
+        ToolResult::error(if text.is_empty() {
+            "the tool failed without a message".into()
+        } else {
+            text
+        })
     } else {
-        ToolResult::ok(if text.is_empty() && image.is_none() { "(no output)".to_string() } else { text })
+        ToolResult::ok(if text.is_empty() && image.is_none() {
+            "(no output)".to_string()
+        } else {
+            text
+        })
     };
     if let Some(img) = image {
         out = out.with_image(img);
@@ -570,13 +629,17 @@ impl McpTool {
             d.push('…');
             d
         } else if raw.is_empty() {
-            format!("{} (from the MCP server {})", remote.name, server.config.name)
+            format!(
+                "{} (from the MCP server {})",
+                remote.name, server.config.name
+            )
         } else {
             raw.to_string()
         };
         let mut params = Value::Object((*remote.input_schema).clone());
         if let Some(obj) = params.as_object_mut() {
-            obj.entry("type").or_insert_with(|| Value::String("object".into()));
+            obj.entry("type")
+                .or_insert_with(|| Value::String("object".into()));
         }
         Some(Self {
             name,

@@ -21,7 +21,10 @@ use serde::Deserialize;
 #[derive(Debug, thiserror::Error)]
 pub enum McpConfigError {
     #[error("cannot read the MCP server list {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the MCP server list {path} is not valid: {message} (see config/mcp.example.json)")]
     Parse { path: PathBuf, message: String },
     #[error("MCP server {server:?}: {message}")]
@@ -133,7 +136,10 @@ pub fn parse(text: &str) -> Result<(Vec<ServerConfig>, Vec<McpConfigError>), Str
         }
         match convert(&name, raw) {
             Ok(s) => good.push(s),
-            Err(message) => bad.push(McpConfigError::Invalid { server: name, message }),
+            Err(message) => bad.push(McpConfigError::Invalid {
+                server: name,
+                message,
+            }),
         }
     }
     Ok((good, bad))
@@ -144,7 +150,9 @@ fn convert(name: &str, raw: RawServer) -> Result<ServerConfig, String> {
         return Err("the server name is empty".into());
     }
     let transport = match (raw.command, raw.url) {
-        (Some(_), Some(_)) => return Err("give either \"command\" (stdio) or \"url\" (HTTP), not both".into()),
+        (Some(_), Some(_)) => {
+            return Err("give either \"command\" (stdio) or \"url\" (HTTP), not both".into());
+        }
         (None, None) => return Err("give \"command\" (stdio) or \"url\" (streamable HTTP)".into()),
         (Some(command), None) => {
             if command.trim().is_empty() {
@@ -158,7 +166,11 @@ fn convert(name: &str, raw: RawServer) -> Result<ServerConfig, String> {
                     "the environment variable {bad} is not allowed: it changes how programs load code"
                 ));
             }
-            if let Some(bad) = raw.env.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
+            if let Some(bad) = raw
+                .env
+                .keys()
+                .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+            {
                 return Err(format!("invalid environment variable name {bad:?}"));
             }
             Transport::Stdio {
@@ -169,7 +181,9 @@ fn convert(name: &str, raw: RawServer) -> Result<ServerConfig, String> {
         }
         (None, Some(url)) => {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(format!("\"url\" must start with http:// or https://, got {url:?}"));
+                return Err(format!(
+                    "\"url\" must start with http:// or https://, got {url:?}"
+                ));
             }
             if !raw.args.is_empty() || !raw.env.is_empty() {
                 return Err("\"args\" and \"env\" only apply to \"command\" servers".into());
@@ -206,7 +220,9 @@ mod tests {
         let (good, bad) = parse(text).unwrap();
         assert_eq!(good.len(), 2);
         assert_eq!(good[0].name, "a");
-        assert!(matches!(&good[0].transport, Transport::Stdio { env, .. } if env == &[("KEY".to_string(), "v".to_string())]));
+        assert!(
+            matches!(&good[0].transport, Transport::Stdio { env, .. } if env == &[("KEY".to_string(), "v".to_string())])
+        );
         assert!(good[1].keep_names);
         let msgs: Vec<String> = bad.iter().map(|e| e.to_string()).collect();
         assert_eq!(msgs.len(), 4, "{msgs:?}");

@@ -34,7 +34,10 @@ pub enum ListenError {
     #[error("the MCP token is too short ({len} characters); use at least 16 random characters")]
     WeakToken { len: usize },
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Decides the token to require: the configured one, or a fresh random one on loopback.
@@ -43,7 +46,9 @@ pub fn resolve_token(addr: SocketAddr, configured: &str) -> Result<(String, bool
     let configured = configured.trim();
     if !configured.is_empty() {
         if configured.len() < 16 {
-            return Err(ListenError::WeakToken { len: configured.len() });
+            return Err(ListenError::WeakToken {
+                len: configured.len(),
+            });
         }
         return Ok((configured.to_string(), false));
     }
@@ -58,7 +63,10 @@ pub fn resolve_token(addr: SocketAddr, configured: &str) -> Result<(String, bool
 pub fn token_matches(given: &[u8], expected: &[u8]) -> bool {
     let a = Sha256::digest(given);
     let b = Sha256::digest(expected);
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 #[derive(Clone)]
@@ -71,14 +79,23 @@ async fn require_bearer(State(auth): State<Auth>, req: Request, next: Next) -> R
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim);
     match given {
         Some(t) if token_matches(t.as_bytes(), auth.token.as_bytes()) => next.run(req).await,
         _ => {
-            let mut resp = (StatusCode::UNAUTHORIZED, "a valid bearer token is required\n").into_response();
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sandboxd-mcp\""));
+            let mut resp = (
+                StatusCode::UNAUTHORIZED,
+                "a valid bearer token is required\n",
+            )
+                .into_response();
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"sandboxd-mcp\""),
+            );
             resp
         }
     }
@@ -93,20 +110,36 @@ pub struct HttpServer {
 
 impl HttpServer {
     pub async fn bind(addr: SocketAddr, token: String) -> Result<Self, ListenError> {
-        let listener = TcpListener::bind(addr).await.map_err(|source| ListenError::Bind { addr, source })?;
-        let addr = listener.local_addr().map_err(|source| ListenError::Bind { addr, source })?;
-        Ok(Self { listener, addr, token })
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ListenError::Bind { addr, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ListenError::Bind { addr, source })?;
+        Ok(Self {
+            listener,
+            addr,
+            token,
+        })
     }
 
     /// Serves until `shutdown` is cancelled, then removes every sandbox it created.
-    pub async fn serve(self, state: Arc<ServerState>, shutdown: CancellationToken) -> std::io::Result<()> {
+    pub async fn serve(
+        self,
+        state: Arc<ServerState>,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
         let idle = Duration::from_secs(state.config.sessions.idle_timeout_secs.max(1));
         let every = Duration::from_secs(state.config.sessions.reap_interval_secs.max(1));
 
         let mut sessions = LocalSessionManager::default();
         // rmcp ends a session idle this long, dropping its handler and so its container.
         sessions.session_config.keep_alive = Some(idle);
-        let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+        let mut hosts = vec![
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+            "::1".to_string(),
+        ];
         if !self.addr.ip().is_loopback() && !self.addr.ip().is_unspecified() {
             hosts.push(self.addr.ip().to_string());
         }
@@ -167,8 +200,17 @@ mod tests {
         let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
         let (t, generated) = resolve_token(lo, "").unwrap();
         assert!(generated && t.len() == 48);
-        assert!(matches!(resolve_token(any, ""), Err(ListenError::NoTokenOffLoopback { .. })));
-        assert!(matches!(resolve_token(any, "short"), Err(ListenError::WeakToken { .. })));
-        assert_eq!(resolve_token(any, "0123456789abcdef0").unwrap(), ("0123456789abcdef0".to_string(), false));
+        assert!(matches!(
+            resolve_token(any, ""),
+            Err(ListenError::NoTokenOffLoopback { .. })
+        ));
+        assert!(matches!(
+            resolve_token(any, "short"),
+            Err(ListenError::WeakToken { .. })
+        ));
+        assert_eq!(
+            resolve_token(any, "0123456789abcdef0").unwrap(),
+            ("0123456789abcdef0".to_string(), false)
+        );
     }
 }

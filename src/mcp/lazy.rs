@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use crate::config::LimitRequest;
 use crate::sandbox::manager::Session;
 use crate::sandbox::{
-    AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Sandbox, SandboxError, SessionManager,
-    ShellOptions, ShellOutput, SpawnRequest,
+    AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Sandbox, SandboxError,
+    SessionManager, ShellOptions, ShellOutput, SpawnRequest,
 };
 
 pub struct LazySandbox {
@@ -46,7 +46,10 @@ impl LazySandbox {
                 }
             }
         }
-        let s = self.manager.create(&self.owner, &LimitRequest::default(), false).await?;
+        let s = self
+            .manager
+            .create(&self.owner, &LimitRequest::default(), false)
+            .await?;
         let _ = self.first_id.set(s.id.clone());
         *slot = Some(s.clone());
         Ok(s)
@@ -74,7 +77,9 @@ impl LazySandbox {
 
 impl Drop for LazySandbox {
     fn drop(&mut self) {
-        let Some(session) = self.session.get_mut().take() else { return };
+        let Some(session) = self.session.get_mut().take() else {
+            return;
+        };
         let manager = self.manager.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -85,7 +90,9 @@ impl Drop for LazySandbox {
                 });
             }
             // No runtime left (process exit): the startup reconciler removes the orphan.
-            Err(_) => tracing::warn!(session = %session.id, "no runtime to remove the sandbox; it will be reconciled"),
+            Err(_) => {
+                tracing::warn!(session = %session.id, "no runtime to remove the sandbox; it will be reconciled")
+            }
         }
     }
 }

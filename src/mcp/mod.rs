@@ -24,7 +24,9 @@ pub use server::{SandboxServer, ServerState, session_registry};
 
 /// Serves the tools over stdin/stdout until the client closes stdin, then removes the
 /// connection's container.
-pub async fn serve_stdio(state: Arc<ServerState>) -> Result<(), rmcp::service::ServerInitializeError> {
+pub async fn serve_stdio(
+    state: Arc<ServerState>,
+) -> Result<(), rmcp::service::ServerInitializeError> {
     use rmcp::ServiceExt;
     let server = SandboxServer::new(state.clone());
     let slot = server.slot().clone();

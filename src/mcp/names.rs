@@ -10,7 +10,11 @@ pub const MAX_NAME: usize = 64;
 pub fn sanitize(raw: &str) -> Option<String> {
     let mut out = String::with_capacity(raw.len());
     for c in raw.chars() {
-        let c = if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' };
+        let c = if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+            c
+        } else {
+            '_'
+        };
         if c == '_' && out.ends_with('_') {
             continue;
         }
@@ -51,13 +55,22 @@ mod tests {
             ("srv", "tool.v2", true, Some("tool_v2")),
         ];
         for (server, tool, keep, want) in cases {
-            assert_eq!(tool_name(server, tool, *keep).as_deref(), *want, "{server}/{tool}");
+            assert_eq!(
+                tool_name(server, tool, *keep).as_deref(),
+                *want,
+                "{server}/{tool}"
+            );
         }
         let n = tool_name("srv", &long, false).unwrap();
         assert_eq!(n.len(), MAX_NAME);
         assert!(n.starts_with("mcp_srv_xxx"));
         // A cut that lands after an underscore does not leave it dangling.
-        let n = tool_name("s", &format!("{}_{}", "a".repeat(57), "b".repeat(10)), false).unwrap();
+        let n = tool_name(
+            "s",
+            &format!("{}_{}", "a".repeat(57), "b".repeat(10)),
+            false,
+        )
+        .unwrap();
         assert_eq!(n, format!("mcp_s_{}", "a".repeat(57)));
     }
 }

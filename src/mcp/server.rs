@@ -32,8 +32,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool as McpTool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    Tool as McpTool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -54,7 +55,12 @@ pub fn session_registry(sandbox: Arc<dyn Sandbox>, config: &Config) -> ToolRegis
     let default_timeout = Duration::from_secs(config.agent.bash_timeout_secs.max(1));
     let mut registry = ToolRegistry::new();
     let tools: Vec<Arc<dyn crate::tools::Tool>> = vec![
-        Arc::new(Bash::new(sandbox.clone(), default_timeout, max_timeout, limits.output_cap())),
+        Arc::new(Bash::new(
+            sandbox.clone(),
+            default_timeout,
+            max_timeout,
+            limits.output_cap(),
+        )),
         // ---- LEAD: after merging the tool branches, register python, str_replace_editor and
         // browser_use here (or replace this whole function with `crate::tools::session`). ----
         Arc::new(ReadFile::new(sandbox.clone(), limits.output_cap())),
@@ -105,7 +111,11 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    pub fn new(manager: Arc<SessionManager>, config: Config, owner: impl Into<String>) -> Arc<Self> {
+    pub fn new(
+        manager: Arc<SessionManager>,
+        config: Config,
+        owner: impl Into<String>,
+    ) -> Arc<Self> {
         // Specs do not depend on the sandbox: build them once over a sandbox never used.
         let probe = LazySandbox::new(manager.clone(), "mcp-probe");
         let specs = session_registry(probe, &config).specs();
@@ -161,13 +171,21 @@ fn stateless_owner(ctx: &RequestContext<RoleServer>) -> Option<[u8; 32]> {
     if parts.headers.contains_key("mcp-session-id") {
         return None;
     }
-    let auth = parts.headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes()).unwrap_or_default();
+    let auth = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
     Some(Sha256::digest(auth).into())
 }
 
 fn to_mcp_tool(spec: &ToolSpec) -> McpTool {
     let schema: JsonObject = spec.parameters.as_object().cloned().unwrap_or_default();
-    McpTool::new(spec.name.clone(), spec.description.clone(), Arc::new(schema))
+    McpTool::new(
+        spec.name.clone(),
+        spec.description.clone(),
+        Arc::new(schema),
+    )
 }
 
 /// A spec with the required `sandbox_id` parameter stateless clients pass.
@@ -243,9 +261,16 @@ fn error_result(text: impl Into<String>) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(text.into())]).into()
 }
 
-async fn run(registry: &ToolRegistry, name: &str, args: JsonObject, ctx: &RequestContext<RoleServer>) -> CallToolResponse {
+async fn run(
+    registry: &ToolRegistry,
+    name: &str,
+    args: JsonObject,
+    ctx: &RequestContext<RoleServer>,
+) -> CallToolResponse {
     let raw = Value::Object(args).to_string();
-    let tctx = ToolContext { cancel: ctx.ct.clone() };
+    let tctx = ToolContext {
+        cancel: ctx.ct.clone(),
+    };
     match registry.execute(name, &raw, &tctx).await {
         Ok(r) => to_call_result(&r).into(),
         Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
@@ -255,7 +280,10 @@ async fn run(registry: &ToolRegistry, name: &str, args: JsonObject, ctx: &Reques
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")))
+            .with_server_info(Implementation::new(
+                env!("CARGO_PKG_NAME"),
+                env!("CARGO_PKG_VERSION"),
+            ))
             .with_instructions(self.state.instructions.clone())
     }
 
@@ -286,7 +314,9 @@ impl ServerHandler for SandboxServer {
         };
         let stateless = &self.state.stateless;
         if name == "sandbox_create" {
-            let id = stateless.insert(owner, Arc::new(self.state.new_slot())).await;
+            let id = stateless
+                .insert(owner, Arc::new(self.state.new_slot()))
+                .await;
             return Ok(CallToolResult::success(vec![ContentBlock::text(format!(
                 "sandbox_id: {id}\nPass it as sandbox_id to every tool; call sandbox_close when done."
             ))])
@@ -294,12 +324,21 @@ impl ServerHandler for SandboxServer {
         }
         let id = match args.remove("sandbox_id") {
             Some(Value::String(id)) => id,
-            _ => return Ok(error_result("this is a stateless session: call sandbox_create first and pass its sandbox_id")),
+            _ => {
+                return Ok(error_result(
+                    "this is a stateless session: call sandbox_create first and pass its sandbox_id",
+                ));
+            }
         };
         if name == "sandbox_close" {
             return Ok(match stateless.remove(owner, &id).await {
-                true => CallToolResult::success(vec![ContentBlock::text(format!("sandbox {id} removed"))]).into(),
-                false => error_result(format!("no sandbox {id:?} (it was closed, idled out, or belongs to another token)")),
+                true => CallToolResult::success(vec![ContentBlock::text(format!(
+                    "sandbox {id} removed"
+                ))])
+                .into(),
+                false => error_result(format!(
+                    "no sandbox {id:?} (it was closed, idled out, or belongs to another token)"
+                )),
             });
         }
         match stateless.get(owner, &id).await {
@@ -363,7 +402,11 @@ impl StatelessSandboxes {
     pub async fn reap_idle(&self, idle: Duration) -> usize {
         let expired: Vec<StatelessEntry> = {
             let mut map = self.map.lock().await;
-            let ids: Vec<String> = map.iter().filter(|(_, e)| e.last_used.elapsed() > idle).map(|(k, _)| k.clone()).collect();
+            let ids: Vec<String> = map
+                .iter()
+                .filter(|(_, e)| e.last_used.elapsed() > idle)
+                .map(|(k, _)| k.clone())
+                .collect();
             ids.iter().filter_map(|id| map.remove(id)).collect()
         };
         for e in &expired {

@@ -72,7 +72,9 @@ impl Tool for ReadFile {
         let data = self.sandbox.read_file(path).await?;
         if image_mime(&data).is_some() {
             let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
-            return Ok(ToolResult::ok(format!("{path}: an image of {} bytes", data.len())).with_image(b64));
+            return Ok(
+                ToolResult::ok(format!("{path}: an image of {} bytes", data.len())).with_image(b64),
+            );
         }
         match std::str::from_utf8(&data) {
             Ok(text) if text.len() <= self.cap => Ok(ToolResult::ok(text)),
@@ -131,7 +133,10 @@ impl Tool for WriteFile {
         let path = arg_str(&args, "path").unwrap_or_default();
         let content = arg_str(&args, "content").unwrap_or_default();
         self.sandbox.write_file(path, content.as_bytes()).await?;
-        Ok(ToolResult::ok(format!("wrote {} bytes to {path}", content.len())))
+        Ok(ToolResult::ok(format!(
+            "wrote {} bytes to {path}",
+            content.len()
+        )))
     }
 }
 
@@ -169,7 +174,9 @@ impl Tool for ListDir {
     }
 
     async fn execute(&self, args: Value, _ctx: &ToolContext) -> Result<ToolResult, ToolError> {
-        let path = arg_str(&args, "path").filter(|p| !p.is_empty()).unwrap_or(crate::sandbox::WORKSPACE);
+        let path = arg_str(&args, "path")
+            .filter(|p| !p.is_empty())
+            .unwrap_or(crate::sandbox::WORKSPACE);
         let entries = self.sandbox.list_dir(path).await?;
         if entries.is_empty() {
             return Ok(ToolResult::ok(format!("{path} is empty")));

@@ -1,7 +1,8 @@
 """A third-party MCP client (official Python `mcp` SDK) against `sandboxd mcp --listen`.
 
 usage: client_sdk.py URL TOKEN MODE   (MODE: legacy = initialize handshake and a session,
-                                       auto = the SDK's default, stateless 2026-07-28 when offered)
+                                       auto = the SDK's default, stateless 2026-07-28 when offered,
+                                       auto-keep = auto without sandbox_close, left to idle out)
 Prints one JSON object with what it saw; the Rust test checks it.
 """
 
@@ -23,7 +24,8 @@ async def main(url: str, token: str, mode: str) -> dict:
     http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
     async with http:
         transport = streamable_http_client(url, http_client=http)
-        async with Client(transport, mode=mode) as client:
+        keep = mode.endswith("-keep")
+        async with Client(transport, mode=mode.removesuffix("-keep")) as client:
             out["instructions"] = client.instructions or ""
             tools = await client.list_tools()
             out["tools"] = [t.name for t in tools.tools]
@@ -41,7 +43,7 @@ async def main(url: str, token: str, mode: str) -> dict:
             r = await client.call_tool("read_file", {"path": "/nonexistent", **extra})
             out["missing_is_error"] = bool(r.is_error)
             out["missing"] = texts(r)
-            if extra:
+            if extra and not keep:
                 r = await client.call_tool("bash", {"command": "true", "sandbox_id": "sbx-forged"})
                 out["forged_is_error"] = bool(r.is_error)
                 r = await client.call_tool("sandbox_close", extra)

@@ -57,7 +57,11 @@ pub fn python() -> PathBuf {
 }
 
 pub fn script(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp").join(name).display().to_string()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp")
+        .join(name)
+        .display()
+        .to_string()
 }
 
 /// The third-party Python server as an mcp.json entry.
@@ -87,7 +91,9 @@ impl Containers {
 impl Drop for Containers {
     fn drop(&mut self) {
         for id in &self.0 {
-            let _ = std::process::Command::new("docker").args(["rm", "-f", id]).output();
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f", id])
+                .output();
         }
     }
 }
@@ -121,7 +127,12 @@ pub struct Listener {
 
 impl Listener {
     pub async fn start(token: Option<&str>) -> Listener {
+        Self::start_with_env(token, &[]).await
+    }
+
+    pub async fn start_with_env(token: Option<&str>, env: &[(&str, &str)]) -> Listener {
         let mut cmd = Command::new(bin());
+        cmd.envs(env.iter().copied());
         cmd.args(["mcp", "--listen", "127.0.0.1:0"])
             .env_remove("SANDBOXD_MCP_TOKEN")
             .stdin(Stdio::null())
@@ -158,7 +169,9 @@ impl Listener {
     /// SIGTERM, then wait: the server removes its sandboxes on the way out.
     pub async fn stop(mut self) {
         if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
         }
         let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
     }
