@@ -181,8 +181,7 @@ impl HttpServer {
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await;
         reaper.abort();
-        state.stateless.close_all().await;
-        state.manager.remove_all().await;
+        state.shutdown().await;
         result
     }
 }

@@ -9,6 +9,7 @@
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
+use tokio_util::task::TaskTracker;
 
 use crate::config::LimitRequest;
 use crate::sandbox::manager::Session;
@@ -22,6 +23,8 @@ pub struct LazySandbox {
     owner: String,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     first_id: OnceLock<String>,
+    /// Where the removal on drop runs, so a server can wait for it before exiting.
+    tracker: Option<TaskTracker>,
 }
 
 impl LazySandbox {
@@ -31,6 +34,22 @@ impl LazySandbox {
             owner: owner.into(),
             session: tokio::sync::Mutex::new(None),
             first_id: OnceLock::new(),
+            tracker: None,
+        })
+    }
+
+    /// Like `new`, with the removal on drop spawned on `tracker`.
+    pub fn tracked(
+        manager: Arc<SessionManager>,
+        owner: impl Into<String>,
+        tracker: TaskTracker,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            manager,
+            owner: owner.into(),
+            session: tokio::sync::Mutex::new(None),
+            first_id: OnceLock::new(),
+            tracker: Some(tracker),
         })
     }
 
@@ -81,17 +100,21 @@ impl Drop for LazySandbox {
             return;
         };
         let manager = self.manager.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    if let Err(e) = manager.remove(&session.id).await {
-                        tracing::warn!(session = %session.id, error = %e, "could not remove the MCP session's sandbox");
-                    }
-                });
+        let removal = async move {
+            if let Err(e) = manager.remove(&session.id).await {
+                tracing::warn!(session = %session.id, error = %e, "could not remove the MCP session's sandbox");
+            }
+        };
+        match (&self.tracker, tokio::runtime::Handle::try_current()) {
+            (Some(tracker), Ok(rt)) => {
+                tracker.spawn_on(removal, &rt);
+            }
+            (None, Ok(rt)) => {
+                rt.spawn(removal);
             }
             // No runtime left (process exit): the startup reconciler removes the orphan.
-            Err(_) => {
-                tracing::warn!(session = %session.id, "no runtime to remove the sandbox; it will be reconciled")
+            (_, Err(_)) => {
+                tracing::warn!("no runtime to remove an MCP sandbox; it will be reconciled")
             }
         }
     }

@@ -36,6 +36,7 @@ pub async fn serve_stdio(
         tracing::warn!(error = %e, "the MCP stdio service ended abnormally");
     }
     slot.sandbox.close().await;
-    state.manager.remove_all().await;
+    drop(slot);
+    state.shutdown().await;
     Ok(())
 }

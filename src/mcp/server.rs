@@ -40,6 +40,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use tokio_util::task::TaskTracker;
 
 use super::lazy::LazySandbox;
 use crate::config::Config;
@@ -108,6 +109,8 @@ pub struct ServerState {
     specs: Vec<ToolSpec>,
     instructions: String,
     pub stateless: StatelessSandboxes,
+    /// Container removals of dropped sessions; `shutdown` waits for them.
+    removals: TaskTracker,
 }
 
 impl ServerState {
@@ -126,12 +129,30 @@ impl ServerState {
             specs,
             instructions,
             stateless: StatelessSandboxes::default(),
+            removals: TaskTracker::new(),
             config,
         })
     }
 
+    /// Removes every sandbox of this server and waits for removals already under way.
+    pub async fn shutdown(&self) {
+        self.stateless.close_all().await;
+        self.removals.close();
+        if tokio::time::timeout(Duration::from_secs(60), self.removals.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("sandbox removals did not finish within 60 s");
+        }
+        self.manager.remove_all().await;
+    }
+
     fn new_slot(&self) -> Slot {
-        let sandbox = LazySandbox::new(self.manager.clone(), self.owner.clone());
+        let sandbox = LazySandbox::tracked(
+            self.manager.clone(),
+            self.owner.clone(),
+            self.removals.clone(),
+        );
         let registry = session_registry(sandbox.clone(), &self.config);
         Slot { sandbox, registry }
     }
