@@ -4,5 +4,6 @@
 pub mod agent;
 pub mod config;
 pub mod llm;
+pub mod mcp;
 pub mod sandbox;
 pub mod tools;

@@ -6,6 +6,7 @@
 pub mod ask_human;
 pub mod bash;
 pub mod editor;
+pub mod files;
 pub mod python;
 pub mod registry;
 pub mod session;

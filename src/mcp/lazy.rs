@@ -1,0 +1,188 @@
+//! LazySandbox: a Sandbox whose container is created on first use and removed when the
+//! owner (one MCP session) goes away. Listing tools never creates a container; the first
+//! tool call does.
+//!
+//! Every call goes through `SessionManager::get`, which marks the session as used (so the
+//! idle reaper only takes sessions nobody calls) and notices a session the reaper already
+//! removed: the next call then gets a fresh container, and a warning is logged.
+
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use tokio_util::task::TaskTracker;
+
+use crate::config::LimitRequest;
+use crate::sandbox::manager::Session;
+use crate::sandbox::{
+    AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Sandbox, SandboxError,
+    SessionManager, ShellOptions, ShellOutput, SpawnRequest,
+};
+
+pub struct LazySandbox {
+    manager: Arc<SessionManager>,
+    owner: String,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    first_id: OnceLock<String>,
+    /// Where the removal on drop runs, so a server can wait for it before exiting.
+    tracker: Option<TaskTracker>,
+}
+
+impl LazySandbox {
+    pub fn new(manager: Arc<SessionManager>, owner: impl Into<String>) -> Arc<Self> {
+        Arc::new(Self {
+            manager,
+            owner: owner.into(),
+            session: tokio::sync::Mutex::new(None),
+            first_id: OnceLock::new(),
+            tracker: None,
+        })
+    }
+
+    /// Like `new`, with the removal on drop spawned on `tracker`.
+    pub fn tracked(
+        manager: Arc<SessionManager>,
+        owner: impl Into<String>,
+        tracker: TaskTracker,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            manager,
+            owner: owner.into(),
+            session: tokio::sync::Mutex::new(None),
+            first_id: OnceLock::new(),
+            tracker: Some(tracker),
+        })
+    }
+
+    /// The live session, created now if there is none (or the reaper took it).
+    pub async fn session(&self) -> Result<Arc<Session>, SandboxError> {
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.as_ref() {
+            match self.manager.get(&s.id).await {
+                Ok(s) => return Ok(s),
+                Err(e) => {
+                    tracing::warn!(session = %s.id, error = %e, "the MCP session's sandbox is gone; creating a new one");
+                    *slot = None;
+                }
+            }
+        }
+        let s = self
+            .manager
+            .create(&self.owner, &LimitRequest::default(), false)
+            .await?;
+        let _ = self.first_id.set(s.id.clone());
+        *slot = Some(s.clone());
+        Ok(s)
+    }
+
+    /// The id of the container's session, if one was created.
+    pub async fn current_id(&self) -> Option<String> {
+        self.session.lock().await.as_ref().map(|s| s.id.clone())
+    }
+
+    /// Removes the container now (session closed). Later calls would create a new one.
+    pub async fn close(&self) {
+        let taken = self.session.lock().await.take();
+        if let Some(s) = taken
+            && let Err(e) = self.manager.remove(&s.id).await
+        {
+            tracing::warn!(session = %s.id, error = %e, "could not remove the MCP session's sandbox");
+        }
+    }
+
+    async fn sb(&self) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        Ok(self.session().await?.sandbox.clone())
+    }
+}
+
+impl Drop for LazySandbox {
+    fn drop(&mut self) {
+        let Some(session) = self.session.get_mut().take() else {
+            return;
+        };
+        let manager = self.manager.clone();
+        let removal = async move {
+            if let Err(e) = manager.remove(&session.id).await {
+                tracing::warn!(session = %session.id, error = %e, "could not remove the MCP session's sandbox");
+            }
+        };
+        match (&self.tracker, tokio::runtime::Handle::try_current()) {
+            (Some(tracker), Ok(rt)) => {
+                tracker.spawn_on(removal, &rt);
+            }
+            (None, Ok(rt)) => {
+                rt.spawn(removal);
+            }
+            // No runtime left (process exit): the startup reconciler removes the orphan.
+            (_, Err(_)) => {
+                tracing::warn!("no runtime to remove an MCP sandbox; it will be reconciled")
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Sandbox for LazySandbox {
+    fn session_id(&self) -> &str {
+        self.first_id.get().map(String::as_str).unwrap_or("")
+    }
+
+    async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        self.sb().await?.exec(req).await
+    }
+
+    async fn spawn(&self, req: SpawnRequest) -> Result<AttachedProcess, SandboxError> {
+        self.sb().await?.spawn(req).await
+    }
+
+    async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError> {
+        self.sb().await?.shell(command, opts).await
+    }
+
+    async fn restart_shell(&self) -> Result<(), SandboxError> {
+        self.sb().await?.restart_shell().await
+    }
+
+    async fn read_file(&self, path: &str) -> Result<Vec<u8>, SandboxError> {
+        self.sb().await?.read_file(path).await
+    }
+
+    async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), SandboxError> {
+        self.sb().await?.write_file(path, data).await
+    }
+
+    async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
+        self.sb().await?.list_dir(path).await
+    }
+
+    async fn stat(&self, path: &str) -> Result<FileStat, SandboxError> {
+        self.sb().await?.stat(path).await
+    }
+
+    async fn mkdir(&self, path: &str) -> Result<(), SandboxError> {
+        self.sb().await?.mkdir(path).await
+    }
+
+    async fn remove(&self, path: &str, recursive: bool) -> Result<(), SandboxError> {
+        self.sb().await?.remove(path, recursive).await
+    }
+
+    async fn upload_tar(&self, dir: &str, archive: &[u8]) -> Result<(), SandboxError> {
+        self.sb().await?.upload_tar(dir, archive).await
+    }
+
+    async fn download_tar(&self, dir: &str) -> Result<Vec<u8>, SandboxError> {
+        self.sb().await?.download_tar(dir).await
+    }
+
+    async fn kill_tagged(&self, tag: &str) -> Result<(), SandboxError> {
+        self.sb().await?.kill_tagged(tag).await
+    }
+
+    async fn is_alive(&self) -> bool {
+        let current = self.session.lock().await.clone();
+        match current {
+            Some(s) => s.sandbox.is_alive().await,
+            None => false,
+        }
+    }
+}

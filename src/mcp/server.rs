@@ -1,0 +1,454 @@
+//! The MCP server: the agent's own sandbox tools, served to any MCP client.
+//!
+//! Names, descriptions and schemas come straight from the `ToolRegistry` that
+//! `session_registry` builds (the same one the agent uses); calls go through
+//! `ToolRegistry::execute`, so arguments are validated exactly as for the model.
+//!
+//! # One sandbox per client
+//!
+//! * **stdio, and HTTP clients with a session** (every protocol before 2026-07-28, which
+//!   is what rmcp's, the Python SDK's and most clients' `initialize` handshake selects):
+//!   rmcp builds one `SandboxServer` per connection/`Mcp-Session-Id`. It owns a
+//!   `LazySandbox`, so the container is created on the first tool call (listing tools
+//!   costs nothing) and removed when the handler is dropped: the client closed the session
+//!   (HTTP DELETE, stdin EOF) or rmcp's keep-alive ended an idle one (set to
+//!   `[sessions] idle_timeout_secs`). The SessionManager's reaper is a second net.
+//!
+//! * **stateless clients** (protocol 2026-07-28: no session, a fresh handler for every
+//!   request): nothing on the connection can carry a sandbox, so the client holds it
+//!   explicitly. `tools/list` then also offers `sandbox_create` (returns an opaque
+//!   128-bit id) and `sandbox_close`, and every sandbox tool takes a required `sandbox_id`.
+//!   An id is bound to the SHA-256 of the bearer token that created it: a request with
+//!   another token cannot use or close it (with a single shared token the id itself is
+//!   the capability, which is why it is long and random). Sandboxes unused for
+//!   `idle_timeout_secs` are removed by `StatelessSandboxes::reap_idle`, which the HTTP
+//!   server runs every `reap_interval_secs`.
+//!
+//! Images in a result become MCP image content; model-actionable failures and sandboxd's
+//! own failures both come back as tool errors (`isError: true`) with readable text.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    Tool as McpTool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio_util::task::TaskTracker;
+
+use super::lazy::LazySandbox;
+use crate::config::Config;
+use crate::sandbox::{Sandbox, SessionManager};
+use crate::tools::bash::Bash;
+use crate::tools::files::{ListDir, ReadFile, WriteFile};
+use crate::tools::{ToolContext, ToolRegistry, ToolResult, ToolSpec};
+
+/// The tools of one session, exactly as the agent gets them.
+pub fn session_registry(sandbox: Arc<dyn Sandbox>, config: &Config) -> ToolRegistry {
+    let limits = &config.limits;
+    let max_timeout = Duration::from_secs(limits.max_timeout_secs.max(1));
+    let default_timeout = Duration::from_secs(config.agent.bash_timeout_secs.max(1));
+    let mut registry = ToolRegistry::new();
+    let tools: Vec<Arc<dyn crate::tools::Tool>> = vec![
+        Arc::new(Bash::new(
+            sandbox.clone(),
+            default_timeout,
+            max_timeout,
+            limits.output_cap(),
+        )),
+        // ---- LEAD: after merging the tool branches, register python, str_replace_editor and
+        // browser_use here (or replace this whole function with `crate::tools::session`). ----
+        Arc::new(ReadFile::new(sandbox.clone(), limits.output_cap())),
+        Arc::new(WriteFile::new(sandbox.clone())),
+        Arc::new(ListDir::new(sandbox)),
+    ];
+    for tool in tools {
+        if let Err(e) = registry.register(tool) {
+            tracing::error!(error = %e, "a built-in tool failed registration");
+        }
+    }
+    registry
+}
+
+/// What the server tells clients about the sandbox.
+pub fn instructions(config: &Config) -> String {
+    let l = &config.limits;
+    format!(
+        "sandboxd runs every tool inside a hardened Docker container: Debian with bash and python3, \
+         NO network access, a read-only root filesystem, uid 1000 without capabilities. Work in \
+         /workspace ({} MB) and /tmp ({} MB); nothing else is writable. Limits: {} MB memory, {} CPU, \
+         {} processes, {} s per command, {} KB of output per stream (longer output is cut in the \
+         middle), {} MB per file read or write. Each MCP session gets its own container, created on \
+         its first tool call and removed when the session closes or has been idle for {} s; files \
+         do not survive it. Stateless (2026-07-28) clients call sandbox_create first and pass the \
+         returned sandbox_id to every tool.",
+        l.workspace_mb,
+        l.tmp_mb,
+        l.memory_mb,
+        l.cpus,
+        l.pids,
+        l.max_timeout_secs,
+        l.output_cap_kb,
+        l.max_file_mb,
+        config.sessions.idle_timeout_secs,
+    )
+}
+
+/// State shared by every handler of one server.
+pub struct ServerState {
+    pub manager: Arc<SessionManager>,
+    pub config: Config,
+    /// Recorded as the container owner (`mcp-stdio`, `mcp-http`).
+    pub owner: String,
+    specs: Vec<ToolSpec>,
+    instructions: String,
+    pub stateless: StatelessSandboxes,
+    /// Container removals of dropped sessions; `shutdown` waits for them.
+    removals: TaskTracker,
+}
+
+impl ServerState {
+    pub fn new(
+        manager: Arc<SessionManager>,
+        config: Config,
+        owner: impl Into<String>,
+    ) -> Arc<Self> {
+        // Specs do not depend on the sandbox: build them once over a sandbox never used.
+        let probe = LazySandbox::new(manager.clone(), "mcp-probe");
+        let specs = session_registry(probe, &config).specs();
+        let instructions = instructions(&config);
+        Arc::new(Self {
+            manager,
+            owner: owner.into(),
+            specs,
+            instructions,
+            stateless: StatelessSandboxes::default(),
+            removals: TaskTracker::new(),
+            config,
+        })
+    }
+
+    /// Removes every sandbox of this server and waits for removals already under way.
+    pub async fn shutdown(&self) {
+        self.stateless.close_all().await;
+        self.removals.close();
+        if tokio::time::timeout(Duration::from_secs(60), self.removals.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("sandbox removals did not finish within 60 s");
+        }
+        self.manager.remove_all().await;
+    }
+
+    fn new_slot(&self) -> Slot {
+        let sandbox = LazySandbox::tracked(
+            self.manager.clone(),
+            self.owner.clone(),
+            self.removals.clone(),
+        );
+        let registry = session_registry(sandbox.clone(), &self.config);
+        Slot { sandbox, registry }
+    }
+}
+
+/// A sandbox and the tools bound to it.
+pub struct Slot {
+    pub sandbox: Arc<LazySandbox>,
+    registry: ToolRegistry,
+}
+
+/// The handler rmcp runs: one per stdio connection or HTTP session, or one per stateless request.
+pub struct SandboxServer {
+    state: Arc<ServerState>,
+    slot: Arc<Slot>,
+}
+
+impl SandboxServer {
+    pub fn new(state: Arc<ServerState>) -> Self {
+        let slot = Arc::new(state.new_slot());
+        Self { state, slot }
+    }
+
+    /// Removes this connection's container now (stdio EOF) instead of on drop.
+    pub async fn close(&self) {
+        self.slot.sandbox.close().await;
+    }
+
+    pub fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+}
+
+/// The request came over HTTP without a session: a stateless (2026-07-28) client.
+fn stateless_owner(ctx: &RequestContext<RoleServer>) -> Option<[u8; 32]> {
+    let parts = ctx.extensions.get::<axum::http::request::Parts>()?;
+    if parts.headers.contains_key("mcp-session-id") {
+        return None;
+    }
+    let auth = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    Some(Sha256::digest(auth).into())
+}
+
+fn to_mcp_tool(spec: &ToolSpec) -> McpTool {
+    let schema: JsonObject = spec.parameters.as_object().cloned().unwrap_or_default();
+    McpTool::new(
+        spec.name.clone(),
+        spec.description.clone(),
+        Arc::new(schema),
+    )
+}
+
+/// A spec with the required `sandbox_id` parameter stateless clients pass.
+fn with_sandbox_id(spec: &ToolSpec) -> McpTool {
+    let mut params = spec.parameters.clone();
+    if let Some(obj) = params.as_object_mut() {
+        let props = obj.entry("properties").or_insert_with(|| json!({}));
+        if let Some(p) = props.as_object_mut() {
+            p.insert(
+                "sandbox_id".into(),
+                json!({"type": "string", "description": "The id sandbox_create returned."}),
+            );
+        }
+        let req = obj.entry("required").or_insert_with(|| json!([]));
+        if let Some(r) = req.as_array_mut() {
+            r.push(json!("sandbox_id"));
+        }
+    }
+    to_mcp_tool(&ToolSpec {
+        name: spec.name.clone(),
+        description: spec.description.clone(),
+        parameters: params,
+    })
+}
+
+fn lifecycle_tools() -> Vec<McpTool> {
+    let create = ToolSpec {
+        name: "sandbox_create".into(),
+        description: "Create a sandbox (a fresh container) and return its sandbox_id, which every \
+                      other tool needs. It is removed by sandbox_close or after being idle."
+            .into(),
+        parameters: json!({"type": "object", "properties": {}}),
+    };
+    let close = ToolSpec {
+        name: "sandbox_close".into(),
+        description: "Remove a sandbox and everything in it.".into(),
+        parameters: json!({"type": "object", "properties": {"sandbox_id": {"type": "string"}}, "required": ["sandbox_id"]}),
+    };
+    vec![to_mcp_tool(&create), to_mcp_tool(&close)]
+}
+
+/// A ToolResult as MCP content: text first, then the image.
+pub fn to_call_result(r: &ToolResult) -> CallToolResult {
+    let mut content = Vec::new();
+    let text = r.render();
+    if !text.is_empty() || r.base64_image.is_none() {
+        content.push(ContentBlock::text(text));
+    }
+    if let Some(img) = &r.base64_image {
+        content.push(ContentBlock::image(img.clone(), mime_of_base64(img)));
+    }
+    if r.is_error() {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    }
+}
+
+/// Guesses the type of a base64 image from its first bytes (PNG unless it says otherwise).
+fn mime_of_base64(b64: &str) -> &'static str {
+    if b64.starts_with("/9j/") {
+        "image/jpeg"
+    } else if b64.starts_with("R0lGOD") {
+        "image/gif"
+    } else if b64.starts_with("UklGR") {
+        "image/webp"
+    } else {
+        "image/png"
+    }
+}
+
+fn error_result(text: impl Into<String>) -> CallToolResponse {
+    CallToolResult::error(vec![ContentBlock::text(text.into())]).into()
+}
+
+async fn run(
+    registry: &ToolRegistry,
+    name: &str,
+    args: JsonObject,
+    ctx: &RequestContext<RoleServer>,
+) -> CallToolResponse {
+    let raw = Value::Object(args).to_string();
+    let tctx = ToolContext {
+        cancel: ctx.ct.clone(),
+    };
+    match registry.execute(name, &raw, &tctx).await {
+        Ok(r) => to_call_result(&r).into(),
+        Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
+    }
+}
+
+impl ServerHandler for SandboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                env!("CARGO_PKG_NAME"),
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(self.state.instructions.clone())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let tools = if stateless_owner(&ctx).is_some() {
+            let mut t = lifecycle_tools();
+            t.extend(self.state.specs.iter().map(with_sandbox_id));
+            t
+        } else {
+            self.state.specs.iter().map(to_mcp_tool).collect()
+        };
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = request.name.to_string();
+        let mut args = request.arguments.unwrap_or_default();
+        let Some(owner) = stateless_owner(&ctx) else {
+            return Ok(run(&self.slot.registry, &name, args, &ctx).await);
+        };
+        let stateless = &self.state.stateless;
+        if name == "sandbox_create" {
+            let id = stateless
+                .insert(owner, Arc::new(self.state.new_slot()))
+                .await;
+            return Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+                "sandbox_id: {id}\nPass it as sandbox_id to every tool; call sandbox_close when done."
+            ))])
+            .into());
+        }
+        let id = match args.remove("sandbox_id") {
+            Some(Value::String(id)) => id,
+            _ => {
+                return Ok(error_result(
+                    "this is a stateless session: call sandbox_create first and pass its sandbox_id",
+                ));
+            }
+        };
+        if name == "sandbox_close" {
+            return Ok(match stateless.remove(owner, &id).await {
+                true => CallToolResult::success(vec![ContentBlock::text(format!(
+                    "sandbox {id} removed"
+                ))])
+                .into(),
+                false => error_result(format!(
+                    "no sandbox {id:?} (it was closed, idled out, or belongs to another token)"
+                )),
+            });
+        }
+        match stateless.get(owner, &id).await {
+            Some(slot) => Ok(run(&slot.registry, &name, args, &ctx).await),
+            None => Ok(error_result(format!(
+                "no sandbox {id:?} (it was closed, idled out, or belongs to another token); call sandbox_create"
+            ))),
+        }
+    }
+}
+
+struct StatelessEntry {
+    owner: [u8; 32],
+    slot: Arc<Slot>,
+    last_used: Instant,
+}
+
+/// Sandboxes of stateless clients, by the id `sandbox_create` returned.
+#[derive(Default)]
+pub struct StatelessSandboxes {
+    map: tokio::sync::Mutex<HashMap<String, StatelessEntry>>,
+}
+
+impl StatelessSandboxes {
+    async fn insert(&self, owner: [u8; 32], slot: Arc<Slot>) -> String {
+        let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
+        let entry = StatelessEntry {
+            owner,
+            slot,
+            last_used: Instant::now(),
+        };
+        self.map.lock().await.insert(id.clone(), entry);
+        id
+    }
+
+    async fn get(&self, owner: [u8; 32], id: &str) -> Option<Arc<Slot>> {
+        let mut map = self.map.lock().await;
+        let entry = map.get_mut(id).filter(|e| e.owner == owner)?;
+        entry.last_used = Instant::now();
+        Some(entry.slot.clone())
+    }
+
+    async fn remove(&self, owner: [u8; 32], id: &str) -> bool {
+        let taken = {
+            let mut map = self.map.lock().await;
+            match map.get(id) {
+                Some(e) if e.owner == owner => map.remove(id),
+                _ => None,
+            }
+        };
+        match taken {
+            Some(e) => {
+                e.slot.sandbox.close().await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes sandboxes unused for longer than `idle`; returns how many.
+    pub async fn reap_idle(&self, idle: Duration) -> usize {
+        let expired: Vec<StatelessEntry> = {
+            let mut map = self.map.lock().await;
+            let ids: Vec<String> = map
+                .iter()
+                .filter(|(_, e)| e.last_used.elapsed() > idle)
+                .map(|(k, _)| k.clone())
+                .collect();
+            ids.iter().filter_map(|id| map.remove(id)).collect()
+        };
+        for e in &expired {
+            e.slot.sandbox.close().await;
+        }
+        expired.len()
+    }
+
+    /// Removes every stateless sandbox (shutdown).
+    pub async fn close_all(&self) {
+        let all: Vec<StatelessEntry> = self.map.lock().await.drain().map(|(_, e)| e).collect();
+        for e in all {
+            e.slot.sandbox.close().await;
+        }
+    }
+
+    pub async fn len(&self) -> usize {
+        self.map.lock().await.len()
+    }
+
+    pub async fn is_empty(&self) -> bool {
+        self.len().await == 0
+    }
+}
