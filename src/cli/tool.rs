@@ -1,16 +1,76 @@
-//! `sandboxd tool`: one tool call without an LLM (issue 3 fills this in).
+//! `sandboxd tool NAME 'JSON-ARGS' [--session ID]`: one tool call without an LLM, exactly as
+//! the model would make it; `sandboxd tool --list`: the tools as the model sees them.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
+
+use sandboxd::mcp::lazy::LazySandbox;
+use sandboxd::tools::ToolContext;
+use sandboxd::tools::ask_human::{Asker, NoHuman, TerminalAsker};
+use sandboxd::tools::session::agent_tools;
 
 use super::Ctx;
+use super::exec::{LimitFlags, open_session};
 
 #[derive(clap::Args, Debug)]
 pub struct ToolArgs {
-    /// The task; asked on stdin when absent.
+    /// The tool to call (see --list).
+    pub name: Option<String>,
+    /// Its arguments, a JSON object as the model would send it (default {}).
+    pub args: Option<String>,
+    /// Print the tools in OpenAI function format, as the model sees them.
     #[arg(long)]
-    pub prompt: Option<String>,
+    pub list: bool,
+    /// Run in an existing (kept) session instead of a fresh one.
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Keep the fresh session afterwards; its id is printed on stderr.
+    #[arg(long)]
+    pub keep: bool,
+    /// Print the whole result (output, error, image, system) as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub limits: LimitFlags,
 }
 
-pub async fn main(_ctx: Ctx, _args: ToolArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`sandboxd tool` is not built yet")
+pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
+    let manager = ctx.manager().await?;
+    let asker: Arc<dyn Asker> = if std::io::stdin().is_terminal() {
+        Arc::new(TerminalAsker)
+    } else {
+        Arc::new(NoHuman)
+    };
+    if args.list {
+        // A lazy sandbox: listing never creates a container.
+        let lazy = LazySandbox::new(manager.clone(), ctx.config.sessions.default_owner.clone());
+        let registry = agent_tools(lazy, &ctx.config.limits, &ctx.config, asker);
+        println!("{}", serde_json::to_string_pretty(&registry.to_openai())?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(name) = args.name.as_deref() else {
+        anyhow::bail!("name a tool (sandboxd tool bash '{{\"command\":\"ls\"}}'), or use --list to see them");
+    };
+    let keep = args.keep || args.session.is_some();
+    let session = open_session(&ctx, &manager, args.session.as_deref(), &args.limits, args.keep).await?;
+    let registry = agent_tools(session.sandbox.clone(), &session.limits, &ctx.config, asker);
+    let result = registry
+        .execute(name, args.args.as_deref().unwrap_or("{}"), &ToolContext::default())
+        .await;
+    if keep {
+        eprintln!("sandboxd: session {} kept (use --session {} again, or `sandboxd sessions rm {}`)", session.id, session.id, session.id);
+    } else {
+        manager.remove(&session.id).await?;
+    }
+    let result = result?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        println!("{}", result.render());
+        if let Some(img) = &result.base64_image {
+            eprintln!("[an image came back ({} base64 characters); --json prints it]", img.len());
+        }
+    }
+    Ok(if result.is_error() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

@@ -45,35 +45,11 @@ use tokio_util::task::TaskTracker;
 use super::lazy::LazySandbox;
 use crate::config::Config;
 use crate::sandbox::{Sandbox, SessionManager};
-use crate::tools::bash::Bash;
-use crate::tools::files::{ListDir, ReadFile, WriteFile};
 use crate::tools::{ToolContext, ToolRegistry, ToolResult, ToolSpec};
 
-/// The tools of one session, exactly as the agent gets them.
+/// The tools of one session: the same sandbox tools the agent gets, plus file access.
 pub fn session_registry(sandbox: Arc<dyn Sandbox>, config: &Config) -> ToolRegistry {
-    let limits = &config.limits;
-    let max_timeout = Duration::from_secs(limits.max_timeout_secs.max(1));
-    let default_timeout = Duration::from_secs(config.agent.bash_timeout_secs.max(1));
-    let mut registry = ToolRegistry::new();
-    let tools: Vec<Arc<dyn crate::tools::Tool>> = vec![
-        Arc::new(Bash::new(
-            sandbox.clone(),
-            default_timeout,
-            max_timeout,
-            limits.output_cap(),
-        )),
-        // ---- LEAD: after merging the tool branches, register python, str_replace_editor and
-        // browser_use here (or replace this whole function with `crate::tools::session`). ----
-        Arc::new(ReadFile::new(sandbox.clone(), limits.output_cap())),
-        Arc::new(WriteFile::new(sandbox.clone())),
-        Arc::new(ListDir::new(sandbox)),
-    ];
-    for tool in tools {
-        if let Err(e) = registry.register(tool) {
-            tracing::error!(error = %e, "a built-in tool failed registration");
-        }
-    }
-    registry
+    crate::tools::session::server_tools(sandbox, &config.limits, config)
 }
 
 /// What the server tells clients about the sandbox.

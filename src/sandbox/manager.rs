@@ -278,8 +278,10 @@ impl SessionManager {
             let creator_alive = c
                 .creator
                 .is_some_and(|(pid, start)| process_alive(pid, start));
-            let running = c.state == "running";
-            if running && (c.keep || creator_alive) {
+            // A stopped container is garbage; a live creator may still be starting one
+            // ("created"), so only a dead creator makes a not-yet-running container an orphan.
+            let stopped = matches!(c.state.as_str(), "exited" | "dead");
+            if !stopped && (creator_alive || (c.keep && c.state == "running")) {
                 continue;
             }
             self.runtime.remove(&c.container_id).await?;
