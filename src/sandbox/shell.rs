@@ -19,7 +19,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
 use super::output::CappedBuffer;
-use super::{AttachedProcess, OutputChunk, Sandbox, SandboxError, ShellOptions, ShellOutput, SpawnRequest};
+use super::{
+    AttachedProcess, OutputChunk, Sandbox, SandboxError, ShellOptions, ShellOutput, SpawnRequest,
+};
 
 /// How long a timed-out command gets to die before the shell itself is replaced.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -63,7 +65,10 @@ impl PersistentShell {
         let started = Instant::now();
         let mut guard = self.inner.lock().await;
         let mut note = self.take_note();
-        if guard.as_mut().is_some_and(|r| !drain_and_check_alive(&mut r.process)) {
+        if guard
+            .as_mut()
+            .is_some_and(|r| !drain_and_check_alive(&mut r.process))
+        {
             *guard = None;
             note = Some("the shell had died since the last command (killed from outside?); a new one was started, so the working directory and variables were reset".into());
         }
@@ -104,8 +109,13 @@ impl PersistentShell {
             let pid = running.pid;
             let _ = host
                 .exec(
-                    super::ExecRequest::new(["python3", &format!("{}/killtree.py", super::HELPERS_DIR), "--descendants", &pid.to_string()])
-                        .timeout(Duration::from_secs(10)),
+                    super::ExecRequest::new([
+                        "python3",
+                        &format!("{}/killtree.py", super::HELPERS_DIR),
+                        "--descendants",
+                        &pid.to_string(),
+                    ])
+                    .timeout(Duration::from_secs(10)),
                 )
                 .await;
             let grace = tokio::time::Instant::now() + KILL_GRACE;
@@ -115,8 +125,13 @@ impl PersistentShell {
                     // The command is a shell builtin looping in bash itself: replace the shell.
                     let _ = host
                         .exec(
-                            super::ExecRequest::new(["python3", &format!("{}/killtree.py", super::HELPERS_DIR), "--tree", &pid.to_string()])
-                                .timeout(Duration::from_secs(10)),
+                            super::ExecRequest::new([
+                                "python3",
+                                &format!("{}/killtree.py", super::HELPERS_DIR),
+                                "--tree",
+                                &pid.to_string(),
+                            ])
+                            .timeout(Duration::from_secs(10)),
                         )
                         .await;
                     *guard = None;
@@ -136,7 +151,9 @@ impl PersistentShell {
         let (stderr, stderr_truncated) = err.finish();
         let timed_out = matches!(outcome, Outcome::TimedOut);
         let died_note = match &outcome {
-            Outcome::Died(why) => Some(format!("the shell exited during this command ({why}); the next command gets a fresh shell")),
+            Outcome::Died(why) => Some(format!(
+                "the shell exited during this command ({why}); the next command gets a fresh shell"
+            )),
             _ => None,
         };
         Ok(ShellOutput {
@@ -160,8 +177,13 @@ impl PersistentShell {
         if let Some(running) = guard.take() {
             let _ = host
                 .exec(
-                    super::ExecRequest::new(["python3", &format!("{}/killtree.py", super::HELPERS_DIR), "--tree", &running.pid.to_string()])
-                        .timeout(Duration::from_secs(10)),
+                    super::ExecRequest::new([
+                        "python3",
+                        &format!("{}/killtree.py", super::HELPERS_DIR),
+                        "--tree",
+                        &running.pid.to_string(),
+                    ])
+                    .timeout(Duration::from_secs(10)),
                 )
                 .await;
         }
@@ -298,8 +320,12 @@ impl Scanner {
             let rest = &self.pending[at + self.marker.len()..];
             // Stdout's marker is followed by `<code>__\n`; stderr's marker is complete.
             if self.marker.ends_with(b"_") {
-                let Some(end) = find(rest, b"__\n") else { return };
-                self.code = std::str::from_utf8(&rest[..end]).ok().and_then(|s| s.parse().ok());
+                let Some(end) = find(rest, b"__\n") else {
+                    return;
+                };
+                self.code = std::str::from_utf8(&rest[..end])
+                    .ok()
+                    .and_then(|s| s.parse().ok());
             }
             self.kept.push(&self.pending[..at]);
             self.pending.clear();

@@ -5,6 +5,7 @@
 
 pub mod ask_human;
 pub mod bash;
+pub mod browser;
 pub mod registry;
 pub mod terminate;
 
@@ -90,7 +91,9 @@ impl ToolError {
     /// Sandbox errors a model can act on become observations; the rest stay errors.
     pub fn into_observation(self) -> Result<ToolResult, ToolError> {
         match self {
-            ToolError::Sandbox(e) if !e.is_fatal_for_session() => Ok(ToolResult::error(e.to_string())),
+            ToolError::Sandbox(e) if !e.is_fatal_for_session() => {
+                Ok(ToolResult::error(e.to_string()))
+            }
             other => Err(other),
         }
     }
