@@ -267,7 +267,7 @@ pub async fn run(
                 return Ok(Err(bad_tab(live, *tab_id)));
             };
             let page = live.tabs.remove(id);
-            page.close().await?;
+            live.close_page(page).await;
             if live.current >= id && live.current > 0 {
                 live.current -= 1;
             }

@@ -216,6 +216,7 @@ pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, Browser
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
+    tracing::debug!(elapsed = ?started.elapsed(), "chromium: DevTools endpoint is up");
     let connected = connect(sandbox.clone(), port, &ws_path, &tag, dead.clone()).await;
     match connected {
         Ok((browser, handler, tunnel)) => Ok(Running {

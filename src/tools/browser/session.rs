@@ -5,6 +5,7 @@
 //! window.open) carry an opener and are adopted at the end of the list; a page without an
 //! opener that we did not create (Chromium's initial tab) is closed.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,16 +30,22 @@ pub struct Live {
     pub running: Running,
     pub tabs: Vec<Page>,
     pub current: usize,
+    /// Targets we closed: the driver may list them for a moment after, never adopt them again.
+    closed: HashSet<TargetId>,
 }
 
 impl Live {
     pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Live, BrowserError> {
+        let started = std::time::Instant::now();
         let running = chromium::start(sandbox, n).await?;
+        tracing::debug!(elapsed = ?started.elapsed(), "browser: connected");
         let page = running.browser.new_page("about:blank").await?;
+        tracing::debug!(elapsed = ?started.elapsed(), "browser: first tab open");
         let mut live = Live {
             running,
             tabs: vec![page],
             current: 0,
+            closed: HashSet::new(),
         };
         live.sync_tabs().await;
         Ok(live)
@@ -61,20 +68,28 @@ impl Live {
         self.tabs.retain(|p| live_ids.contains(&p.target_id()));
         let mut adopted = None;
         for page in pages {
-            if self.tabs.iter().any(|p| p.target_id() == page.target_id()) {
+            if self.tabs.iter().any(|p| p.target_id() == page.target_id())
+                || self.closed.contains(page.target_id())
+            {
                 continue;
             }
             if page.opener_id().is_some() {
                 adopted.get_or_insert(self.tabs.len());
                 self.tabs.push(page);
             } else {
-                let _ = page.close().await;
+                self.close_page(page).await;
             }
         }
         self.current = current_id
             .and_then(|id| self.tabs.iter().position(|p| *p.target_id() == id))
             .unwrap_or(self.tabs.len().saturating_sub(1));
         adopted
+    }
+
+    /// Closes a page and remembers it as closed.
+    pub async fn close_page(&mut self, page: Page) {
+        self.closed.insert(page.target_id().clone());
+        let _ = page.close().await;
     }
 
     /// Makes sure one tab is open (the model may have closed the last one).
