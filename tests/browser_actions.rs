@@ -340,5 +340,22 @@ async fn without_an_extractor_the_markdown_comes_back() {
     // data: and about: URLs load too.
     let r = ok(&tool, json!({"action": "go_to_url", "url": "data:text/html,<title>inline</title><button>x</button>"})).await;
     assert!(r.output.contains("Title: \"inline\""), "{}", r.output);
+    // A dialog would block the page and every later action: it is accepted and reported.
+    let page = "data:text/html,<title>before</title><button onclick=\"alert('hi there'); document.title = 'after'\">alert me</button>";
+    let r = ok(&tool, json!({"action": "go_to_url", "url": page})).await;
+    let r = ok(
+        &tool,
+        json!({"action": "click_element", "index": index_of(&r, "alert me")}),
+    )
+    .await;
+    assert!(
+        r.output
+            .contains("dialog, which was accepted: alert \"hi there\""),
+        "{}",
+        r.output
+    );
+    assert!(r.output.contains("Title: \"after\""), "{}", r.output);
+    let r = ok(&tool, json!({"action": "screenshot"})).await;
+    assert!(!r.output.contains("dialog"), "{}", r.output);
     tool.shutdown().await;
 }

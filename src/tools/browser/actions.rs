@@ -258,8 +258,7 @@ pub async fn run(
                 return Ok(Err(e));
             }
             let page = live.running.browser.new_page(url.as_str()).await?;
-            live.tabs.push(page);
-            live.current = live.tabs.len() - 1;
+            live.push_tab(page);
             Ok(Ok(format!("Opened tab {} with {url}", live.current)))
         }
         Action::CloseTab { tab_id } => {

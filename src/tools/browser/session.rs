@@ -6,15 +6,17 @@
 //! opener that we did not create (Chromium's initial tab) is closed.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chromiumoxide::Page;
 use chromiumoxide::cdp::browser_protocol::page::{
-    CaptureScreenshotFormat, CaptureScreenshotParams,
+    CaptureScreenshotFormat, CaptureScreenshotParams, EventJavascriptDialogOpening,
+    HandleJavaScriptDialogParams,
 };
 use chromiumoxide::cdp::browser_protocol::target::{GetTargetsParams, TargetId};
 use chromiumoxide::cdp::js_protocol::runtime::EvaluateParams;
+use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::chromium::{self, BrowserError, Running};
@@ -32,6 +34,8 @@ pub struct Live {
     pub current: usize,
     /// Targets we closed: the driver may list them for a moment after, never adopt them again.
     closed: HashSet<TargetId>,
+    /// Dialogs answered since the last state, for the model.
+    dialogs: Arc<Mutex<Vec<String>>>,
 }
 
 impl Live {
@@ -46,7 +50,9 @@ impl Live {
             tabs: vec![page],
             current: 0,
             closed: HashSet::new(),
+            dialogs: Arc::new(Mutex::new(Vec::new())),
         };
+        live.watch_dialogs(&live.tabs[0]);
         live.sync_tabs().await;
         Ok(live)
     }
@@ -75,6 +81,7 @@ impl Live {
             }
             if page.opener_id().is_some() {
                 adopted.get_or_insert(self.tabs.len());
+                self.watch_dialogs(&page);
                 self.tabs.push(page);
             } else {
                 self.close_page(page).await;
@@ -84,6 +91,39 @@ impl Live {
             .and_then(|id| self.tabs.iter().position(|p| *p.target_id() == id))
             .unwrap_or(self.tabs.len().saturating_sub(1));
         adopted
+    }
+
+    /// Adds a tab the model opened.
+    pub fn push_tab(&mut self, page: Page) {
+        self.watch_dialogs(&page);
+        self.tabs.push(page);
+        self.current = self.tabs.len() - 1;
+    }
+
+    /// alert/confirm/prompt/beforeunload block the page until answered, and with them every
+    /// action: accept them at once and tell the model in the next state.
+    fn watch_dialogs(&self, page: &Page) {
+        let page = page.clone();
+        let dialogs = self.dialogs.clone();
+        let dead = self.running.dead.clone();
+        tokio::spawn(async move {
+            let Ok(mut events) = page.event_listener::<EventJavascriptDialogOpening>().await else {
+                return;
+            };
+            loop {
+                tokio::select! {
+                    ev = events.next() => {
+                        let Some(ev) = ev else { break };
+                        let _ = page.execute(HandleJavaScriptDialogParams::new(true)).await;
+                        if let Ok(mut d) = dialogs.lock() && d.len() < 5 {
+                            let message: String = ev.message.chars().take(200).collect();
+                            d.push(format!("{} {}", ev.r#type.as_ref(), serde_json::to_string(&message).unwrap_or_default()));
+                        }
+                    }
+                    _ = dead.cancelled() => break,
+                }
+            }
+        });
     }
 
     /// Closes a page and remembers it as closed.
@@ -96,8 +136,7 @@ impl Live {
     pub async fn ensure_tab(&mut self) -> Result<(), BrowserError> {
         if self.tabs.is_empty() {
             let page = self.running.browser.new_page("about:blank").await?;
-            self.tabs.push(page);
-            self.current = 0;
+            self.push_tab(page);
         }
         Ok(())
     }
@@ -166,13 +205,21 @@ impl Live {
                 let info = targets.iter().find(|t| &t.target_id == page.target_id());
                 TabInfo {
                     id,
-                    url: info.map(|t| t.url.clone()).unwrap_or_default(),
+                    url: info
+                        .map(|t| t.url.chars().take(300).collect())
+                        .unwrap_or_default(),
                     title: info
                         .map(|t| t.title.chars().take(100).collect())
                         .unwrap_or_default(),
                 }
             })
             .collect();
-        Ok(BrowserState::new(info, tabs, self.current, Some(shot?)))
+        let mut state = BrowserState::new(info, tabs, self.current, Some(shot?));
+        state.dialogs = self
+            .dialogs
+            .lock()
+            .map(|mut d| std::mem::take(&mut *d))
+            .unwrap_or_default();
+        Ok(state)
     }
 }

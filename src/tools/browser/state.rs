@@ -118,6 +118,9 @@ pub struct BrowserState {
     pub pixels_below: u64,
     pub viewport_width: u32,
     pub viewport_height: u32,
+    /// Dialogs (alert, confirm, ...) the page opened since the last state; all were accepted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dialogs: Vec<String>,
     /// The viewport as a base64 JPEG.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub screenshot: Option<String>,
@@ -143,6 +146,7 @@ impl BrowserState {
             pixels_below: below.round() as u64,
             viewport_width: info.viewport_width.max(0.0) as u32,
             viewport_height: info.viewport_height.max(0.0) as u32,
+            dialogs: Vec::new(),
             screenshot,
         }
     }
@@ -182,6 +186,11 @@ impl BrowserState {
             s.push_str(&format!(
                 "... and {} more interactive elements not listed; use extract_content to read the page.\n",
                 self.elements_not_listed
+            ));
+        }
+        for dialog in &self.dialogs {
+            s.push_str(&format!(
+                "The page opened a dialog, which was accepted: {dialog}\n"
             ));
         }
         s.push_str(&format!(
