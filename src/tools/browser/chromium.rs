@@ -65,6 +65,7 @@ pub struct Running {
     pub dead: CancellationToken,
     pub sandbox: Arc<dyn Sandbox>,
     pub tag: String,
+    user_data_dir: String,
     handler: JoinHandle<()>,
     drain: JoinHandle<()>,
     _tunnel: Tunnel,
@@ -75,12 +76,14 @@ impl Running {
         self.dead.is_cancelled()
     }
 
-    /// Kills Chromium and its relay inside the container.
+    /// Kills Chromium and its relay inside the container and frees its profile in /tmp.
     pub async fn shutdown(self) {
         let sandbox = self.sandbox.clone();
         let tag = self.tag.clone();
+        let user_data_dir = self.user_data_dir.clone();
         drop(self);
         let _ = sandbox.kill_tagged(&tag).await;
+        let _ = sandbox.remove(&user_data_dir, true).await;
     }
 }
 
@@ -224,6 +227,7 @@ pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, Browser
             dead,
             sandbox,
             tag,
+            user_data_dir,
             handler,
             drain,
             _tunnel: tunnel,
