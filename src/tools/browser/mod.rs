@@ -9,6 +9,7 @@
 pub mod actions;
 pub mod bench;
 pub mod chromium;
+pub mod elements;
 pub mod extract;
 pub mod session;
 pub mod state;
