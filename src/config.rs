@@ -13,13 +13,9 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error(
-        "config file {path}: {message}\n(see config/sandboxd.example.toml for every key and its default)"
-    )]
+    #[error("config file {path}: {message}\n(see config/sandboxd.example.toml for every key and its default)")]
     Parse { path: PathBuf, message: String },
-    #[error(
-        "environment variable {var}: {message} (variables are SANDBOXD_<SECTION>_<KEY>, e.g. SANDBOXD_LIMITS_MEMORY_MB=512)"
-    )]
+    #[error("environment variable {var}: {message} (variables are SANDBOXD_<SECTION>_<KEY>, e.g. SANDBOXD_LIMITS_MEMORY_MB=512)")]
     Env { var: String, message: String },
     #[error("invalid setting {key}: {message}")]
     Invalid { key: String, message: String },
@@ -109,9 +105,7 @@ impl Limits {
                 None => Ok(ceiling),
                 Some(v) if v > ceiling => Err(ConfigError::Invalid {
                     key: key.into(),
-                    message: format!(
-                        "{v} is above the configured maximum of {ceiling}; a request can only lower limits"
-                    ),
+                    message: format!("{v} is above the configured maximum of {ceiling}; a request can only lower limits"),
                 }),
                 Some(v) if v < floor => Err(ConfigError::Invalid {
                     key: key.into(),
@@ -253,10 +247,7 @@ impl Config {
         Self::load_with_env(path, &env)
     }
 
-    pub fn load_with_env(
-        path: Option<&Path>,
-        env: &[(String, String)],
-    ) -> Result<Config, ConfigError> {
+    pub fn load_with_env(path: Option<&Path>, env: &[(String, String)]) -> Result<Config, ConfigError> {
         let default_path = PathBuf::from("config/sandboxd.toml");
         let path = match path {
             Some(p) => Some(p.to_path_buf()),
@@ -268,27 +259,22 @@ impl Config {
                     path: p.clone(),
                     source,
                 })?;
-                text.parse::<toml::Table>()
-                    .map_err(|e| ConfigError::Parse {
-                        path: p.clone(),
-                        message: e.to_string(),
-                    })?
+                text.parse::<toml::Table>().map_err(|e| ConfigError::Parse {
+                    path: p.clone(),
+                    message: e.to_string(),
+                })?
             }
             None => toml::Table::new(),
         };
         // Validate the file on its own first, so an error names the file and not the env.
         if let Some(p) = &path {
-            Config::deserialize(toml::Value::Table(tree.clone())).map_err(|e| {
-                ConfigError::Parse {
-                    path: p.clone(),
-                    message: e.to_string(),
-                }
+            Config::deserialize(toml::Value::Table(tree.clone())).map_err(|e| ConfigError::Parse {
+                path: p.clone(),
+                message: e.to_string(),
             })?;
         }
         for (var, value) in env {
-            let Some(rest) = var.strip_prefix("SANDBOXD_") else {
-                continue;
-            };
+            let Some(rest) = var.strip_prefix("SANDBOXD_") else { continue };
             if matches!(rest, "CONFIG" | "LOG") || rest.starts_with("TEST_") {
                 continue;
             }
@@ -317,26 +303,15 @@ impl Config {
 
 const SECTIONS: &[&str] = &["docker", "limits", "sessions", "llm", "agent", "mcp"];
 
-fn apply_env(
-    tree: &mut toml::Table,
-    var: &str,
-    rest: &str,
-    value: &str,
-) -> Result<(), ConfigError> {
+fn apply_env(tree: &mut toml::Table, var: &str, rest: &str, value: &str) -> Result<(), ConfigError> {
     let lower = rest.to_ascii_lowercase();
-    let (section, key) = match SECTIONS
-        .iter()
-        .find(|s| lower.starts_with(&format!("{s}_")))
-    {
+    let (section, key) = match SECTIONS.iter().find(|s| lower.starts_with(&format!("{s}_"))) {
         Some(s) => (Some(*s), lower[s.len() + 1..].to_string()),
         None if lower == "data_dir" => (None, lower.clone()),
         None => {
             return Err(ConfigError::Env {
                 var: var.into(),
-                message: format!(
-                    "unknown section; known sections are {}",
-                    SECTIONS.join(", ")
-                ),
+                message: format!("unknown section; known sections are {}", SECTIONS.join(", ")),
             });
         }
     };
@@ -370,35 +345,21 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect()
+        pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
     }
 
     #[test]
     fn env_overrides_defaults_with_types() {
-        let c = Config::load_with_env(
-            None,
-            &env(&[
-                ("SANDBOXD_LIMITS_MEMORY_MB", "512"),
-                ("SANDBOXD_LLM_MODEL", "gpt-4o"),
-            ]),
-        )
-        .unwrap();
+        let c = Config::load_with_env(None, &env(&[("SANDBOXD_LIMITS_MEMORY_MB", "512"), ("SANDBOXD_LLM_MODEL", "gpt-4o")])).unwrap();
         assert_eq!(c.limits.memory_mb, 512);
         assert_eq!(c.llm.model, "gpt-4o");
     }
 
     #[test]
     fn unknown_env_key_is_named() {
-        let e =
-            Config::load_with_env(None, &env(&[("SANDBOXD_LIMITS_MEMORYMB", "512")])).unwrap_err();
+        let e = Config::load_with_env(None, &env(&[("SANDBOXD_LIMITS_MEMORYMB", "512")])).unwrap_err();
         let msg = e.to_string();
-        assert!(
-            msg.contains("SANDBOXD_LIMITS_MEMORYMB") && msg.contains("memorymb"),
-            "{msg}"
-        );
+        assert!(msg.contains("SANDBOXD_LIMITS_MEMORYMB") && msg.contains("memorymb"), "{msg}");
     }
 
     #[test]
@@ -406,36 +367,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.toml");
         std::fs::write(&p, "[limits]\nmemroy_mb = 5\n").unwrap();
-        let msg = Config::load_with_env(Some(&p), &[])
-            .unwrap_err()
-            .to_string();
+        let msg = Config::load_with_env(Some(&p), &[]).unwrap_err().to_string();
         assert!(msg.contains("memroy_mb"), "{msg}");
         std::fs::write(&p, "[limits]\nmemory_mb = \"lots\"\n").unwrap();
-        let msg = Config::load_with_env(Some(&p), &[])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.contains("memory_mb") || msg.contains("integer"),
-            "{msg}"
-        );
+        let msg = Config::load_with_env(Some(&p), &[]).unwrap_err().to_string();
+        assert!(msg.contains("memory_mb") || msg.contains("integer"), "{msg}");
     }
 
     #[test]
     fn requests_only_lower_limits() {
         let l = Limits::default();
-        let lowered = l
-            .lowered(&LimitRequest {
-                memory_mb: Some(256),
-                ..Default::default()
-            })
-            .unwrap();
+        let lowered = l.lowered(&LimitRequest { memory_mb: Some(256), ..Default::default() }).unwrap();
         assert_eq!(lowered.memory_mb, 256);
-        let err = l
-            .lowered(&LimitRequest {
-                pids: Some(100_000),
-                ..Default::default()
-            })
-            .unwrap_err();
+        let err = l.lowered(&LimitRequest { pids: Some(100_000), ..Default::default() }).unwrap_err();
         assert!(err.to_string().contains("above the configured maximum"));
     }
 }

@@ -9,11 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "sandboxd",
-    version,
-    about = "Run an AI agent whose every tool executes inside a hardened, network-less Docker sandbox."
-)]
+#[command(name = "sandboxd", version, about = "Run an AI agent whose every tool executes inside a hardened, network-less Docker sandbox.")]
 struct Cli {
     /// Config file (default: config/sandboxd.toml if it exists; env SANDBOXD_CONFIG).
     #[arg(long, global = true, env = "SANDBOXD_CONFIG")]
@@ -49,10 +45,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     cli::init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

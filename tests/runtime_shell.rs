@@ -19,23 +19,11 @@ async fn cwd_env_exit_codes_and_streams() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
     let sb = &s.sandbox;
-    let out = sb
-        .shell(
-            "mkdir -p /workspace/a/b && cd /workspace/a && export FOO=bar",
-            opts(10),
-        )
-        .await
-        .unwrap();
+    let out = sb.shell("mkdir -p /workspace/a/b && cd /workspace/a && export FOO=bar", opts(10)).await.unwrap();
     assert_eq!(out.exit_code, Some(0));
     let out = sb.shell("pwd; echo $FOO", opts(10)).await.unwrap();
     assert_eq!(out.stdout_lossy(), "/workspace/a\nbar\n");
-    let out = sb
-        .shell(
-            "echo to-out; echo to-err >&2; exit_with() { return $1; }; exit_with 7",
-            opts(10),
-        )
-        .await
-        .unwrap();
+    let out = sb.shell("echo to-out; echo to-err >&2; exit_with() { return $1; }; exit_with 7", opts(10)).await.unwrap();
     assert_eq!(out.exit_code, Some(7));
     assert_eq!(out.stdout_lossy(), "to-out\n");
     assert_eq!(out.stderr_lossy(), "to-err\n");
@@ -44,13 +32,7 @@ async fn cwd_env_exit_codes_and_streams() {
     let out = sb.shell("printf 'no newline'", opts(10)).await.unwrap();
     assert_eq!(out.stdout_lossy(), "no newline");
     // Quotes and special characters reach bash unchanged.
-    let out = sb
-        .shell(
-            r#"echo "it's \"quoted\" $((6*7)) \$HOME" 'single'"#,
-            opts(10),
-        )
-        .await
-        .unwrap();
+    let out = sb.shell(r#"echo "it's \"quoted\" $((6*7)) \$HOME" 'single'"#, opts(10)).await.unwrap();
     assert_eq!(out.stdout_lossy(), "it's \"quoted\" 42 $HOME single\n");
     // A command that waits for input gets EOF at once.
     let t = Instant::now();
@@ -65,19 +47,13 @@ async fn binary_and_large_output() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
     let sb = &s.sandbox;
-    let out = sb
-        .shell("printf '\\x00\\x01\\xff\\xfe'", opts(10))
-        .await
-        .unwrap();
+    let out = sb.shell("printf '\\x00\\x01\\xff\\xfe'", opts(10)).await.unwrap();
     assert_eq!(out.stdout, vec![0u8, 1, 0xff, 0xfe]);
     let big = ShellOptions {
         timeout: Duration::from_secs(30),
         output_cap: 2 << 20,
     };
-    let out = sb
-        .shell("head -c 1048576 /dev/zero | tr '\\0' 'x'", big)
-        .await
-        .unwrap();
+    let out = sb.shell("head -c 1048576 /dev/zero | tr '\\0' 'x'", big).await.unwrap();
     assert_eq!(out.stdout.len(), 1 << 20);
     assert!(!out.stdout_truncated);
     // Past the cap the middle is cut and marked; the host keeps only the cap.
@@ -95,27 +71,15 @@ async fn timeout_kills_the_command_and_the_shell_stays_usable() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
     let sb = &s.sandbox;
-    sb.shell("cd /tmp && export KEEP=1", opts(10))
-        .await
-        .unwrap();
+    sb.shell("cd /tmp && export KEEP=1", opts(10)).await.unwrap();
     let t = Instant::now();
     let out = sb.shell("sleep 1000", opts(2)).await.unwrap();
     assert!(out.timed_out);
-    assert!(
-        t.elapsed() < Duration::from_secs(4),
-        "took {:?}",
-        t.elapsed()
-    );
-    let out = sb
-        .shell("echo ok; pwd; echo $KEEP", opts(10))
-        .await
-        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(4), "took {:?}", t.elapsed());
+    let out = sb.shell("echo ok; pwd; echo $KEEP", opts(10)).await.unwrap();
     assert_eq!(out.stdout_lossy(), "ok\n/tmp\n1\n");
     // No sleep survived the kill.
-    let ps = sb
-        .exec(ExecRequest::shell_line("pgrep -x sleep || true"))
-        .await
-        .unwrap();
+    let ps = sb.exec(ExecRequest::shell_line("pgrep -x sleep || true")).await.unwrap();
     assert_eq!(ps.stdout_lossy().trim(), "");
     // A loop inside bash itself cannot be killed as a child: the shell is replaced.
     let out = sb.shell("while :; do :; done", opts(2)).await.unwrap();
@@ -156,12 +120,7 @@ async fn concurrent_calls_are_serialized() {
     for i in 0..8 {
         let sb = s.sandbox.clone();
         handles.push(tokio::spawn(async move {
-            sb.shell(
-                &format!("echo start-{i}; sleep 0.05; echo end-{i}"),
-                opts(10),
-            )
-            .await
-            .unwrap()
+            sb.shell(&format!("echo start-{i}; sleep 0.05; echo end-{i}"), opts(10)).await.unwrap()
         }));
     }
     for (i, h) in handles.into_iter().enumerate() {

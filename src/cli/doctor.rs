@@ -33,38 +33,18 @@ pub async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
     if let Ok(e) = &engine {
         let tag = docker_image::image_tag();
         let present = docker_image::image_present(e).await.unwrap_or(false);
-        check(
-            present,
-            format!("sandbox image {tag}"),
-            "run `sandboxd image build` (needs mmdebstrap: apt-get install mmdebstrap)",
-        );
+        check(present, format!("sandbox image {tag}"), "run `sandboxd image build` (needs mmdebstrap: apt-get install mmdebstrap)");
     }
-    let mmdebstrap = std::process::Command::new("mmdebstrap")
-        .arg("--version")
-        .output()
-        .is_ok();
-    check(
-        mmdebstrap,
-        "mmdebstrap available (needed only to build the image)".into(),
-        "apt-get install mmdebstrap",
-    );
+    let mmdebstrap = std::process::Command::new("mmdebstrap").arg("--version").output().is_ok();
+    check(mmdebstrap, "mmdebstrap available (needed only to build the image)".into(), "apt-get install mmdebstrap");
     let l = &ctx.config.limits;
     println!(
         "  info  limits per session: {} MiB memory (no swap), {} CPU, {} processes, /workspace {} MiB, /tmp {} MiB, commands ≤ {} s",
         l.memory_mb, l.cpus, l.pids, l.workspace_mb, l.tmp_mb, l.max_timeout_secs
     );
-    println!(
-        "  info  hardening: network none, read-only root, uid 1000, all capabilities dropped, no-new-privileges, default seccomp"
-    );
+    println!("  info  hardening: network none, read-only root, uid 1000, all capabilities dropped, no-new-privileges, default seccomp");
     let runtime = &ctx.config.docker.runtime;
-    println!(
-        "  info  OCI runtime: {}",
-        if runtime.is_empty() {
-            "Docker's default (runc)"
-        } else {
-            runtime
-        }
-    );
+    println!("  info  OCI runtime: {}", if runtime.is_empty() { "Docker's default (runc)" } else { runtime });
     let llm = &ctx.config.llm;
     let key = !llm.api_key.is_empty() || std::env::var_os("OPENAI_API_KEY").is_some();
     let model = !llm.model.is_empty();
@@ -74,17 +54,9 @@ pub async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
             "LLM configured (model: {}, key: {}, endpoint: {})",
             if model { llm.model.as_str() } else { "unset" },
             if key { "set" } else { "unset" },
-            if llm.base_url.is_empty() {
-                std::env::var("OPENAI_BASE_URL").unwrap_or_else(|_| "OpenAI default".into())
-            } else {
-                llm.base_url.clone()
-            }
+            if llm.base_url.is_empty() { std::env::var("OPENAI_BASE_URL").unwrap_or_else(|_| "OpenAI default".into()) } else { llm.base_url.clone() }
         ),
         "set [llm] model and api_key in config/sandboxd.toml, or OPENAI_API_KEY and SANDBOXD_LLM_MODEL (see README: OpenAI, Ollama/vLLM, Azure)",
     );
-    Ok(if failures == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(if failures == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

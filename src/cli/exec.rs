@@ -94,31 +94,17 @@ pub async fn open_session(
 pub async fn exec(ctx: Ctx, args: ExecArgs) -> anyhow::Result<ExitCode> {
     let manager = ctx.manager().await?;
     let keep = args.keep || args.session.is_some();
-    let session = open_session(
-        &ctx,
-        &manager,
-        args.session.as_deref(),
-        &args.limits,
-        args.keep,
-    )
-    .await?;
+    let session = open_session(&ctx, &manager, args.session.as_deref(), &args.limits, args.keep).await?;
     let result = stream_command(&session, &args.command, Duration::from_secs(args.timeout)).await;
     if keep {
-        eprintln!(
-            "sandboxd: session {} kept (remove it with `sandboxd sessions rm {}`)",
-            session.id, session.id
-        );
+        eprintln!("sandboxd: session {} kept (remove it with `sandboxd sessions rm {}`)", session.id, session.id);
     } else {
         manager.remove(&session.id).await?;
     }
     result
 }
 
-async fn stream_command(
-    session: &Session,
-    argv: &[String],
-    timeout: Duration,
-) -> anyhow::Result<ExitCode> {
+async fn stream_command(session: &Session, argv: &[String], timeout: Duration) -> anyhow::Result<ExitCode> {
     let tag = format!("{:032x}", rand::random::<u128>());
     let mut process = session
         .sandbox
@@ -179,14 +165,7 @@ async fn stream_command(
 pub async fn shell(ctx: Ctx, args: ShellArgs) -> anyhow::Result<ExitCode> {
     let manager = ctx.manager().await?;
     let keep = args.keep || args.session.is_some();
-    let session = open_session(
-        &ctx,
-        &manager,
-        args.session.as_deref(),
-        &args.limits,
-        args.keep,
-    )
-    .await?;
+    let session = open_session(&ctx, &manager, args.session.as_deref(), &args.limits, args.keep).await?;
     eprintln!(
         "sandboxd: session {} — a persistent bash in the sandbox (no network, files in /workspace). `exit` or Ctrl-D leaves.",
         session.id

@@ -46,6 +46,7 @@ pub async fn ensure(docker: &sandboxd::sandbox::docker::Engine) -> anyhow::Resul
     Ok(docker_image::ensure_image(docker, &report).await?)
 }
 
+
 pub async fn main(_ctx: Ctx, cmd: ImageCommand) -> anyhow::Result<ExitCode> {
     let engine = docker::connect().await?;
     match cmd {
@@ -53,15 +54,9 @@ pub async fn main(_ctx: Ctx, cmd: ImageCommand) -> anyhow::Result<ExitCode> {
             let report = reporter(verbose);
             match docker_image::build_image(&engine, force, &report).await? {
                 BuildOutcome::UpToDate { tag } => {
-                    println!(
-                        "{tag} is up to date: the recipe has not changed, nothing was built (use --force to rebuild)"
-                    );
+                    println!("{tag} is up to date: the recipe has not changed, nothing was built (use --force to rebuild)");
                 }
-                BuildOutcome::Built {
-                    tag,
-                    size_bytes,
-                    seconds,
-                } => {
+                BuildOutcome::Built { tag, size_bytes, seconds } => {
                     eprintln!();
                     println!(
                         "built {tag} (also tagged {}:latest): {:.0} MB in {seconds:.0} s",

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use sandboxd::config::Config;
-use sandboxd::sandbox::SessionManager;
 use sandboxd::sandbox::docker::{self, DockerRuntime};
+use sandboxd::sandbox::SessionManager;
 
 pub struct Ctx {
     pub config: Config,
@@ -41,10 +41,7 @@ impl Ctx {
     }
 
     pub async fn manager(&self) -> anyhow::Result<Arc<SessionManager>> {
-        let runtime = self
-            .runtime()
-            .await
-            .context("cannot prepare the sandbox runtime")?;
+        let runtime = self.runtime().await.context("cannot prepare the sandbox runtime")?;
         Ok(SessionManager::new(
             Arc::new(runtime),
             self.config.limits.clone(),

@@ -28,10 +28,7 @@ pub async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
             } else if list.is_empty() {
                 println!("no sessions");
             } else {
-                println!(
-                    "{:<14} {:<12} {:<10} {:<6} {:<8} CONTAINER",
-                    "SESSION", "OWNER", "STATE", "KEPT", "PID"
-                );
+                println!("{:<14} {:<12} {:<10} {:<6} {:<8} CONTAINER", "SESSION", "OWNER", "STATE", "KEPT", "PID");
                 for s in list {
                     println!(
                         "{:<14} {:<12} {:<10} {:<6} {:<8} {}",
@@ -39,9 +36,7 @@ pub async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
                         s.owner,
                         s.state,
                         if s.kept { "yes" } else { "no" },
-                        s.created_by_pid
-                            .map(|p| p.to_string())
-                            .unwrap_or_else(|| "-".into()),
+                        s.created_by_pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
                         &s.container_id[..s.container_id.len().min(12)]
                     );
                 }
@@ -59,11 +54,7 @@ pub async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
             if removed.is_empty() {
                 println!("nothing to remove");
             } else {
-                println!(
-                    "removed {} orphaned session(s): {}",
-                    removed.len(),
-                    removed.join(", ")
-                );
+                println!("removed {} orphaned session(s): {}", removed.len(), removed.join(", "));
             }
         }
     }

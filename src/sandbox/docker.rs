@@ -11,12 +11,12 @@ use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::{
-    ContainerCreateBody, ExecConfig, HostConfig, HostConfigLogConfig, ResourcesUlimits,
-    RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, ExecConfig, HostConfig, HostConfigLogConfig, ResourcesUlimits, RestartPolicy,
+    RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder, StartContainerOptions,
+    CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    StartContainerOptions,
 };
 use futures::StreamExt;
 use serde_json::json;
@@ -29,8 +29,8 @@ use super::output::CappedBuffer;
 use super::shell::PersistentShell;
 use super::tar_safety::{self, TarLimits};
 use super::{
-    AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, OutputChunk, Sandbox,
-    SandboxError, ShellOptions, ShellOutput, SpawnRequest, resolve_path,
+    AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, OutputChunk, Sandbox, SandboxError, ShellOptions,
+    ShellOutput, SpawnRequest, resolve_path,
 };
 use crate::config::Limits;
 
@@ -77,17 +77,14 @@ pub type Engine = Docker;
 /// Connects to the local engine (DOCKER_HOST or the default socket) and negotiates the
 /// API version: Debian 12's engine speaks 1.41, bollard defaults to 1.53.
 pub async fn connect() -> Result<Docker, SandboxError> {
-    let docker =
-        Docker::connect_with_local_defaults().map_err(|e| SandboxError::EngineUnavailable {
-            message: e.to_string(),
-        })?;
+    let docker = Docker::connect_with_local_defaults().map_err(|e| SandboxError::EngineUnavailable {
+        message: e.to_string(),
+    })?;
     docker
         .with_timeout(Duration::from_secs(120))
         .negotiate_version()
         .await
-        .map_err(|e| SandboxError::EngineUnavailable {
-            message: e.to_string(),
-        })
+        .map_err(|e| SandboxError::EngineUnavailable { message: e.to_string() })
 }
 
 impl DockerRuntime {
@@ -123,15 +120,10 @@ impl DockerRuntime {
         let name = format!("sandboxd-{}", spec.session_id);
         let created = self
             .docker
-            .create_container(
-                Some(CreateContainerOptionsBuilder::default().name(&name).build()),
-                body,
-            )
+            .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body)
             .await
             .map_err(|e| match &e {
-                bollard::errors::Error::DockerResponseServerError {
-                    status_code: 404, ..
-                } => SandboxError::ImageMissing {
+                bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => SandboxError::ImageMissing {
                     tag: self.image.clone(),
                 },
                 _ => docker_err("create the session container", &spec.session_id, e),
@@ -142,11 +134,7 @@ impl DockerRuntime {
             .await
         {
             let _ = self.remove_container(&created.id).await;
-            return Err(docker_err(
-                "start the session container",
-                &spec.session_id,
-                e,
-            ));
+            return Err(docker_err("start the session container", &spec.session_id, e));
         }
         Ok(Arc::new(DockerSandbox {
             docker: self.docker.clone(),
@@ -159,19 +147,13 @@ impl DockerRuntime {
     }
 
     /// Wraps the running container of an existing (kept) session.
-    pub async fn attach(
-        &self,
-        session_id: &str,
-        limits: &Limits,
-    ) -> Result<Arc<DockerSandbox>, SandboxError> {
+    pub async fn attach(&self, session_id: &str, limits: &Limits) -> Result<Arc<DockerSandbox>, SandboxError> {
         let found = self
             .list_managed()
             .await?
             .into_iter()
             .find(|c| c.session_id == session_id)
-            .ok_or_else(|| SandboxError::SessionNotFound {
-                id: session_id.into(),
-            })?;
+            .ok_or_else(|| SandboxError::SessionNotFound { id: session_id.into() })?;
         if found.state != "running" {
             return Err(SandboxError::ContainerGone {
                 session: session_id.into(),
@@ -193,12 +175,7 @@ impl DockerRuntime {
         let filters = HashMap::from([("label", vec![format!("{LABEL_MANAGED}=true")])]);
         let list = self
             .docker
-            .list_containers(Some(
-                ListContainersOptionsBuilder::default()
-                    .all(true)
-                    .filters(&filters)
-                    .build(),
-            ))
+            .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
             .await
             .map_err(engine_err)?;
         Ok(list
@@ -212,9 +189,7 @@ impl DockerRuntime {
                     state: c.state.map(|s| s.to_string()).unwrap_or_default(),
                     created: c.created.unwrap_or_default(),
                     keep: labels.get(LABEL_KEEP).is_some_and(|v| v == "true"),
-                    creator: labels
-                        .get(LABEL_CREATOR)
-                        .and_then(|v| super::manager::parse_creator(v)),
+                    creator: labels.get(LABEL_CREATOR).and_then(|v| super::manager::parse_creator(v)),
                 }
             })
             .collect())
@@ -226,33 +201,23 @@ impl DockerRuntime {
             .docker
             .remove_container(
                 container_id,
-                Some(
-                    RemoveContainerOptionsBuilder::default()
-                        .force(true)
-                        .v(true)
-                        .build(),
-                ),
+                Some(RemoveContainerOptionsBuilder::default().force(true).v(true).build()),
             )
             .await
         {
             Ok(()) => Ok(()),
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404, ..
-            }) => Ok(()),
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 409,
-                message,
-            }) if message.contains("already in progress") => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, message })
+                if message.contains("already in progress") =>
+            {
+                Ok(())
+            }
             Err(e) => Err(docker_err("remove the container", container_id, e)),
         }
     }
 }
 
-fn container_body(
-    image: &str,
-    oci_runtime: Option<&str>,
-    spec: &SessionSpec,
-) -> ContainerCreateBody {
+fn container_body(image: &str, oci_runtime: Option<&str>, spec: &SessionSpec) -> ContainerCreateBody {
     let l = &spec.limits;
     let labels = HashMap::from([
         (LABEL_MANAGED.to_string(), "true".to_string()),
@@ -264,15 +229,9 @@ fn container_body(
     let tmpfs = HashMap::from([
         (
             "/workspace".to_string(),
-            format!(
-                "rw,exec,nosuid,nodev,size={}m,uid=1000,gid=1000,mode=0755",
-                l.workspace_mb
-            ),
+            format!("rw,exec,nosuid,nodev,size={}m,uid=1000,gid=1000,mode=0755", l.workspace_mb),
         ),
-        (
-            "/tmp".to_string(),
-            format!("rw,noexec,nosuid,nodev,size={}m,mode=1777", l.tmp_mb),
-        ),
+        ("/tmp".to_string(), format!("rw,noexec,nosuid,nodev,size={}m,mode=1777", l.tmp_mb)),
     ]);
     let memory = (l.memory_mb as i64).saturating_mul(1 << 20);
     let fsize = (l.fsize_mb as i64).saturating_mul(1 << 20);
@@ -352,13 +311,7 @@ impl DockerSandbox {
         &self.shell
     }
 
-    async fn start_exec(
-        &self,
-        argv: &[String],
-        cwd: Option<&str>,
-        env: &[(String, String)],
-        stdin: bool,
-    ) -> Result<(String, AttachedProcess), SandboxError> {
+    async fn start_exec(&self, argv: &[String], cwd: Option<&str>, env: &[(String, String)], stdin: bool) -> Result<(String, AttachedProcess), SandboxError> {
         if argv.is_empty() {
             return Err(SandboxError::InvalidRequest("empty command".into()));
         }
@@ -404,9 +357,7 @@ impl DockerSandbox {
         let output = output
             .filter_map(move |item| {
                 let mapped = match item {
-                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-                        Some(Ok(OutputChunk::Stdout(message)))
-                    }
+                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => Some(Ok(OutputChunk::Stdout(message))),
                     Ok(LogOutput::StdErr { message }) => Some(Ok(OutputChunk::Stderr(message))),
                     Ok(LogOutput::StdIn { .. }) => None,
                     Err(e) => Some(Err(docker_err("read process output", &session, e))),
@@ -416,33 +367,18 @@ impl DockerSandbox {
             .boxed();
         let docker = self.docker.clone();
         let exec_id = exec.id.clone();
-        let exit_code: super::ExitProbe =
-            Box::new(move || Box::pin(exec_exit_code(docker, exec_id)));
-        Ok((
-            exec.id,
-            AttachedProcess {
-                stdin: input,
-                output,
-                exit_code,
-            },
-        ))
+        let exit_code: super::ExitProbe = Box::new(move || Box::pin(exec_exit_code(docker, exec_id)));
+        Ok((exec.id, AttachedProcess { stdin: input, output, exit_code }))
     }
 
-    async fn fs_call(
-        &self,
-        op: serde_json::Value,
-        body: &[u8],
-    ) -> Result<(serde_json::Value, bytes::Bytes), SandboxError> {
+    async fn fs_call(&self, op: serde_json::Value, body: &[u8]) -> Result<(serde_json::Value, bytes::Bytes), SandboxError> {
         let max_body = self.limits.max_file_bytes() as usize + 4096;
         let mut guard = self.fs.lock().await;
         for attempt in 0..2 {
             if guard.as_ref().is_none_or(|f| !f.is_usable()) {
                 let (_, process) = self
                     .start_exec(
-                        &[
-                            "python3".into(),
-                            format!("{}/sandboxd_fs.py", super::HELPERS_DIR),
-                        ],
+                        &["python3".into(), format!("{}/sandboxd_fs.py", super::HELPERS_DIR)],
                         None,
                         &[],
                         true,
@@ -452,9 +388,7 @@ impl DockerSandbox {
                 framed.recv().await?;
                 *guard = Some(framed);
             }
-            let Some(framed) = guard.as_mut() else {
-                continue;
-            };
+            let Some(framed) = guard.as_mut() else { continue };
             match framed.call(&op, body).await {
                 Ok(resp) => return Ok(resp),
                 Err(e) if attempt == 0 && !framed.is_usable() => {
@@ -508,11 +442,7 @@ impl DockerSandbox {
         if timed_out {
             self.kill_tagged(tag).await?;
         }
-        let exit_code = if timed_out {
-            None
-        } else {
-            (process.exit_code)().await
-        };
+        let exit_code = if timed_out { None } else { (process.exit_code)().await };
         let (stdout, stdout_truncated) = out.finish();
         let (stderr, stderr_truncated) = err.finish();
         Ok(ExecOutput {
@@ -553,24 +483,18 @@ impl Sandbox for DockerSandbox {
     async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
         let tag = format!("{:032x}", rand::random::<u128>());
         let mut req = req;
-        req.timeout = req
-            .timeout
-            .min(Duration::from_secs(self.limits.max_timeout_secs));
+        req.timeout = req.timeout.min(Duration::from_secs(self.limits.max_timeout_secs));
         self.collect(&req, &tag).await
     }
 
     async fn spawn(&self, req: SpawnRequest) -> Result<AttachedProcess, SandboxError> {
-        let (_, process) = self
-            .start_exec(&req.argv, req.cwd.as_deref(), &req.env, true)
-            .await?;
+        let (_, process) = self.start_exec(&req.argv, req.cwd.as_deref(), &req.env, true).await?;
         Ok(process)
     }
 
     async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError> {
         let mut opts = opts;
-        opts.timeout = opts
-            .timeout
-            .min(Duration::from_secs(self.limits.max_timeout_secs));
+        opts.timeout = opts.timeout.min(Duration::from_secs(self.limits.max_timeout_secs));
         self.shell.run(self, command, &opts).await
     }
 
@@ -582,9 +506,7 @@ impl Sandbox for DockerSandbox {
     async fn read_file(&self, path: &str) -> Result<Vec<u8>, SandboxError> {
         let path = resolve_path(path)?;
         let limit = self.limits.max_file_bytes();
-        let (resp, body) = self
-            .fs_call(json!({"op": "read", "path": path, "limit": limit}), &[])
-            .await?;
+        let (resp, body) = self.fs_call(json!({"op": "read", "path": path, "limit": limit}), &[]).await?;
         if resp["ok"] == true {
             Ok(body.to_vec())
         } else {
@@ -602,9 +524,7 @@ impl Sandbox for DockerSandbox {
                 limit,
             });
         }
-        let (resp, _) = self
-            .fs_call(json!({"op": "write", "path": path}), data)
-            .await?;
+        let (resp, _) = self.fs_call(json!({"op": "write", "path": path}), data).await?;
         if resp["ok"] == true {
             Ok(())
         } else {
@@ -614,9 +534,7 @@ impl Sandbox for DockerSandbox {
 
     async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
         let path = resolve_path(path)?;
-        let (resp, _) = self
-            .fs_call(json!({"op": "list", "path": path}), &[])
-            .await?;
+        let (resp, _) = self.fs_call(json!({"op": "list", "path": path}), &[]).await?;
         if resp["ok"] != true {
             return Err(fs_error("list", &path, &resp, 0));
         }
@@ -628,37 +546,22 @@ impl Sandbox for DockerSandbox {
 
     async fn stat(&self, path: &str) -> Result<FileStat, SandboxError> {
         let path = resolve_path(path)?;
-        let (resp, _) = self
-            .fs_call(json!({"op": "stat", "path": path}), &[])
-            .await?;
+        let (resp, _) = self.fs_call(json!({"op": "stat", "path": path}), &[]).await?;
         fs_client::parse_stat(&path, &resp).ok_or_else(|| fs_error("stat", &path, &resp, 0))
     }
 
     async fn mkdir(&self, path: &str) -> Result<(), SandboxError> {
         let path = resolve_path(path)?;
-        let (resp, _) = self
-            .fs_call(json!({"op": "mkdir", "path": path}), &[])
-            .await?;
-        if resp["ok"] == true {
-            Ok(())
-        } else {
-            Err(fs_error("mkdir", &path, &resp, 0))
-        }
+        let (resp, _) = self.fs_call(json!({"op": "mkdir", "path": path}), &[]).await?;
+        if resp["ok"] == true { Ok(()) } else { Err(fs_error("mkdir", &path, &resp, 0)) }
     }
 
     async fn remove(&self, path: &str, recursive: bool) -> Result<(), SandboxError> {
         let path = resolve_path(path)?;
         let (resp, _) = self
-            .fs_call(
-                json!({"op": "remove", "path": path, "recursive": recursive}),
-                &[],
-            )
+            .fs_call(json!({"op": "remove", "path": path, "recursive": recursive}), &[])
             .await?;
-        if resp["ok"] == true {
-            Ok(())
-        } else {
-            Err(fs_error("remove", &path, &resp, 0))
-        }
+        if resp["ok"] == true { Ok(()) } else { Err(fs_error("remove", &path, &resp, 0)) }
     }
 
     async fn upload_tar(&self, dir: &str, archive: &[u8]) -> Result<(), SandboxError> {
@@ -694,9 +597,7 @@ impl Sandbox for DockerSandbox {
 
     async fn download_tar(&self, dir: &str) -> Result<Vec<u8>, SandboxError> {
         let dir = resolve_path(dir)?;
-        let cap = (self.limits.workspace_mb as usize)
-            .saturating_mul(1 << 20)
-            .saturating_add(1 << 20);
+        let cap = (self.limits.workspace_mb as usize).saturating_mul(1 << 20).saturating_add(1 << 20);
         let out = self
             .exec(
                 ExecRequest::new(["tar", "-C", &dir, "-cf", "-", "."])
@@ -757,26 +658,18 @@ async fn exec_exit_code(docker: Docker, exec_id: String) -> Option<i64> {
 }
 
 fn engine_err(e: bollard::errors::Error) -> SandboxError {
-    SandboxError::EngineUnavailable {
-        message: e.to_string(),
-    }
+    SandboxError::EngineUnavailable { message: e.to_string() }
 }
 
 /// Sorts a bollard error into gone-container, unreachable-engine or a plain refusal.
 fn docker_err(operation: &str, session: &str, e: bollard::errors::Error) -> SandboxError {
     use bollard::errors::Error as E;
     match e {
-        E::DockerResponseServerError {
-            status_code: 404,
-            message,
-        } => SandboxError::ContainerGone {
+        E::DockerResponseServerError { status_code: 404, message } => SandboxError::ContainerGone {
             session: session.into(),
             message,
         },
-        E::DockerResponseServerError {
-            status_code: 409,
-            message,
-        } if message.contains("not running") || message.contains("paused") => {
+        E::DockerResponseServerError { status_code: 409, message } if message.contains("not running") || message.contains("paused") => {
             SandboxError::ContainerGone {
                 session: session.into(),
                 message,
@@ -786,12 +679,9 @@ fn docker_err(operation: &str, session: &str, e: bollard::errors::Error) -> Sand
             operation: operation.into(),
             message,
         },
-        E::IOError { .. }
-        | E::HyperResponseError { .. }
-        | E::HttpClientError { .. }
-        | E::SocketNotFoundError(_) => SandboxError::EngineUnavailable {
-            message: e.to_string(),
-        },
+        E::IOError { .. } | E::HyperResponseError { .. } | E::HttpClientError { .. } | E::SocketNotFoundError(_) => {
+            SandboxError::EngineUnavailable { message: e.to_string() }
+        }
         other => SandboxError::Docker {
             operation: operation.into(),
             message: other.to_string(),

@@ -17,14 +17,8 @@ pub enum BuildProgress {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum BuildOutcome {
-    UpToDate {
-        tag: String,
-    },
-    Built {
-        tag: String,
-        size_bytes: u64,
-        seconds: f64,
-    },
+    UpToDate { tag: String },
+    Built { tag: String, size_bytes: u64, seconds: f64 },
 }
 
 pub fn image_tag() -> String {
@@ -35,17 +29,10 @@ pub async fn image_present(_docker: &Docker) -> Result<bool, ImageError> {
     Ok(true)
 }
 
-pub async fn ensure_image(
-    _docker: &Docker,
-    _progress: &(dyn Fn(BuildProgress) + Send + Sync),
-) -> Result<String, ImageError> {
+pub async fn ensure_image(_docker: &Docker, _progress: &(dyn Fn(BuildProgress) + Send + Sync)) -> Result<String, ImageError> {
     Ok(image_tag())
 }
 
-pub async fn build_image(
-    _docker: &Docker,
-    _force: bool,
-    _progress: &(dyn Fn(BuildProgress) + Send + Sync),
-) -> Result<BuildOutcome, ImageError> {
+pub async fn build_image(_docker: &Docker, _force: bool, _progress: &(dyn Fn(BuildProgress) + Send + Sync)) -> Result<BuildOutcome, ImageError> {
     Err(ImageError::NotMerged)
 }

@@ -23,9 +23,7 @@ pub enum SandboxError {
     #[error("no session {id}; list the live ones with `sandboxd sessions list`")]
     SessionNotFound { id: String },
 
-    #[error(
-        "the session limit of {limit} is reached; remove an idle session or raise [sessions] max"
-    )]
+    #[error("the session limit of {limit} is reached; remove an idle session or raise [sessions] max")]
     TooManySessions { limit: usize },
 
     #[error("invalid path {path:?}: {reason}")]
@@ -34,9 +32,7 @@ pub enum SandboxError {
     #[error("no such file or directory: {path}")]
     NotFound { path: String },
 
-    #[error(
-        "{path} is {size} bytes, over the cap of {limit} bytes; read it in parts (head, tail, sed -n)"
-    )]
+    #[error("{path} is {size} bytes, over the cap of {limit} bytes; read it in parts (head, tail, sed -n)")]
     FileTooLarge { path: String, size: u64, limit: u64 },
 
     #[error("{operation} {path}: {message}")]

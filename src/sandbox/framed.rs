@@ -83,22 +83,14 @@ impl FramedProcess {
                     let tail = String::from_utf8_lossy(&tail);
                     return Err(self.protocol(format!(
                         "the helper exited; its last words: {}",
-                        if tail.trim().is_empty() {
-                            "(none)"
-                        } else {
-                            tail.trim()
-                        }
+                        if tail.trim().is_empty() { "(none)" } else { tail.trim() }
                     )));
                 }
             }
         }
     }
 
-    pub async fn call(
-        &mut self,
-        header: &Value,
-        body: &[u8],
-    ) -> Result<(Value, Bytes), SandboxError> {
+    pub async fn call(&mut self, header: &Value, body: &[u8]) -> Result<(Value, Bytes), SandboxError> {
         self.send(header, body).await?;
         self.recv().await
     }
@@ -110,12 +102,9 @@ impl FramedProcess {
         if &self.buf[..4] != MAGIC {
             self.broken = true;
             let start = String::from_utf8_lossy(&self.buf[..self.buf.len().min(40)]).into_owned();
-            return Err(self.protocol(format!(
-                "unexpected bytes on the protocol channel: {start:?}"
-            )));
+            return Err(self.protocol(format!("unexpected bytes on the protocol channel: {start:?}")));
         }
-        let hlen =
-            u32::from_be_bytes([self.buf[4], self.buf[5], self.buf[6], self.buf[7]]) as usize;
+        let hlen = u32::from_be_bytes([self.buf[4], self.buf[5], self.buf[6], self.buf[7]]) as usize;
         if hlen > MAX_HEADER {
             self.broken = true;
             return Err(self.protocol(format!("header of {hlen} bytes is over the limit")));
@@ -124,12 +113,7 @@ impl FramedProcess {
             return Ok(None);
         }
         let b = 8 + hlen;
-        let blen = u32::from_be_bytes([
-            self.buf[b],
-            self.buf[b + 1],
-            self.buf[b + 2],
-            self.buf[b + 3],
-        ]) as usize;
+        let blen = u32::from_be_bytes([self.buf[b], self.buf[b + 1], self.buf[b + 2], self.buf[b + 3]]) as usize;
         if blen > self.max_body {
             self.broken = true;
             return Err(self.protocol(format!(

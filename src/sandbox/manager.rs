@@ -22,11 +22,7 @@ use crate::config::{LimitRequest, Limits, SessionsConfig};
 pub trait Runtime: Send + Sync {
     async fn create(&self, spec: &SessionSpec) -> Result<Arc<dyn Sandbox>, SandboxError>;
     /// Wraps an existing container of a kept session.
-    async fn attach(
-        &self,
-        session_id: &str,
-        limits: &Limits,
-    ) -> Result<Arc<dyn Sandbox>, SandboxError>;
+    async fn attach(&self, session_id: &str, limits: &Limits) -> Result<Arc<dyn Sandbox>, SandboxError>;
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, SandboxError>;
     async fn remove(&self, container_id: &str) -> Result<(), SandboxError>;
 }
@@ -37,11 +33,7 @@ impl Runtime for DockerRuntime {
         Ok(DockerRuntime::create(self, spec).await?)
     }
 
-    async fn attach(
-        &self,
-        session_id: &str,
-        limits: &Limits,
-    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
+    async fn attach(&self, session_id: &str, limits: &Limits) -> Result<Arc<dyn Sandbox>, SandboxError> {
         Ok(DockerRuntime::attach(self, session_id, limits).await?)
     }
 
@@ -71,10 +63,7 @@ impl Session {
     }
 
     pub fn idle_for(&self) -> Duration {
-        self.last_used
-            .lock()
-            .map(|t| t.elapsed())
-            .unwrap_or_default()
+        self.last_used.lock().map(|t| t.elapsed()).unwrap_or_default()
     }
 }
 
@@ -107,12 +96,7 @@ impl SessionManager {
     }
 
     /// Creates a session container for `owner`. The request can only lower the limits.
-    pub async fn create(
-        &self,
-        owner: &str,
-        request: &LimitRequest,
-        keep: bool,
-    ) -> Result<Arc<Session>, SandboxError> {
+    pub async fn create(&self, owner: &str, request: &LimitRequest, keep: bool) -> Result<Arc<Session>, SandboxError> {
         let limits = self
             .limits
             .lowered(request)
@@ -128,9 +112,7 @@ impl SessionManager {
             // Count and reserve under one lock so concurrent creates cannot overshoot the max.
             let sessions = self.sessions.lock().await;
             if sessions.len() >= self.config.max {
-                return Err(SandboxError::TooManySessions {
-                    limit: self.config.max,
-                });
+                return Err(SandboxError::TooManySessions { limit: self.config.max });
             }
         }
         let sandbox = self.runtime.create(&spec).await?;
@@ -146,9 +128,7 @@ impl SessionManager {
         if sessions.len() >= self.config.max {
             drop(sessions);
             let _ = self.remove_container_of(&id).await;
-            return Err(SandboxError::TooManySessions {
-                limit: self.config.max,
-            });
+            return Err(SandboxError::TooManySessions { limit: self.config.max });
         }
         sessions.insert(id, session.clone());
         Ok(session)
@@ -176,10 +156,7 @@ impl SessionManager {
             created: Instant::now(),
             last_used: std::sync::Mutex::new(Instant::now()),
         });
-        self.sessions
-            .lock()
-            .await
-            .insert(id.into(), session.clone());
+        self.sessions.lock().await.insert(id.into(), session.clone());
         Ok(session)
     }
 
@@ -258,9 +235,7 @@ impl SessionManager {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                let Some(manager) = weak.upgrade() else {
-                    return;
-                };
+                let Some(manager) = weak.upgrade() else { return };
                 manager.reap_idle().await;
             }
         })
@@ -275,9 +250,7 @@ impl SessionManager {
             if mine.contains(&c.session_id) {
                 continue;
             }
-            let creator_alive = c
-                .creator
-                .is_some_and(|(pid, start)| process_alive(pid, start));
+            let creator_alive = c.creator.is_some_and(|(pid, start)| process_alive(pid, start));
             let running = c.state == "running";
             if running && (c.keep || creator_alive) {
                 continue;

@@ -9,10 +9,10 @@ pub mod docker_image;
 pub mod framed;
 pub mod fs_client;
 pub mod manager;
-mod output;
 pub mod shell;
 pub mod tar_safety;
 pub mod tunnel;
+mod output;
 
 mod error;
 mod types;

@@ -42,6 +42,7 @@ impl CappedBuffer {
         }
     }
 
+
     pub fn truncated(&self) -> bool {
         self.total > (self.head.len() + self.tail.len()) as u64
     }

@@ -19,9 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
 use super::output::CappedBuffer;
-use super::{
-    AttachedProcess, OutputChunk, Sandbox, SandboxError, ShellOptions, ShellOutput, SpawnRequest,
-};
+use super::{AttachedProcess, OutputChunk, Sandbox, SandboxError, ShellOptions, ShellOutput, SpawnRequest};
 
 /// How long a timed-out command gets to die before the shell itself is replaced.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -65,10 +63,7 @@ impl PersistentShell {
         let started = Instant::now();
         let mut guard = self.inner.lock().await;
         let mut note = self.take_note();
-        if guard
-            .as_mut()
-            .is_some_and(|r| !drain_and_check_alive(&mut r.process))
-        {
+        if guard.as_mut().is_some_and(|r| !drain_and_check_alive(&mut r.process)) {
             *guard = None;
             note = Some("the shell had died since the last command (killed from outside?); a new one was started, so the working directory and variables were reset".into());
         }
@@ -109,13 +104,8 @@ impl PersistentShell {
             let pid = running.pid;
             let _ = host
                 .exec(
-                    super::ExecRequest::new([
-                        "python3",
-                        &format!("{}/killtree.py", super::HELPERS_DIR),
-                        "--descendants",
-                        &pid.to_string(),
-                    ])
-                    .timeout(Duration::from_secs(10)),
+                    super::ExecRequest::new(["python3", &format!("{}/killtree.py", super::HELPERS_DIR), "--descendants", &pid.to_string()])
+                        .timeout(Duration::from_secs(10)),
                 )
                 .await;
             let grace = tokio::time::Instant::now() + KILL_GRACE;
@@ -125,13 +115,8 @@ impl PersistentShell {
                     // The command is a shell builtin looping in bash itself: replace the shell.
                     let _ = host
                         .exec(
-                            super::ExecRequest::new([
-                                "python3",
-                                &format!("{}/killtree.py", super::HELPERS_DIR),
-                                "--tree",
-                                &pid.to_string(),
-                            ])
-                            .timeout(Duration::from_secs(10)),
+                            super::ExecRequest::new(["python3", &format!("{}/killtree.py", super::HELPERS_DIR), "--tree", &pid.to_string()])
+                                .timeout(Duration::from_secs(10)),
                         )
                         .await;
                     *guard = None;
@@ -151,9 +136,7 @@ impl PersistentShell {
         let (stderr, stderr_truncated) = err.finish();
         let timed_out = matches!(outcome, Outcome::TimedOut);
         let died_note = match &outcome {
-            Outcome::Died(why) => Some(format!(
-                "the shell exited during this command ({why}); the next command gets a fresh shell"
-            )),
+            Outcome::Died(why) => Some(format!("the shell exited during this command ({why}); the next command gets a fresh shell")),
             _ => None,
         };
         Ok(ShellOutput {
@@ -177,13 +160,8 @@ impl PersistentShell {
         if let Some(running) = guard.take() {
             let _ = host
                 .exec(
-                    super::ExecRequest::new([
-                        "python3",
-                        &format!("{}/killtree.py", super::HELPERS_DIR),
-                        "--tree",
-                        &running.pid.to_string(),
-                    ])
-                    .timeout(Duration::from_secs(10)),
+                    super::ExecRequest::new(["python3", &format!("{}/killtree.py", super::HELPERS_DIR), "--tree", &running.pid.to_string()])
+                        .timeout(Duration::from_secs(10)),
                 )
                 .await;
         }
@@ -320,12 +298,8 @@ impl Scanner {
             let rest = &self.pending[at + self.marker.len()..];
             // Stdout's marker is followed by `<code>__\n`; stderr's marker is complete.
             if self.marker.ends_with(b"_") {
-                let Some(end) = find(rest, b"__\n") else {
-                    return;
-                };
-                self.code = std::str::from_utf8(&rest[..end])
-                    .ok()
-                    .and_then(|s| s.parse().ok());
+                let Some(end) = find(rest, b"__\n") else { return };
+                self.code = std::str::from_utf8(&rest[..end]).ok().and_then(|s| s.parse().ok());
             }
             self.kept.push(&self.pending[..at]);
             self.pending.clear();

@@ -19,12 +19,7 @@ pub struct Bash {
 }
 
 impl Bash {
-    pub fn new(
-        sandbox: Arc<dyn Sandbox>,
-        default_timeout: Duration,
-        max_timeout: Duration,
-        output_cap: usize,
-    ) -> Self {
+    pub fn new(sandbox: Arc<dyn Sandbox>, default_timeout: Duration, max_timeout: Duration, output_cap: usize) -> Self {
         Self {
             sandbox,
             default_timeout: default_timeout.min(max_timeout),
@@ -92,11 +87,7 @@ impl Tool for Bash {
             }
         };
         let mut result = observe(&out, timeout);
-        let notes: Vec<String> = system
-            .into_iter()
-            .chain(out.note.clone())
-            .chain(input_hint(command, &out))
-            .collect();
+        let notes: Vec<String> = system.into_iter().chain(out.note.clone()).chain(input_hint(command, &out)).collect();
         if !notes.is_empty() {
             result = result.with_system(notes.join("; "));
         }
@@ -120,15 +111,10 @@ pub fn observe(out: &ShellOutput, timeout: Duration) -> ToolResult {
         text.push('\n');
     }
     if out.stdout_truncated || out.stderr_truncated {
-        text.push_str(
-            "[output was cut in the middle; filter it with grep/head/tail or write it to a file]\n",
-        );
+        text.push_str("[output was cut in the middle; filter it with grep/head/tail or write it to a file]\n");
     }
     if out.timed_out {
-        text.push_str(&format!(
-            "[timed out after {}s: the command was killed]",
-            timeout.as_secs()
-        ));
+        text.push_str(&format!("[timed out after {}s: the command was killed]", timeout.as_secs()));
         return ToolResult::error(text.trim_end().to_string());
     }
     match out.exit_code {
@@ -148,8 +134,7 @@ fn input_hint(command: &str, out: &ShellOutput) -> Option<String> {
         Regex::new(r"(?m)(^|[;&|]\s*)(read\b|(python3?|node|bash|sh|irb|psql|mysql|sqlite3|vi|vim|nano|less|more|top|htop|ssh|ftp)\s*($|[;&|]))")
             .unwrap_or_else(|_| unreachable!("constant regex"))
     });
-    let quiet_or_failed =
-        out.exit_code != Some(0) || (out.stdout.is_empty() && out.stderr.is_empty());
+    let quiet_or_failed = out.exit_code != Some(0) || (out.stdout.is_empty() && out.stderr.is_empty());
     (quiet_or_failed && re.is_match(command)).then(|| {
         "this command waits for input, but commands here get no stdin (EOF at once): pipe the input in \
          (echo answer | cmd, cmd <<'EOF' ... EOF), run a script file instead of an interactive interpreter, \

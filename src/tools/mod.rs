@@ -91,9 +91,7 @@ impl ToolError {
     /// Sandbox errors a model can act on become observations; the rest stay errors.
     pub fn into_observation(self) -> Result<ToolResult, ToolError> {
         match self {
-            ToolError::Sandbox(e) if !e.is_fatal_for_session() => {
-                Ok(ToolResult::error(e.to_string()))
-            }
+            ToolError::Sandbox(e) if !e.is_fatal_for_session() => Ok(ToolResult::error(e.to_string())),
             other => Err(other),
         }
     }

@@ -20,9 +20,7 @@ pub const MAX_DESCRIPTION: usize = 1024;
 pub enum RegistryError {
     #[error("tool name {0:?} is invalid: names must match ^[a-zA-Z0-9_-]{{1,64}}$")]
     BadName(String),
-    #[error(
-        "tool {name}: the description is {len} characters; OpenAI accepts at most {MAX_DESCRIPTION}"
-    )]
+    #[error("tool {name}: the description is {len} characters; OpenAI accepts at most {MAX_DESCRIPTION}")]
     DescriptionTooLong { name: String, len: usize },
     #[error("tool {name}: the parameters must be a JSON schema object with \"type\": \"object\"")]
     BadSchema { name: String },
@@ -43,9 +41,7 @@ pub struct ToolRegistry {
 
 fn name_pattern() -> &'static Regex {
     static RE: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
-    RE.get_or_init(|| {
-        Regex::new("^[a-zA-Z0-9_-]{1,64}$").unwrap_or_else(|_| unreachable!("constant regex"))
-    })
+    RE.get_or_init(|| Regex::new("^[a-zA-Z0-9_-]{1,64}$").unwrap_or_else(|_| unreachable!("constant regex")))
 }
 
 impl ToolRegistry {
@@ -109,12 +105,7 @@ impl ToolRegistry {
     }
 
     /// Runs a call given as the model sent it. Bad calls come back as error observations.
-    pub async fn execute(
-        &self,
-        name: &str,
-        raw_args: &str,
-        ctx: &ToolContext,
-    ) -> Result<ToolResult, ToolError> {
+    pub async fn execute(&self, name: &str, raw_args: &str, ctx: &ToolContext) -> Result<ToolResult, ToolError> {
         let Some(tool) = self.get(name) else {
             return Ok(ToolResult::error(format!(
                 "there is no tool named {name:?}; the available tools are: {}",
@@ -123,16 +114,10 @@ impl ToolRegistry {
         };
         let args = match parse_args(raw_args) {
             Ok(a) => a,
-            Err(msg) => {
-                return Ok(ToolResult::error(format!(
-                    "the arguments of {name} are not valid JSON ({msg}); send a JSON object"
-                )));
-            }
+            Err(msg) => return Ok(ToolResult::error(format!("the arguments of {name} are not valid JSON ({msg}); send a JSON object"))),
         };
         if let Err(msg) = check_args(&tool.parameters(), &args) {
-            return Ok(ToolResult::error(format!(
-                "bad arguments for {name}: {msg}"
-            )));
+            return Ok(ToolResult::error(format!("bad arguments for {name}: {msg}")));
         }
         match tool.execute(args, ctx).await {
             Ok(r) => Ok(r),
@@ -178,26 +163,17 @@ pub fn check_args(schema: &Value, args: &Value) -> Result<(), String> {
         if let Some(expected) = prop.get("type") {
             let ok = match expected {
                 Value::String(t) => type_matches(t, value),
-                Value::Array(ts) => ts
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .any(|t| type_matches(t, value)),
+                Value::Array(ts) => ts.iter().filter_map(Value::as_str).any(|t| type_matches(t, value)),
                 _ => true,
             };
             if !ok {
-                return Err(format!(
-                    "parameter {key:?} must be of type {expected}, got {}",
-                    type_name(value)
-                ));
+                return Err(format!("parameter {key:?} must be of type {expected}, got {}", type_name(value)));
             }
         }
         if let Some(options) = prop.get("enum").and_then(Value::as_array)
             && !options.contains(value)
         {
-            return Err(format!(
-                "parameter {key:?} must be one of {}, got {value}",
-                Value::Array(options.clone())
-            ));
+            return Err(format!("parameter {key:?} must be one of {}, got {value}", Value::Array(options.clone())));
         }
     }
     Ok(())

@@ -33,8 +33,6 @@ impl Tool for Terminate {
 
     async fn execute(&self, args: Value, _ctx: &ToolContext) -> Result<ToolResult, ToolError> {
         let status = arg_str(&args, "status").unwrap_or("success");
-        Ok(ToolResult::ok(format!(
-            "The interaction has been completed with status: {status}"
-        )))
+        Ok(ToolResult::ok(format!("The interaction has been completed with status: {status}")))
     }
 }

@@ -7,10 +7,10 @@ pub mod fake_llm;
 use std::sync::Arc;
 
 use sandboxd::config::{Config, LimitRequest, Limits, SessionsConfig};
-use sandboxd::sandbox::SessionManager;
 use sandboxd::sandbox::docker::{self, DockerRuntime};
 use sandboxd::sandbox::docker_image;
 use sandboxd::sandbox::manager::Session;
+use sandboxd::sandbox::SessionManager;
 
 /// The image under test: SANDBOXD_DOCKER_IMAGE when set, else the one this recipe builds
 /// (built now if missing — CI builds it before the tests).
@@ -35,9 +35,7 @@ pub async fn runtime() -> DockerRuntime {
 }
 
 pub fn test_limits() -> Limits {
-    Config::load_with_env(None, &[])
-        .expect("default config")
-        .limits
+    Config::load_with_env(None, &[]).expect("default config").limits
 }
 
 pub async fn manager_with(limits: Limits, max: usize) -> Arc<SessionManager> {
@@ -72,10 +70,7 @@ pub async fn session(manager: &SessionManager) -> (Arc<Session>, Cleanup) {
 }
 
 pub async fn session_with(manager: &SessionManager, req: &LimitRequest) -> (Arc<Session>, Cleanup) {
-    let s = manager
-        .create("test", req, false)
-        .await
-        .expect("create a session");
+    let s = manager.create("test", req, false).await.expect("create a session");
     let guard = Cleanup(s.id.clone());
     (s, guard)
 }
