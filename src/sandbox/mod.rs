@@ -12,6 +12,7 @@ pub mod manager;
 mod output;
 pub mod shell;
 pub mod tar_safety;
+pub mod tunnel;
 
 mod error;
 mod types;

@@ -5,6 +5,7 @@
 
 pub mod ask_human;
 pub mod bash;
+pub mod browser;
 pub mod editor;
 pub mod files;
 pub mod python;

@@ -1,0 +1,330 @@
+//! Chromium inside the session's container, and the chromiumoxide connection to it.
+//!
+//! Chromium runs as the sandbox user through `Sandbox::spawn`, with remote debugging bound to
+//! the container's own 127.0.0.1 on a port it picks itself (port 0: nothing the model started
+//! can be in the way). It writes the port and the browser's websocket path to
+//! DevToolsActivePort in its user-data-dir; we read that file through the file helper, open a
+//! one-connection `Tunnel` to the port and hand chromiumoxide a ws:// URL on the host side.
+//!
+//! `--no-sandbox`: Chromium's own sandbox needs user namespaces or a setuid helper, which the
+//! hardened container denies (no capabilities, no-new-privileges, Docker's seccomp profile).
+//! The container IS the sandbox here: the browser has no network, a read-only root, no
+//! capabilities, and runs as uid 1000 under the session's pids/memory/cpu limits, so a
+//! compromised renderer gains nothing the model's own bash does not already have.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use chromiumoxide::Browser;
+use chromiumoxide::error::CdpError;
+use chromiumoxide::handler::HandlerConfig;
+use chromiumoxide::handler::viewport::Viewport;
+use futures::StreamExt;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::sandbox::tunnel::Tunnel;
+use crate::sandbox::{OutputChunk, Sandbox, SandboxError, SpawnRequest};
+
+/// The viewport every page is emulated at; screenshots and "pixels below" refer to it.
+pub const VIEWPORT_WIDTH: u32 = 1280;
+pub const VIEWPORT_HEIGHT: u32 = 720;
+
+/// How long Chromium gets to write DevToolsActivePort.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How much of Chromium's stderr is kept to explain a failed start.
+const LOG_TAIL: usize = 4096;
+
+/// What went wrong with the browser itself (not with what the model asked of it).
+#[derive(Debug, thiserror::Error)]
+pub enum BrowserError {
+    #[error("Chromium did not start inside the sandbox: {0}")]
+    Start(String),
+    #[error("Chromium stopped (it crashed or was killed)")]
+    Died,
+    #[error("the browser did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("browser protocol error: {0}")]
+    Cdp(String),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+}
+
+impl From<CdpError> for BrowserError {
+    fn from(e: CdpError) -> Self {
+        BrowserError::Cdp(e.to_string())
+    }
+}
+
+/// One running Chromium and the driver connected to it. Dropping it stops the driver and
+/// the tunnel; `shutdown` also kills the processes inside the container.
+pub struct Running {
+    pub browser: Browser,
+    /// Cancelled when Chromium exits or the tunnel closes: every wait on the browser races it.
+    pub dead: CancellationToken,
+    pub sandbox: Arc<dyn Sandbox>,
+    pub tag: String,
+    user_data_dir: String,
+    handler: JoinHandle<()>,
+    drain: JoinHandle<()>,
+    _tunnel: Tunnel,
+}
+
+impl Running {
+    pub fn is_dead(&self) -> bool {
+        self.dead.is_cancelled()
+    }
+
+    /// Kills Chromium and its relay inside the container and frees its profile in /tmp.
+    pub async fn shutdown(self) {
+        let sandbox = self.sandbox.clone();
+        let tag = self.tag.clone();
+        let user_data_dir = self.user_data_dir.clone();
+        drop(self);
+        let _ = sandbox.kill_tagged(&tag).await;
+        let _ = sandbox.remove(&user_data_dir, true).await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.dead.cancel();
+        self.handler.abort();
+        self.drain.abort();
+    }
+}
+
+/// The command line. Flags beyond the required ones keep Chromium from reaching for things the
+/// container does not have (network services, a GPU, a writable home) and make screenshots
+/// deterministic (sRGB colours, no scrollbars).
+pub fn chromium_argv(user_data_dir: &str) -> Vec<String> {
+    let mut argv: Vec<String> = vec![
+        "chromium".into(),
+        "--headless=new".into(),
+        "--no-sandbox".into(),
+        "--disable-dev-shm-usage".into(),
+        format!("--user-data-dir={user_data_dir}"),
+        format!("--disk-cache-dir={user_data_dir}/cache"),
+        "--remote-debugging-address=127.0.0.1".into(),
+        "--remote-debugging-port=0".into(),
+        format!("--window-size={VIEWPORT_WIDTH},{VIEWPORT_HEIGHT}"),
+    ];
+    for flag in [
+        "--disable-gpu",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-extensions",
+        "--disable-breakpad",
+        "--disable-crash-reporter",
+        "--disable-domain-reliability",
+        "--disable-client-side-phishing-detection",
+        "--disable-features=Translate,MediaRouter,OptimizationHints,DialMediaRouteProvider",
+        "--password-store=basic",
+        "--use-mock-keychain",
+        "--mute-audio",
+        "--hide-scrollbars",
+        "--force-color-profile=srgb",
+        "--metrics-recording-only",
+        "about:blank",
+    ] {
+        argv.push(flag.into());
+    }
+    argv
+}
+
+/// Starts Chromium number `n` of this tool and connects the driver to it.
+pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, BrowserError> {
+    let started = Instant::now();
+    let tag = format!("sandboxd-browser-{}-{n}", sandbox.session_id());
+    let user_data_dir = format!("/tmp/chromium-{n}");
+    // Caches and config go under the profile, not into /workspace (HOME), where the model
+    // would find them among its files.
+    // A profile left by an earlier Chromium (same number after a tool restart) would hold a
+    // stale DevToolsActivePort and a SingletonLock.
+    match sandbox.remove(&user_data_dir, true).await {
+        Ok(()) | Err(SandboxError::NotFound { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let req = SpawnRequest::new(chromium_argv(&user_data_dir))
+        .env("SANDBOXD_TAG", &tag)
+        .env("XDG_CONFIG_HOME", format!("{user_data_dir}/xdg-config"))
+        .env("XDG_CACHE_HOME", format!("{user_data_dir}/xdg-cache"))
+        .cwd("/tmp");
+    let mut process = sandbox.spawn(req).await?;
+    let dead = CancellationToken::new();
+    let log = Arc::new(Mutex::new(String::new()));
+    // Chromium's output must be read or it blocks on a full pipe; its end means Chromium exited.
+    let drain = {
+        let dead = dead.clone();
+        let log = log.clone();
+        tokio::spawn(async move {
+            let _on_end = dead.drop_guard();
+            drop(process.stdin);
+            while let Some(chunk) = process.output.next().await {
+                let bytes = match chunk {
+                    Ok(OutputChunk::Stdout(b)) | Ok(OutputChunk::Stderr(b)) => b,
+                    Err(_) => break,
+                };
+                if let Ok(mut log) = log.lock() {
+                    log.push_str(&String::from_utf8_lossy(&bytes));
+                    if log.len() > LOG_TAIL {
+                        let cut = log.len() - LOG_TAIL;
+                        let cut = (cut..log.len())
+                            .find(|i| log.is_char_boundary(*i))
+                            .unwrap_or(log.len());
+                        log.drain(..cut);
+                    }
+                }
+            }
+        })
+    };
+    let fail = |why: String| {
+        let tail = log.lock().map(|l| l.trim().to_string()).unwrap_or_default();
+        let tail: String = tail
+            .lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        BrowserError::Start(if tail.is_empty() {
+            why
+        } else {
+            format!("{why}; Chromium said:\n{tail}")
+        })
+    };
+    let active_port = format!("{user_data_dir}/DevToolsActivePort");
+    let (port, ws_path) = loop {
+        if dead.is_cancelled() {
+            drain.abort();
+            return Err(fail("Chromium exited during start".into()));
+        }
+        if started.elapsed() > START_TIMEOUT {
+            drain.abort();
+            let _ = sandbox.kill_tagged(&tag).await;
+            return Err(fail(format!(
+                "no DevTools endpoint after {START_TIMEOUT:?}"
+            )));
+        }
+        if let Ok(bytes) = sandbox.read_file(&active_port).await
+            && let Some(found) = parse_active_port(&String::from_utf8_lossy(&bytes))
+        {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    tracing::debug!(elapsed = ?started.elapsed(), "chromium: DevTools endpoint is up");
+    let connected = connect(sandbox.clone(), port, &ws_path, &tag, dead.clone()).await;
+    match connected {
+        Ok((browser, handler, tunnel)) => Ok(Running {
+            browser,
+            dead,
+            sandbox,
+            tag,
+            user_data_dir,
+            handler,
+            drain,
+            _tunnel: tunnel,
+        }),
+        Err(e) => {
+            drain.abort();
+            let _ = sandbox.kill_tagged(&tag).await;
+            Err(e)
+        }
+    }
+}
+
+async fn connect(
+    sandbox: Arc<dyn Sandbox>,
+    port: u16,
+    ws_path: &str,
+    tag: &str,
+    dead: CancellationToken,
+) -> Result<(Browser, JoinHandle<()>, Tunnel), BrowserError> {
+    let tunnel = Tunnel::open(sandbox, port, tag).await?;
+    let url = format!("ws://{}{}", tunnel.addr(), ws_path);
+    let config = HandlerConfig {
+        viewport: Some(Viewport {
+            width: VIEWPORT_WIDTH,
+            height: VIEWPORT_HEIGHT,
+            device_scale_factor: Some(1.0),
+            ..Viewport::default()
+        }),
+        ..HandlerConfig::default()
+    };
+    let (browser, mut handler) = tokio::time::timeout(
+        Duration::from_secs(10),
+        Browser::connect_with_config(url, config),
+    )
+    .await
+    .map_err(|_| BrowserError::Start("the DevTools websocket did not open".into()))?
+    .map_err(|e| BrowserError::Start(format!("cannot open the DevTools websocket: {e}")))?;
+    // The handler must be polled for anything to happen. Messages it cannot parse (newer CDP
+    // events) come back as errors and are skipped; only a broken websocket ends the loop.
+    // chromiumoxide never ends the stream when the socket closes, so the tunnel's end
+    // is what marks the browser dead.
+    let closed = tunnel.closed_token();
+    let handler = tokio::spawn(async move {
+        let _on_end = dead.clone().drop_guard();
+        loop {
+            tokio::select! {
+                ev = handler.next() => match ev {
+                    None => break,
+                    Some(Err(CdpError::Ws(e))) => {
+                        tracing::debug!(error = %e, "browser websocket closed");
+                        break;
+                    }
+                    Some(Err(e)) => tracing::debug!(error = %e, "browser handler"),
+                    Some(Ok(())) => {}
+                },
+                _ = closed.cancelled() => break,
+                _ = dead.cancelled() => break,
+            }
+        }
+    });
+    Ok((browser, handler, tunnel))
+}
+
+/// DevToolsActivePort: the port on line 1, the browser's websocket path on line 2.
+fn parse_active_port(text: &str) -> Option<(u16, String)> {
+    let mut lines = text.lines();
+    let port: u16 = lines.next()?.trim().parse().ok()?;
+    let path = lines.next()?.trim();
+    (port != 0 && path.starts_with("/devtools/browser/")).then(|| (port, path.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn active_port_file() {
+        assert_eq!(
+            parse_active_port("40123\n/devtools/browser/abc-def\n"),
+            Some((40123, "/devtools/browser/abc-def".to_string()))
+        );
+        assert_eq!(parse_active_port("40123\n"), None);
+        assert_eq!(parse_active_port(""), None);
+        assert_eq!(parse_active_port("x\n/devtools/browser/a"), None);
+    }
+
+    #[test]
+    fn required_flags_are_there() {
+        let argv = chromium_argv("/tmp/chromium-3");
+        for flag in [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-dev-shm-usage",
+            "--remote-debugging-address=127.0.0.1",
+        ] {
+            assert!(argv.iter().any(|a| a == flag), "{flag}");
+        }
+        assert!(argv.contains(&"--user-data-dir=/tmp/chromium-3".to_string()));
+    }
+}

@@ -1,0 +1,299 @@
+//! browser_use: a headless Chromium inside the session's container, driven from the host over
+//! CDP through a one-connection tunnel (see chromium.rs and sandbox/tunnel.rs).
+//!
+//! Chromium starts on the first action and is restarted, with a note, when it crashed or was
+//! killed. Every action returns the browser state (url, title, tabs, numbered elements,
+//! scroll position) and a viewport screenshot. The agent reads the same state between steps
+//! through `BrowserUse::current_state` / `BrowserState::to_prompt`.
+
+pub mod actions;
+pub mod bench;
+pub mod chromium;
+pub mod elements;
+pub mod extract;
+pub mod session;
+pub mod state;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use self::actions::{ACTIONS, Action, Outcome};
+use self::chromium::BrowserError;
+use self::session::Live;
+use super::{Tool, ToolContext, ToolError, ToolResult};
+use crate::sandbox::Sandbox;
+
+pub use self::extract::Extractor;
+pub use self::state::{BrowserState, ElementInfo, TabInfo};
+
+/// One action may take this long (plus its own `wait`); chromiumoxide's own limit is 30 s.
+const ACTION_TIMEOUT: Duration = Duration::from_secs(25);
+/// Reading the state after an action.
+const CAPTURE_TIMEOUT: Duration = Duration::from_secs(10);
+
+const DESCRIPTION: &str = "Drive a headless Chromium inside the sandbox. The sandbox has NO network: only file://, \
+         data:, about: and http(s)://localhost (servers you start in the sandbox) can be opened. \
+         Every action returns the page state: URL, title, tabs, the numbered interactive elements \
+         in the viewport, pixels above/below, and a screenshot. Actions: go_to_url(url); \
+         click_element(index); input_text(index, text); scroll_down / scroll_up(scroll_amount in \
+         pixels, default one screen); scroll_to_text(text); send_keys(keys, e.g. \"Enter\", \
+         \"Control+a\"); get_dropdown_options(index); select_dropdown_option(index, text); go_back; \
+         refresh; wait(seconds); extract_content(goal): read the page and pull out what goal asks \
+         for; switch_tab(tab_id); open_tab(url); close_tab(tab_id); screenshot. Indexes refer to \
+         the latest state: after the page changes, use the new ones.";
+
+const RESTARTED: &str = "Chromium had stopped (it crashed or was killed) and was restarted: tabs and page state were lost";
+
+pub struct BrowserUse {
+    sandbox: Arc<dyn Sandbox>,
+    live: tokio::sync::Mutex<Option<Live>>,
+    starts: AtomicU32,
+    extractor: Option<Arc<dyn Extractor>>,
+    last: std::sync::Mutex<Option<BrowserState>>,
+}
+
+impl BrowserUse {
+    pub fn new(sandbox: Arc<dyn Sandbox>) -> Self {
+        Self {
+            sandbox,
+            live: tokio::sync::Mutex::new(None),
+            starts: AtomicU32::new(0),
+            extractor: None,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The LLM step of extract_content; without one the page's Markdown is returned.
+    pub fn with_extractor(mut self, extractor: Arc<dyn Extractor>) -> Self {
+        self.extractor = Some(extractor);
+        self
+    }
+
+    /// The state of the current tab, read now (None if the browser was never started or is
+    /// gone). For the agent: add `to_prompt()` and the screenshot to the next-step prompt.
+    pub async fn current_state(&self) -> Option<BrowserState> {
+        let mut guard = self.live.lock().await;
+        let live = guard.as_mut().filter(|l| !l.running.is_dead())?;
+        match tokio::time::timeout(CAPTURE_TIMEOUT, live.capture()).await {
+            Ok(Ok(state)) => {
+                self.remember(&state);
+                Some(state)
+            }
+            _ => self.last_state(),
+        }
+    }
+
+    /// The state returned by the last action, without asking the browser.
+    pub fn last_state(&self) -> Option<BrowserState> {
+        self.last.lock().ok().and_then(|l| l.clone())
+    }
+
+    /// Stops Chromium and its tunnel. The next action starts a fresh browser.
+    pub async fn shutdown(&self) {
+        if let Some(live) = self.live.lock().await.take() {
+            live.running.shutdown().await;
+        }
+    }
+
+    fn remember(&self, state: &BrowserState) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(state.clone());
+        }
+    }
+
+    async fn start(&self) -> Result<Live, BrowserError> {
+        let n = self.starts.fetch_add(1, Ordering::Relaxed);
+        Live::start(self.sandbox.clone(), n).await
+    }
+
+    /// Runs the action, restarting a dead browser first; returns the outcome, the state and notes.
+    async fn perform(
+        &self,
+        action: &Action,
+        ctx: &ToolContext,
+    ) -> Result<(Outcome, Option<BrowserState>, Vec<String>), ToolError> {
+        let mut notes = Vec::new();
+        let mut guard = self.live.lock().await;
+        if let Some(live) = guard.take_if(|l| l.running.is_dead()) {
+            live.running.shutdown().await;
+            notes.push(RESTARTED.to_string());
+        }
+        let mut retried = false;
+        loop {
+            if guard.is_none() {
+                *guard = Some(self.start().await.map_err(fatal_or_observation)?);
+            }
+            let Some(live) = guard.as_mut() else {
+                return Err(ToolError::Internal("the browser vanished".into()));
+            };
+            let dead = live.running.dead.clone();
+            let limit = ACTION_TIMEOUT
+                + Duration::from_secs(if let Action::Wait { seconds } = action {
+                    *seconds
+                } else {
+                    0
+                });
+            let extractor = self.extractor.as_deref();
+            let result = tokio::select! {
+                r = tokio::time::timeout(limit, actions::run(action, live, extractor)) => r.unwrap_or(Err(BrowserError::Timeout(limit))),
+                _ = dead.cancelled() => Err(BrowserError::Died),
+                _ = ctx.cancel.cancelled() => return Err(ToolError::Cancelled),
+            };
+            let outcome = match result {
+                Ok(outcome) => outcome,
+                Err(BrowserError::Died) | Err(BrowserError::Cdp(_))
+                    if live.running.is_dead() || dead_soon(&dead).await =>
+                {
+                    if let Some(live) = guard.take() {
+                        live.running.shutdown().await;
+                    }
+                    notes.push(RESTARTED.to_string());
+                    if retried || action.uses_index() {
+                        *guard = Some(self.start().await.map_err(fatal_or_observation)?);
+                        let state = self.capture(&mut guard, &mut notes).await;
+                        return Ok((Err("the action was not carried out because Chromium stopped; look at the fresh state and try again".into()), state, notes));
+                    }
+                    retried = true;
+                    continue;
+                }
+                Err(BrowserError::Sandbox(e)) => return Err(ToolError::Sandbox(e)),
+                Err(e) => Err(e.to_string()),
+            };
+            let state = self.capture(&mut guard, &mut notes).await;
+            return Ok((outcome, state, notes));
+        }
+    }
+
+    /// Reads the state; a browser that cannot even do that is restarted.
+    async fn capture(
+        &self,
+        guard: &mut Option<Live>,
+        notes: &mut Vec<String>,
+    ) -> Option<BrowserState> {
+        let live = guard.as_mut()?;
+        let dead = live.running.dead.clone();
+        let result = tokio::select! {
+            r = tokio::time::timeout(CAPTURE_TIMEOUT, live.capture()) => r.unwrap_or(Err(BrowserError::Timeout(CAPTURE_TIMEOUT))),
+            _ = dead.cancelled() => Err(BrowserError::Died),
+        };
+        match result {
+            Ok(state) => {
+                self.remember(&state);
+                Some(state)
+            }
+            Err(e) => {
+                if let Some(live) = guard.take() {
+                    live.running.shutdown().await;
+                }
+                notes.push(format!("the browser state could not be read ({e}); Chromium was stopped and the next action starts it again"));
+                None
+            }
+        }
+    }
+}
+
+/// A CDP error right as Chromium dies comes before the process's end is noticed: wait briefly.
+async fn dead_soon(dead: &tokio_util::sync::CancellationToken) -> bool {
+    tokio::time::timeout(Duration::from_millis(500), dead.cancelled())
+        .await
+        .is_ok()
+}
+
+fn fatal_or_observation(e: BrowserError) -> ToolError {
+    match e {
+        BrowserError::Sandbox(e) => ToolError::Sandbox(e),
+        other => ToolError::Internal(other.to_string()),
+    }
+}
+
+impl Drop for BrowserUse {
+    fn drop(&mut self) {
+        let Some(live) = self.live.get_mut().take() else {
+            return;
+        };
+        // Killing the processes inside the container needs the runtime; without one, the
+        // session's container going away takes them along.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(live.running.shutdown());
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for BrowserUse {
+    fn name(&self) -> &str {
+        "browser_use"
+    }
+
+    fn description(&self) -> &str {
+        DESCRIPTION
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ACTIONS, "description": "The browser action to perform."},
+                "url": {"type": "string", "description": "URL for go_to_url and open_tab."},
+                "index": {"type": "integer", "description": "Element index for click_element, input_text, get_dropdown_options, select_dropdown_option."},
+                "text": {"type": "string", "description": "Text for input_text, scroll_to_text, select_dropdown_option."},
+                "scroll_amount": {"type": "integer", "description": "Pixels for scroll_down / scroll_up (default: one viewport)."},
+                "tab_id": {"type": "integer", "description": "Tab id for switch_tab and close_tab."},
+                "goal": {"type": "string", "description": "What to extract, for extract_content."},
+                "keys": {"type": "string", "description": "Key or combination for send_keys."},
+                "seconds": {"type": "integer", "description": "Seconds for wait (default 3, at most 10)."}
+            },
+            "required": ["action"]
+        })
+    }
+
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<ToolResult, ToolError> {
+        let action = match Action::parse(&args) {
+            Ok(a) => a,
+            Err(e) => return Ok(ToolResult::error(e)),
+        };
+        // Refuse before anything starts: no network means no waiting for a timeout.
+        if let Action::GoToUrl { url } | Action::OpenTab { url } = &action
+            && let Err(e) = actions::check_url(url)
+        {
+            return Ok(ToolResult::error(e));
+        }
+        let (outcome, state, notes) = self.perform(&action, ctx).await?;
+        let state_text = state
+            .as_ref()
+            .map(BrowserState::to_prompt)
+            .unwrap_or_default();
+        let mut result = match outcome {
+            Ok(message) if state_text.is_empty() => ToolResult::ok(message),
+            Ok(message) => ToolResult::ok(format!("{message}\n\n{state_text}")),
+            Err(e) => ToolResult {
+                output: state_text,
+                error: Some(e),
+                ..ToolResult::default()
+            },
+        };
+        if let Some(shot) = state.and_then(|s| s.screenshot) {
+            result = result.with_image(shot);
+        }
+        if !notes.is_empty() {
+            result = result.with_system(notes.join("; "));
+        }
+        Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn description_fits() {
+        assert!(
+            super::DESCRIPTION.len() <= super::super::registry::MAX_DESCRIPTION,
+            "{}",
+            super::DESCRIPTION.len()
+        );
+    }
+}

@@ -1,0 +1,220 @@
+//! The browser's lifecycle and isolation against the real engine: no network, a killed
+//! Chromium comes back, shutdown leaves nothing running, sessions never see each other's
+//! browser, and the tunnel serves exactly one connection of this process.
+
+mod browser_support;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use browser_support::*;
+use sandboxd::sandbox::ExecRequest;
+use sandboxd::sandbox::tunnel::Tunnel;
+use sandboxd::tools::browser::BrowserUse;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn chromium_processes(sb: &dyn sandboxd::sandbox::Sandbox) -> String {
+    let out = sb
+        .exec(ExecRequest::shell_line("pgrep -a chromium || true"))
+        .await
+        .unwrap();
+    out.stdout_lossy().trim().to_string()
+}
+
+#[tokio::test]
+async fn external_urls_fail_at_once_with_no_network() {
+    let m = support::manager().await;
+    let (s, _g) = support::session(&m).await;
+    let tool = BrowserUse::new(s.sandbox.clone());
+    for url in [
+        "https://example.com/",
+        "http://10.1.2.3:8080/x",
+        "http://localhost.attacker.net/",
+    ] {
+        let t = Instant::now();
+        let r = call(&tool, json!({"action": "go_to_url", "url": url})).await;
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(
+            r.error.unwrap().contains("the sandbox has no network"),
+            "{url}"
+        );
+    }
+    // Refused before anything started.
+    assert!(tool.current_state().await.is_none());
+    assert_eq!(chromium_processes(s.sandbox.as_ref()).await, "");
+    // And with the browser running, for open_tab too.
+    ok(&tool, json!({"action": "go_to_url", "url": "about:blank"})).await;
+    let t = Instant::now();
+    let r = call(
+        &tool,
+        json!({"action": "open_tab", "url": "https://example.org/"}),
+    )
+    .await;
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(r.error.unwrap().contains("the sandbox has no network"));
+    tool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_killed_chromium_is_restarted_with_a_note_and_shutdown_cleans_up() {
+    let m = support::manager().await;
+    let (s, _g) = support::session(&m).await;
+    let sb = s.sandbox.clone();
+    sb.write_file(&format!("{SITE}/page2.html"), PAGE2.as_bytes())
+        .await
+        .unwrap();
+    let tool = BrowserUse::new(sb.clone());
+    let url = format!("file://{SITE}/page2.html");
+    let r = ok(&tool, json!({"action": "go_to_url", "url": url})).await;
+    assert!(r.system.is_none());
+    assert!(!chromium_processes(sb.as_ref()).await.is_empty());
+
+    let kill = sb
+        .exec(ExecRequest::shell_line("pkill -9 chromium"))
+        .await
+        .unwrap();
+    assert_eq!(kill.exit_code, Some(0), "{}", kill.stderr_lossy());
+    // Right away, before sandboxd could notice: the next action recovers and says so.
+    let r = ok(&tool, json!({"action": "go_to_url", "url": url})).await;
+    assert!(
+        r.system
+            .as_deref()
+            .unwrap_or_default()
+            .contains("restarted"),
+        "{r:?}"
+    );
+    assert!(r.output.contains("Title: \"Page two\""), "{}", r.output);
+    // And once more after it had time to notice.
+    sb.exec(ExecRequest::shell_line("pkill -9 chromium"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let r = ok(&tool, json!({"action": "screenshot"})).await;
+    assert!(
+        r.system
+            .as_deref()
+            .unwrap_or_default()
+            .contains("restarted"),
+        "{r:?}"
+    );
+    assert!(r.output.contains("URL: \"about:blank\""), "{}", r.output);
+    let r = ok(&tool, json!({"action": "go_to_url", "url": url})).await;
+    assert!(r.system.is_none(), "{r:?}");
+
+    // Shutdown leaves no Chromium and no relay behind.
+    tool.shutdown().await;
+    assert!(tool.current_state().await.is_none());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(chromium_processes(sb.as_ref()).await, "");
+    let socat = sb
+        .exec(ExecRequest::shell_line("pgrep -a socat || true"))
+        .await
+        .unwrap();
+    assert_eq!(socat.stdout_lossy().trim(), "");
+}
+
+#[tokio::test]
+async fn two_sessions_see_only_their_own_browser() {
+    let m = support::manager().await;
+    let (a, _ga) = support::session(&m).await;
+    let (b, _gb) = support::session(&m).await;
+    // The same address in both containers serves different pages.
+    for (s, name) in [(&a, "Alpha"), (&b, "Bravo")] {
+        let page = format!(
+            "<html><head><title>{name}</title></head><body><button>{name} button</button></body></html>"
+        );
+        s.sandbox
+            .write_file(&format!("{SITE}/index.html"), page.as_bytes())
+            .await
+            .unwrap();
+        let out = s
+            .sandbox
+            .shell(
+                &format!(
+                    "cd {SITE} && (python3 -m http.server 8000 --bind 127.0.0.1 > /tmp/http.log 2>&1 &) && \
+                     for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && break; sleep 0.1; done"
+                ),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, Some(0));
+    }
+    let ta = BrowserUse::new(a.sandbox.clone());
+    let tb = BrowserUse::new(b.sandbox.clone());
+    let args = json!({"action": "go_to_url", "url": "http://localhost:8000/index.html"});
+    let (ra, rb) = tokio::join!(ok(&ta, args.clone()), ok(&tb, args.clone()));
+    assert!(
+        ra.output.contains("Title: \"Alpha\"") && !ra.output.contains("Bravo"),
+        "{}",
+        ra.output
+    );
+    assert!(
+        rb.output.contains("Title: \"Bravo\"") && !rb.output.contains("Alpha"),
+        "{}",
+        rb.output
+    );
+    // Each browser has only its own tab.
+    let sa = ta.current_state().await.unwrap();
+    let sb = tb.current_state().await.unwrap();
+    assert_eq!(sa.tabs.len(), 1);
+    assert_eq!(sb.tabs.len(), 1);
+    assert_eq!(sa.title, "Alpha");
+    assert_eq!(sb.title, "Bravo");
+    ta.shutdown().await;
+    tb.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tunnel_serves_one_connection_of_this_process_only() {
+    let m = support::manager().await;
+    let (s, _g) = support::session(&m).await;
+    serve_site(s.sandbox.as_ref()).await;
+
+    // Our own connection gets through to the server inside the container.
+    let tunnel = Tunnel::open(s.sandbox.clone(), 8000, "test-tunnel")
+        .await
+        .unwrap();
+    let mut conn = tokio::net::TcpStream::connect(tunnel.addr()).await.unwrap();
+    conn.write_all(b"GET /page2.html HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = Vec::new();
+    conn.read_to_end(&mut body).await.unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.starts_with("HTTP/1.0 200") && body.contains("Second page"),
+        "{body}"
+    );
+    // The listener is gone after that one connection.
+    assert!(tokio::net::TcpStream::connect(tunnel.addr()).await.is_err());
+
+    // A connection from another local process is dropped without a byte relayed.
+    let tunnel = Tunnel::open(s.sandbox.clone(), 8000, "test-tunnel")
+        .await
+        .unwrap();
+    let port = tunnel.addr().port();
+    let other = tokio::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{port} || exit 9; printf 'GET /page2.html HTTP/1.0\\r\\n\\r\\n' >&3; timeout 5 cat <&3"
+        ))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&other.stdout),
+        "",
+        "another process got through"
+    );
+    assert_ne!(
+        other.status.code(),
+        Some(9),
+        "the other process could not even connect"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(tunnel.is_closed());
+    // Nor can the rightful owner use it afterwards: a tunnel is one connection, then gone.
+    assert!(tokio::net::TcpStream::connect(tunnel.addr()).await.is_err());
+}
