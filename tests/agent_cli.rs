@@ -116,11 +116,13 @@ fn without_an_llm_it_explains_what_to_set_and_creates_nothing() {
 /// editor and python tools: compute a number, write the report, terminate.
 fn report_script() -> Vec<Reply> {
     vec![
-        Reply::tool("bash", json!({"command": "python3 -c 'print(sum(i*i for i in range(1, 101)))' > /workspace/sum.txt && cat /workspace/sum.txt"}))
+        Reply::tool("python", json!({"code": "total = sum(i * i for i in range(1, 101))\ntotal"}))
             .with_content("First I compute the sum of squares."),
+        // The scripted model writes the number python showed it (the test checks it did).
         Reply::tool(
-            "bash",
-            json!({"command": "cat > /workspace/report.html <<EOF\n<!doctype html>\n<html><body><h1>Report</h1><p>Sum of squares 1..100 = <b>$(cat /workspace/sum.txt)</b></p></body></html>\nEOF"}),
+            "str_replace_editor",
+            json!({"command": "create", "path": "/workspace/report.html",
+                   "file_text": "<!doctype html>\n<html><body><h1>Report</h1><p>Sum of squares 1..100 = <b>338350</b></p></body></html>\n"}),
         ),
         Reply::tool("terminate", json!({"status": "success", "answer": "The report is in /workspace/report.html"})),
     ]
@@ -191,10 +193,18 @@ async fn a_full_run_leaves_the_report_on_the_host_and_removes_the_container() {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert!(
-        tools.contains(&"bash") && tools.contains(&"terminate") && tools.contains(&"ask_human"),
-        "{tools:?}"
-    );
+    for t in ["bash", "python", "str_replace_editor", "browser_use", "terminate", "ask_human"] {
+        assert!(tools.contains(&t), "{t} missing: {tools:?}");
+    }
+    // The number in the report is the one python computed in the sandbox.
+    let python_result = reqs[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the python result")["content"]
+        .to_string();
+    assert!(python_result.contains("338350"), "{python_result}");
 }
 
 #[tokio::test]

@@ -41,7 +41,7 @@ fn http_entry(name: &str, url: &str, token: &str) -> ServerConfig {
 async fn exercise(clients: &McpClients, prefix: &str, guard: &mut Containers) -> String {
     let mut reg = ToolRegistry::new();
     let names = clients.register_into(&mut reg);
-    for t in ["bash", "read_file", "write_file", "list_dir"] {
+    for t in ["bash", "python", "str_replace_editor", "browser_use", "read_file", "write_file", "list_dir"] {
         assert!(
             names.contains(&format!("{prefix}_{t}")),
             "{t} missing from {names:?}"
@@ -116,6 +116,37 @@ async fn exercise(clients: &McpClients, prefix: &str, guard: &mut Containers) ->
     )
     .await;
     assert_eq!(r.output.trim(), "2");
+
+    // python with a plot: the figure arrives as MCP image content, as a PNG.
+    let r = call(
+        &reg,
+        &format!("{prefix}_python"),
+        serde_json::json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nsum(range(10))"}),
+    )
+    .await;
+    assert!(!r.is_error(), "{r:?}");
+    assert!(r.output.contains("45"), "{r:?}");
+    let png = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        r.base64_image.as_deref().expect("the plot comes back as an image"),
+    )
+    .unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    // The editor edits a file written by another tool.
+    let r = call(
+        &reg,
+        &format!("{prefix}_str_replace_editor"),
+        serde_json::json!({"command": "str_replace", "path": "/workspace/dir/notes.txt", "old_str": "line one", "new_str": "line 1"}),
+    )
+    .await;
+    assert!(!r.is_error(), "{r:?}");
+    let r = call(
+        &reg,
+        &format!("{prefix}_read_file"),
+        serde_json::json!({"path": "/workspace/dir/notes.txt"}),
+    )
+    .await;
+    assert!(r.output.starts_with("line 1\n"), "{r:?}");
 
     // Failures come back as readable tool errors.
     let r = call(

@@ -55,7 +55,15 @@ async fn python_sdk_client_against_sandboxd_listen() {
         .collect();
     assert_eq!(
         tools,
-        ["bash", "read_file", "write_file", "list_dir"],
+        [
+            "bash",
+            "python",
+            "str_replace_editor",
+            "browser_use",
+            "read_file",
+            "write_file",
+            "list_dir"
+        ],
         "{legacy}"
     );
     assert!(

@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod events;
+pub mod extract;
 pub mod memory;
 pub mod prompts;
 mod react;
@@ -95,6 +96,8 @@ pub struct Agent {
     llm: Arc<LlmClient>,
     tools: ToolRegistry,
     settings: AgentSettings,
+    /// The session's browser, whose state joins the next prompt while it is in use.
+    browser: Option<Arc<crate::tools::browser::BrowserUse>>,
 }
 
 impl Agent {
@@ -103,7 +106,15 @@ impl Agent {
             llm,
             tools,
             settings,
+            browser: None,
         }
+    }
+
+    /// Shows the model the browser's current state (and, for a multimodal model, its
+    /// screenshot) in the step after it used the browser, as OpenManus's Manus.think does.
+    pub fn with_browser(mut self, browser: Arc<crate::tools::browser::BrowserUse>) -> Self {
+        self.browser = Some(browser);
+        self
     }
 
     pub fn settings(&self) -> &AgentSettings {

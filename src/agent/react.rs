@@ -30,6 +30,8 @@ pub(super) struct Run<'a> {
     /// The previous step's fingerprint, and whether the stuck nudge is on.
     last_step: Option<String>,
     nudge: bool,
+    /// The last step that used the browser.
+    browser_step: Option<usize>,
 }
 
 /// What one step decided.
@@ -59,6 +61,7 @@ impl<'a> Run<'a> {
             tools_json: agent.tools.to_openai(),
             last_step: None,
             nudge: false,
+            browser_step: None,
         }
     }
 
@@ -104,7 +107,7 @@ impl<'a> Run<'a> {
         let tools_tokens =
             estimate_text(&serde_json::to_string(&self.tools_json).unwrap_or_default());
         let budget = settings.context_tokens.saturating_sub(tools_tokens);
-        let tail = self.nudge.then(|| Message::user(prompts::nudge()));
+        let tail = self.tail(step).await;
         let context = self.memory.context(budget, tail, &prompts::trimmed);
         if context.dropped > 0 {
             self.emitter.emit(EventKind::ContextTrimmed {
@@ -195,6 +198,9 @@ impl<'a> Run<'a> {
                 self.memory.push(Message::tool(call.id.clone(), why));
                 continue;
             }
+            if call.function.name == crate::tools::browser::NAME {
+                self.browser_step = Some(step);
+            }
             let (result, stop) = self.act(step, call).await;
             let has_image = result.base64_image.is_some();
             let mut text = result.render();
@@ -230,6 +236,29 @@ impl<'a> Run<'a> {
         match finished {
             Some((reason, answer)) => Next::Finish(reason, answer),
             None => Next::Continue,
+        }
+    }
+
+    /// The transient message after the history: the stuck nudge, and the browser's state
+    /// in the step right after the browser was used. Never stored, so it cannot pile up.
+    async fn tail(&self, step: usize) -> Option<Message> {
+        let nudge = self.nudge.then(prompts::nudge);
+        let browser = match (&self.agent.browser, self.browser_step) {
+            (Some(b), Some(used)) if used + 1 == step => b.current_state().await,
+            _ => None,
+        };
+        let Some(state) = browser else {
+            return nudge.map(Message::user);
+        };
+        let mut text = state.to_prompt();
+        if let Some(n) = nudge {
+            text = format!("{n}\n\n{text}");
+        }
+        match state.screenshot.filter(|_| self.agent.llm.takes_images()) {
+            Some(img) => Some(Message::User {
+                content: UserContent::Parts(vec![ContentPart::Text { text }, ContentPart::image_base64(&img)]),
+            }),
+            None => Some(Message::user(text)),
         }
     }
 

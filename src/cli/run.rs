@@ -16,7 +16,7 @@ use sandboxd::llm::{LlmClient, LlmError};
 use sandboxd::sandbox::tar_safety::{TarLimits, extract_archive};
 use sandboxd::sandbox::{Sandbox, WORKSPACE};
 use sandboxd::tools::ask_human::{Asker, NoHuman, TerminalAsker};
-use sandboxd::tools::session::session_tools;
+use sandboxd::tools::session::agent_tools;
 use tokio_util::sync::CancellationToken;
 
 use super::Ctx;
@@ -101,12 +101,14 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         Arc::new(TerminalAsker)
     };
-    let tools = session_tools(&session, &ctx.config, asker);
+    let extractor = Arc::new(sandboxd::agent::extract::LlmExtractor::new(llm.clone()));
+    let tools = agent_tools(session.sandbox.clone(), &session.limits, &ctx.config, asker, Some(extractor));
+    let browser = tools.browser.clone();
     let mut settings = AgentSettings::from_config(&ctx.config);
     if let Some(n) = args.max_steps {
         settings.max_steps = n.max(1);
     }
-    let agent = Agent::new(llm, tools, settings);
+    let agent = Agent::new(llm, tools.registry, settings).with_browser(browser.clone());
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let renderer = tokio::spawn(render::render(rx, args.json));
@@ -122,6 +124,7 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(agent.run(request, Some(tx), cancel.clone()).await)
     };
     let _ = renderer.await;
+    browser.shutdown().await;
 
     match copy_out(session.sandbox.as_ref(), &output).await {
         Ok(0) => eprintln!("sandboxd: /workspace was empty; nothing copied"),

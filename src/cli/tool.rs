@@ -45,7 +45,7 @@ pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
     if args.list {
         // A lazy sandbox: listing never creates a container.
         let lazy = LazySandbox::new(manager.clone(), ctx.config.sessions.default_owner.clone());
-        let registry = agent_tools(lazy, &ctx.config.limits, &ctx.config, asker);
+        let registry = agent_tools(lazy, &ctx.config.limits, &ctx.config, asker, None).registry;
         println!("{}", serde_json::to_string_pretty(&registry.to_openai())?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -54,10 +54,12 @@ pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
     };
     let keep = args.keep || args.session.is_some();
     let session = open_session(&ctx, &manager, args.session.as_deref(), &args.limits, args.keep).await?;
-    let registry = agent_tools(session.sandbox.clone(), &session.limits, &ctx.config, asker);
+    let tools = agent_tools(session.sandbox.clone(), &session.limits, &ctx.config, asker, None);
+    let registry = tools.registry;
     let result = registry
         .execute(name, args.args.as_deref().unwrap_or("{}"), &ToolContext::default())
         .await;
+    tools.browser.shutdown().await;
     if keep {
         eprintln!("sandboxd: session {} kept (use --session {} again, or `sandboxd sessions rm {}`)", session.id, session.id, session.id);
     } else {

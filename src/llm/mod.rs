@@ -186,6 +186,40 @@ impl LlmClient {
         cancel: &CancellationToken,
         on_retry: &(dyn Fn(RetryNotice) + Send + Sync),
     ) -> Result<Completion, LlmError> {
+        let choice = (!tools.is_empty()).then(|| Value::from("auto"));
+        self.chat_with_choice(messages, tools, choice, cancel, on_retry).await
+    }
+
+    /// One chat turn that must call `tool` (an OpenAI function-format tool), e.g. to extract
+    /// structured data; returns that call's arguments.
+    pub async fn chat_forced(
+        &self,
+        messages: &[Message],
+        tool: Value,
+        cancel: &CancellationToken,
+    ) -> Result<Value, LlmError> {
+        let name = tool["function"]["name"].as_str().unwrap_or_default().to_string();
+        let choice = serde_json::json!({"type": "function", "function": {"name": name}});
+        let completion = self
+            .chat_with_choice(messages, std::slice::from_ref(&tool), Some(choice), cancel, &|_| {})
+            .await?;
+        let call = completion
+            .tool_calls
+            .into_iter()
+            .find(|c| c.function.name == name)
+            .ok_or_else(|| LlmError::BadResponse(format!("the model did not call {name}")))?;
+        serde_json::from_str(&call.function.arguments)
+            .map_err(|e| LlmError::BadResponse(format!("the arguments of {name} are not JSON: {e}")))
+    }
+
+    async fn chat_with_choice(
+        &self,
+        messages: &[Message],
+        tools: &[Value],
+        tool_choice: Option<Value>,
+        cancel: &CancellationToken,
+        on_retry: &(dyn Fn(RetryNotice) + Send + Sync),
+    ) -> Result<Completion, LlmError> {
         let target = match &self.vision {
             Some(v) if messages.iter().any(Message::has_image) => v,
             _ => &self.main,
@@ -196,7 +230,7 @@ impl LlmClient {
             model,
             messages,
             tools,
-            tool_choice: (!tools.is_empty()).then_some("auto"),
+            tool_choice,
             max_tokens: (!reasoning).then_some(self.settings.max_tokens),
             max_completion_tokens: reasoning.then_some(self.settings.max_tokens),
             temperature: (!reasoning).then_some(self.settings.temperature),

@@ -117,7 +117,7 @@ pub struct ChatRequest<'a> {
     #[serde(skip_serializing_if = "<[Value]>::is_empty")]
     pub tools: &'a [Value],
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_choice: Option<&'static str>,
+    pub tool_choice: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use super::ask_human::{AskHuman, Asker};
 use super::bash::Bash;
+use super::browser::BrowserUse;
+use super::browser::extract::Extractor;
 use super::editor::StrReplaceEditor;
 use super::files::{ListDir, ReadFile, WriteFile};
 use super::python::Python;
@@ -15,34 +17,62 @@ use crate::config::{Config, Limits};
 use crate::sandbox::Sandbox;
 use crate::sandbox::manager::Session;
 
-/// The tools that act inside the sandbox: bash, python, str_replace_editor.
-pub fn sandbox_tools(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config) -> Vec<Arc<dyn Tool>> {
+/// The tools that act inside the sandbox: bash, python, str_replace_editor, browser_use.
+/// `extractor` is the LLM behind browser_use's extract_content (None returns the page text).
+pub fn sandbox_tools(
+    sandbox: Arc<dyn Sandbox>,
+    limits: &Limits,
+    config: &Config,
+    extractor: Option<Arc<dyn Extractor>>,
+) -> (Vec<Arc<dyn Tool>>, Arc<BrowserUse>) {
     let max_timeout = Duration::from_secs(limits.max_timeout_secs.max(1));
     let default_timeout = Duration::from_secs(config.agent.bash_timeout_secs.max(1));
     let output_cap = limits.output_cap();
-    vec![
+    let mut browser = BrowserUse::new(sandbox.clone());
+    if let Some(e) = extractor {
+        browser = browser.with_extractor(e);
+    }
+    let browser = Arc::new(browser);
+    let tools: Vec<Arc<dyn Tool>> = vec![
         Arc::new(Bash::new(sandbox.clone(), default_timeout, max_timeout, output_cap)),
         Arc::new(Python::new(sandbox.clone(), default_timeout, max_timeout, output_cap)),
         Arc::new(StrReplaceEditor::new(sandbox, limits.max_file_bytes())),
-    ]
+        browser.clone(),
+    ];
+    (tools, browser)
+}
+
+/// The agent's tools, and its browser (whose state the agent shows the model).
+pub struct AgentTools {
+    pub registry: ToolRegistry,
+    pub browser: Arc<BrowserUse>,
 }
 
 /// The agent's tools on `session`'s sandbox: the sandbox tools, ask_human and terminate.
 pub fn session_tools(session: &Session, config: &Config, asker: Arc<dyn Asker>) -> ToolRegistry {
-    agent_tools(session.sandbox.clone(), &session.limits, config, asker)
+    agent_tools(session.sandbox.clone(), &session.limits, config, asker, None).registry
 }
 
 /// The agent's tools on any sandbox handle (a lazy one lists them without a container).
-pub fn agent_tools(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config, asker: Arc<dyn Asker>) -> ToolRegistry {
-    let mut tools = sandbox_tools(sandbox, limits, config);
+pub fn agent_tools(
+    sandbox: Arc<dyn Sandbox>,
+    limits: &Limits,
+    config: &Config,
+    asker: Arc<dyn Asker>,
+    extractor: Option<Arc<dyn Extractor>>,
+) -> AgentTools {
+    let (mut tools, browser) = sandbox_tools(sandbox, limits, config, extractor);
     tools.push(Arc::new(AskHuman::new(asker)));
     tools.push(Arc::new(Terminate));
-    registry_of(tools)
+    AgentTools {
+        registry: registry_of(tools),
+        browser,
+    }
 }
 
-/// What the MCP server and `sandboxd tool` offer: the sandbox tools plus plain file access.
+/// What the MCP server offers: the sandbox tools plus plain file access.
 pub fn server_tools(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config) -> ToolRegistry {
-    let mut tools = sandbox_tools(sandbox.clone(), limits, config);
+    let (mut tools, _) = sandbox_tools(sandbox.clone(), limits, config, None);
     tools.push(Arc::new(ReadFile::new(sandbox.clone(), limits.output_cap())));
     tools.push(Arc::new(WriteFile::new(sandbox.clone())));
     tools.push(Arc::new(ListDir::new(sandbox)));

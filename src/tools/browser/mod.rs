@@ -27,6 +27,9 @@ use self::session::Live;
 use super::{Tool, ToolContext, ToolError, ToolResult};
 use crate::sandbox::Sandbox;
 
+/// The tool's name, which the agent watches for to show the browser state.
+pub const NAME: &str = "browser_use";
+
 pub use self::extract::Extractor;
 pub use self::state::{BrowserState, ElementInfo, TabInfo};
 
@@ -226,7 +229,7 @@ impl Drop for BrowserUse {
 #[async_trait]
 impl Tool for BrowserUse {
     fn name(&self) -> &str {
-        "browser_use"
+        NAME
     }
 
     fn description(&self) -> &str {
