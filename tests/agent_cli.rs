@@ -3,6 +3,8 @@
 //! when no LLM is configured, and Ctrl-C during a long command.
 
 mod support;
+#[path = "mcp/common.rs"]
+mod mcp_common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -261,4 +263,52 @@ async fn ctrl_c_during_a_long_command_cancels_and_removes_the_container() {
         "the container was not removed"
     );
     assert_eq!(llm.requests().len(), 1, "no request after the cancel");
+}
+
+#[tokio::test]
+async fn run_with_mcp_servers_calls_a_third_party_tool() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mcp_json = dir.path().join("mcp.json");
+    std::fs::write(
+        &mcp_json,
+        json!({"mcpServers": {
+            "py": {"command": mcp_common::python(), "args": [mcp_common::script("server_sdk.py")], "env": {"GREETING": "hi"}},
+            "broken": {"command": "/nonexistent/server"}
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let llm = FakeLlm::start(vec![
+        Reply::tool("mcp_py_echo_text", json!({"text": "from the agent"})),
+        Reply::text("The server echoed it."),
+    ])
+    .await;
+    let mut cmd = sandboxd(dir.path());
+    with_llm(&mut cmd, &llm);
+    cmd.args(["run", "--json", "--no-input", "--mcp"])
+        .arg(&mcp_json)
+        .args(["--output"])
+        .arg(dir.path().join("out"))
+        .args(["--prompt", "Use the echo tool"]);
+    let out = tokio::process::Command::from(cmd).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("MCP server broken is skipped"), "{stderr}");
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 2);
+    let tools = reqs[0]["tools"].to_string();
+    assert!(tools.contains("mcp_py_echo_text"), "{tools}");
+    // The server's instructions are in the system prompt, attributed to it.
+    let system = reqs[0]["messages"][0]["content"].to_string();
+    assert!(system.contains("py") && system.contains("pyserver echoes text"), "{system}");
+    let result = reqs[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()["content"]
+        .to_string();
+    assert!(result.contains("echo: from the agent"), "{result}");
+    check_tool_pairing(&reqs[1]).unwrap();
 }

@@ -98,6 +98,17 @@ pub struct Agent {
     settings: AgentSettings,
     /// The session's browser, whose state joins the next prompt while it is in use.
     browser: Option<Arc<crate::tools::browser::BrowserUse>>,
+    /// Runs before every step (MCP servers refresh their tools there).
+    hook: Option<Arc<dyn StepHook>>,
+    /// Extra paragraphs for the system prompt, e.g. MCP servers' instructions.
+    system_notes: Vec<String>,
+}
+
+/// Called before every step with the run's own tool registry; returns notes for the model
+/// (e.g. "tools added: …"), which are added to the conversation.
+#[async_trait::async_trait]
+pub trait StepHook: Send + Sync {
+    async fn before_step(&self, tools: &mut ToolRegistry) -> Vec<String>;
 }
 
 impl Agent {
@@ -107,7 +118,20 @@ impl Agent {
             tools,
             settings,
             browser: None,
+            hook: None,
+            system_notes: Vec::new(),
         }
+    }
+
+    pub fn with_hook(mut self, hook: Arc<dyn StepHook>) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// Paragraphs appended to the system prompt, each attributed by the caller.
+    pub fn with_system_notes(mut self, notes: Vec<String>) -> Self {
+        self.system_notes = notes;
+        self
     }
 
     /// Shows the model the browser's current state (and, for a multimodal model, its

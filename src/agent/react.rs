@@ -13,7 +13,7 @@ use super::memory::{Memory, cut_observation, estimate_text};
 use super::transcript::Transcript;
 use super::{Agent, RunOutcome, RunRequest, prompts};
 use crate::llm::{ContentPart, LlmError, Message, ToolCall, Usage, UserContent};
-use crate::tools::{ToolContext, ToolError, ToolResult, terminate};
+use crate::tools::{ToolContext, ToolError, ToolRegistry, ToolResult, terminate};
 
 /// How long a tool gets to clean up after a cancel before the run stops waiting for it.
 const CANCEL_GRACE: Duration = Duration::from_secs(15);
@@ -27,6 +27,8 @@ pub(super) struct Run<'a> {
     memory: Memory,
     usage: Usage,
     tools_json: Vec<Value>,
+    /// This run's own copy of the tools: a step hook may add or remove some.
+    tools: ToolRegistry,
     /// The previous step's fingerprint, and whether the stuck nudge is on.
     last_step: Option<String>,
     nudge: bool,
@@ -47,7 +49,11 @@ impl<'a> Run<'a> {
         events: Option<mpsc::UnboundedSender<Event>>,
         cancel: CancellationToken,
     ) -> Self {
-        let system = prompts::system(&agent.tools.names(), agent.settings.max_steps);
+        let mut system = prompts::system(&agent.tools.names(), agent.settings.max_steps);
+        for note in &agent.system_notes {
+            system.push_str("\n\n");
+            system.push_str(note);
+        }
         let memory = Memory::new(system, request.task.clone());
         let run_id = request.run_id.clone();
         Self {
@@ -59,6 +65,7 @@ impl<'a> Run<'a> {
             memory,
             usage: Usage::default(),
             tools_json: agent.tools.to_openai(),
+            tools: agent.tools.clone(),
             last_step: None,
             nudge: false,
             browser_step: None,
@@ -103,6 +110,15 @@ impl<'a> Run<'a> {
     }
 
     async fn step(&mut self, step: usize) -> Next {
+        if let Some(hook) = self.agent.hook.clone() {
+            let notes = hook.before_step(&mut self.tools).await;
+            if !notes.is_empty() {
+                self.tools_json = self.tools.to_openai();
+                for note in notes {
+                    self.memory.push(Message::user(format!("[sandboxd] {note}")));
+                }
+            }
+        }
         let settings = &self.agent.settings;
         let tools_tokens =
             estimate_text(&serde_json::to_string(&self.tools_json).unwrap_or_default());
@@ -279,10 +295,7 @@ impl<'a> Run<'a> {
         let ctx = ToolContext {
             cancel: self.cancel.child_token(),
         };
-        let exec = self
-            .agent
-            .tools
-            .execute(name, &call.function.arguments, &ctx);
+        let exec = self.tools.execute(name, &call.function.arguments, &ctx);
         // The tool sees the cancel itself (bash restarts its shell, killing the command);
         // we only stop waiting if it does not return within the grace period.
         let cancel = self.cancel.clone();

@@ -44,6 +44,10 @@ pub struct RunArgs {
     /// Most steps of the run (default [agent] max_steps).
     #[arg(long)]
     pub max_steps: Option<usize>,
+    /// External MCP servers whose tools the agent may use (format of config/mcp.example.json;
+    /// default [mcp] servers_file).
+    #[arg(long)]
+    pub mcp: Option<PathBuf>,
     #[command(flatten)]
     pub limits: LimitFlags,
 }
@@ -108,7 +112,34 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = args.max_steps {
         settings.max_steps = n.max(1);
     }
-    let agent = Agent::new(llm, tools.registry, settings).with_browser(browser.clone());
+    let mut registry = tools.registry;
+    let mut agent_notes = Vec::new();
+    let mcp_file = args.mcp.clone().or_else(|| {
+        Some(PathBuf::from(&ctx.config.mcp.servers_file)).filter(|p| !p.as_os_str().is_empty())
+    });
+    let mcp = match mcp_file {
+        Some(path) => {
+            let clients = sandboxd::mcp::client::connect_all(&path)
+                .await
+                .with_context(|| format!("cannot use the MCP servers in {}", path.display()))?;
+            for (server, why) in clients.failures() {
+                eprintln!("sandboxd: MCP server {server} is skipped: {why}");
+            }
+            let names = clients.register_into(&mut registry);
+            if !names.is_empty() {
+                eprintln!("sandboxd: MCP tools: {}", names.join(", "));
+            }
+            agent_notes = clients.system_messages();
+            Some(Arc::new(McpRefresh(clients)))
+        }
+        None => None,
+    };
+    let mut agent = Agent::new(llm, registry, settings)
+        .with_browser(browser.clone())
+        .with_system_notes(agent_notes);
+    if let Some(hook) = &mcp {
+        agent = agent.with_hook(hook.clone());
+    }
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let renderer = tokio::spawn(render::render(rx, args.json));
@@ -125,6 +156,9 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let _ = renderer.await;
     browser.shutdown().await;
+    if let Some(hook) = &mcp {
+        hook.0.close().await;
+    }
 
     match copy_out(session.sandbox.as_ref(), &output).await {
         Ok(0) => eprintln!("sandboxd: /workspace was empty; nothing copied"),
@@ -154,6 +188,21 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(FinishReason::Cancelled) | None => ExitCode::from(130),
         Some(_) => ExitCode::FAILURE,
     })
+}
+
+/// Refreshes the MCP servers' tools before every step and announces what changed.
+struct McpRefresh(sandboxd::mcp::client::McpClients);
+
+#[async_trait::async_trait]
+impl sandboxd::agent::StepHook for McpRefresh {
+    async fn before_step(&self, tools: &mut sandboxd::tools::ToolRegistry) -> Vec<String> {
+        self.0
+            .refresh(tools)
+            .await
+            .iter()
+            .map(|c| c.announcement())
+            .collect()
+    }
 }
 
 /// The task from stdin: one line at a terminal, everything when piped.
