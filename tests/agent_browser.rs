@@ -25,12 +25,24 @@ fn last_message_text(body: &Value) -> String {
 async fn browser_state_follows_browser_steps_and_extraction_is_forced() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    s.sandbox.write_file("/workspace/prices.html", PAGE.as_bytes()).await.unwrap();
+    s.sandbox
+        .write_file("/workspace/prices.html", PAGE.as_bytes())
+        .await
+        .unwrap();
     let llm = FakeLlm::start(vec![
-        Reply::tool("browser_use", json!({"action": "go_to_url", "url": "file:///workspace/prices.html"})),
-        Reply::tool("browser_use", json!({"action": "extract_content", "goal": "the price of the blue widget"})),
+        Reply::tool(
+            "browser_use",
+            json!({"action": "go_to_url", "url": "file:///workspace/prices.html"}),
+        ),
+        Reply::tool(
+            "browser_use",
+            json!({"action": "extract_content", "goal": "the price of the blue widget"}),
+        ),
         // The extraction request itself, answered with the forced call.
-        Reply::tool("extract_content", json!({"extracted_content": {"text": "17 euros", "metadata": {"item": "blue widget"}}})),
+        Reply::tool(
+            "extract_content",
+            json!({"extracted_content": {"text": "17 euros", "metadata": {"item": "blue widget"}}}),
+        ),
         Reply::tool("bash", json!({"command": "true"})),
         Reply::text("The blue widget costs 17 euros."),
     ])
@@ -44,9 +56,14 @@ async fn browser_state_follows_browser_steps_and_extraction_is_forced() {
         Arc::new(NoHuman),
         Some(Arc::new(LlmExtractor::new(client.clone()))),
     );
-    let agent = Agent::new(client, tools.registry, AgentSettings::from_config(&config)).with_browser(tools.browser.clone());
+    let agent = Agent::new(client, tools.registry, AgentSettings::from_config(&config))
+        .with_browser(tools.browser.clone());
     let outcome = agent
-        .run(RunRequest::new("What does the blue widget cost?", "tester", s.id.clone()), None, CancellationToken::new())
+        .run(
+            RunRequest::new("What does the blue widget cost?", "tester", s.id.clone()),
+            None,
+            CancellationToken::new(),
+        )
         .await;
     tools.browser.shutdown().await;
     assert_eq!(outcome.reason, FinishReason::FinalAnswer, "{outcome:?}");
@@ -58,9 +75,15 @@ async fn browser_state_follows_browser_steps_and_extraction_is_forced() {
     }
     // Step 2's prompt ends with the browser state after the navigation.
     let after_nav = last_message_text(&reqs[1]);
-    assert!(after_nav.contains("Current browser state") && after_nav.contains("Price list"), "{after_nav}");
+    assert!(
+        after_nav.contains("Current browser state") && after_nav.contains("Price list"),
+        "{after_nav}"
+    );
     // The extraction request forces the extract_content function and carries the page text.
-    assert_eq!(reqs[2]["tool_choice"]["function"]["name"], "extract_content");
+    assert_eq!(
+        reqs[2]["tool_choice"]["function"]["name"],
+        "extract_content"
+    );
     assert!(reqs[2].to_string().contains("blue widget costs 17 euros"));
     // The observation of extract_content is what the forced call returned.
     let observation = reqs[3]["messages"]
@@ -74,5 +97,8 @@ async fn browser_state_follows_browser_steps_and_extraction_is_forced() {
     assert!(observation.contains("17 euros"), "{observation}");
     // After a step without the browser, the state is gone from the prompt again.
     let after_bash = last_message_text(&reqs[4]);
-    assert!(!after_bash.contains("Current browser state"), "{after_bash}");
+    assert!(
+        !after_bash.contains("Current browser state"),
+        "{after_bash}"
+    );
 }

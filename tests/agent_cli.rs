@@ -2,9 +2,9 @@
 //! faked at the HTTP boundary. A full run that leaves a report on the host, the guidance
 //! when no LLM is configured, and Ctrl-C during a long command.
 
-mod support;
 #[path = "mcp/common.rs"]
 mod mcp_common;
+mod support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -118,15 +118,21 @@ fn without_an_llm_it_explains_what_to_set_and_creates_nothing() {
 /// editor and python tools: compute a number, write the report, terminate.
 fn report_script() -> Vec<Reply> {
     vec![
-        Reply::tool("python", json!({"code": "total = sum(i * i for i in range(1, 101))\ntotal"}))
-            .with_content("First I compute the sum of squares."),
+        Reply::tool(
+            "python",
+            json!({"code": "total = sum(i * i for i in range(1, 101))\ntotal"}),
+        )
+        .with_content("First I compute the sum of squares."),
         // The scripted model writes the number python showed it (the test checks it did).
         Reply::tool(
             "str_replace_editor",
             json!({"command": "create", "path": "/workspace/report.html",
                    "file_text": "<!doctype html>\n<html><body><h1>Report</h1><p>Sum of squares 1..100 = <b>338350</b></p></body></html>\n"}),
         ),
-        Reply::tool("terminate", json!({"status": "success", "answer": "The report is in /workspace/report.html"})),
+        Reply::tool(
+            "terminate",
+            json!({"status": "success", "answer": "The report is in /workspace/report.html"}),
+        ),
     ]
 }
 
@@ -195,7 +201,14 @@ async fn a_full_run_leaves_the_report_on_the_host_and_removes_the_container() {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    for t in ["bash", "python", "str_replace_editor", "browser_use", "terminate", "ask_human"] {
+    for t in [
+        "bash",
+        "python",
+        "str_replace_editor",
+        "browser_use",
+        "terminate",
+        "ask_human",
+    ] {
         assert!(tools.contains(&t), "{t} missing: {tools:?}");
     }
     // The number in the report is the one python computed in the sandbox.
@@ -301,7 +314,10 @@ async fn run_with_mcp_servers_calls_a_third_party_tool() {
     assert!(tools.contains("mcp_py_echo_text"), "{tools}");
     // The server's instructions are in the system prompt, attributed to it.
     let system = reqs[0]["messages"][0]["content"].to_string();
-    assert!(system.contains("py") && system.contains("pyserver echoes text"), "{system}");
+    assert!(
+        system.contains("py") && system.contains("pyserver echoes text"),
+        "{system}"
+    );
     let result = reqs[1]["messages"]
         .as_array()
         .unwrap()

@@ -41,7 +41,15 @@ fn http_entry(name: &str, url: &str, token: &str) -> ServerConfig {
 async fn exercise(clients: &McpClients, prefix: &str, guard: &mut Containers) -> String {
     let mut reg = ToolRegistry::new();
     let names = clients.register_into(&mut reg);
-    for t in ["bash", "python", "str_replace_editor", "browser_use", "read_file", "write_file", "list_dir"] {
+    for t in [
+        "bash",
+        "python",
+        "str_replace_editor",
+        "browser_use",
+        "read_file",
+        "write_file",
+        "list_dir",
+    ] {
         assert!(
             names.contains(&format!("{prefix}_{t}")),
             "{t} missing from {names:?}"
@@ -128,7 +136,9 @@ async fn exercise(clients: &McpClients, prefix: &str, guard: &mut Containers) ->
     assert!(r.output.contains("45"), "{r:?}");
     let png = base64::Engine::decode(
         &base64::engine::general_purpose::STANDARD,
-        r.base64_image.as_deref().expect("the plot comes back as an image"),
+        r.base64_image
+            .as_deref()
+            .expect("the plot comes back as an image"),
     )
     .unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");

@@ -295,8 +295,19 @@ async fn a_dead_interpreter_is_reported_and_replaced() {
     ok_output(&k.run("import multiprocessing, time\nchild = multiprocessing.Process(target=time.sleep, args=(1000,))\nchild.start()").await);
     let t = Instant::now();
     let r = k.run("import os\nos._exit(3)").await;
-    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
-    assert!(r.error.as_deref().unwrap_or_default().contains("exited with code 3"), "{}", r.render());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("exited with code 3"),
+        "{}",
+        r.render()
+    );
 
     // A segfault in native code.
     let r = k.run("import ctypes\nctypes.string_at(0)").await;

@@ -115,7 +115,8 @@ impl<'a> Run<'a> {
             if !notes.is_empty() {
                 self.tools_json = self.tools.to_openai();
                 for note in notes {
-                    self.memory.push(Message::user(format!("[sandboxd] {note}")));
+                    self.memory
+                        .push(Message::user(format!("[sandboxd] {note}")));
                 }
             }
         }
@@ -272,7 +273,10 @@ impl<'a> Run<'a> {
         }
         match state.screenshot.filter(|_| self.agent.llm.takes_images()) {
             Some(img) => Some(Message::User {
-                content: UserContent::Parts(vec![ContentPart::Text { text }, ContentPart::image_base64(&img)]),
+                content: UserContent::Parts(vec![
+                    ContentPart::Text { text },
+                    ContentPart::image_base64(&img),
+                ]),
             }),
             None => Some(Message::user(text)),
         }

@@ -88,6 +88,24 @@ pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if all || args.group == "runtime" {
         runtime(&manager, args.iterations).await?;
     }
+    if all || args.group == "tools" {
+        tools(&manager, &ctx, args.iterations).await?;
+    }
+    if all || args.group == "agent" {
+        agent(&manager, args.iterations).await?;
+    }
+    if all || args.group == "browser" {
+        browser(&manager, args.iterations.min(30)).await?;
+    }
+    if all || args.group == "mcp" {
+        mcp(&manager, &ctx, args.iterations).await?;
+    }
+    if !["all", "runtime", "tools", "agent", "browser", "mcp"].contains(&args.group.as_str()) {
+        anyhow::bail!(
+            "unknown group {:?}: use runtime, tools, agent, browser, mcp or all",
+            args.group
+        );
+    }
     manager.remove_all().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -248,4 +266,175 @@ fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!("sandboxd-bench-{:08x}", rand::random::<u32>()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
+    use sandboxd::tools::ToolContext;
+    println!("### Tools (through the registry, as the model calls them)");
+    println!();
+    header();
+    let s = manager
+        .create("bench", &LimitRequest::default(), false)
+        .await?;
+    let container = format!("sandboxd-{}", s.id);
+    let registry =
+        sandboxd::tools::session::server_tools(s.sandbox.clone(), &s.limits, &ctx.config);
+    let call = |name: &'static str, args: String| {
+        let registry = registry.clone();
+        async move {
+            let t = Instant::now();
+            let r = registry
+                .execute(name, &args, &ToolContext::default())
+                .await?;
+            anyhow::ensure!(!r.is_error(), "{name} failed: {}", r.render());
+            anyhow::Ok(t.elapsed())
+        }
+    };
+    call("python", r#"{"code":"1+1"}"#.into()).await?;
+    let mut ours = Vec::new();
+    for _ in 0..n {
+        ours.push(call("python", r#"{"code":"1+1"}"#.into()).await?);
+    }
+    let mut base = Vec::new();
+    for _ in 0..n.min(30) {
+        let t = Instant::now();
+        docker_cli(&["exec", &container, "python3", "-c", "1+1"])?;
+        base.push(t.elapsed());
+    }
+    row(
+        "python cell `1+1` (warm)",
+        &mut ours,
+        "docker exec python3 -c",
+        &mut base,
+        "p50 ≤ 5 ms",
+    );
+
+    let mut ours = Vec::new();
+    for _ in 0..n {
+        ours.push(call("bash", r#"{"command":"echo hi"}"#.into()).await?);
+    }
+    let mut base = Vec::new();
+    for _ in 0..n.min(30) {
+        let t = Instant::now();
+        docker_cli(&["exec", &container, "echo", "hi"])?;
+        base.push(t.elapsed());
+    }
+    row(
+        "bash tool `echo`",
+        &mut ours,
+        "docker exec echo",
+        &mut base,
+        "p50 ≤ 2 ms",
+    );
+
+    // str_replace on a 1 MiB file of 16,384 lines; each edit changes one unique line.
+    let mut text = String::new();
+    for i in 0..16_384 {
+        text.push_str(&format!("line {i:05} {}\n", "x".repeat(52)));
+    }
+    s.sandbox
+        .write_file("/workspace/big.txt", text.as_bytes())
+        .await?;
+    let mut ours = Vec::new();
+    for i in 0..n.min(30) {
+        let args = serde_json::json!({"command": "str_replace", "path": "/workspace/big.txt",
+            "old_str": format!("line {i:05} "), "new_str": format!("LINE {i:05} ")});
+        ours.push(call("str_replace_editor", args.to_string()).await?);
+    }
+    let mut base = Vec::new();
+    for i in 0..n.min(30) {
+        let t = Instant::now();
+        docker_cli(&[
+            "exec",
+            &container,
+            "sed",
+            "-i",
+            &format!("s/^LINE {i:05} /line {i:05} /"),
+            "/workspace/big.txt",
+        ])?;
+        base.push(t.elapsed());
+    }
+    row(
+        "str_replace on a 1 MiB file",
+        &mut ours,
+        "docker exec sed -i",
+        &mut base,
+        "≤ 30 ms",
+    );
+    manager.remove(&s.id).await?;
+    println!();
+    Ok(())
+}
+
+async fn agent(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
+    println!("### Agent (fake LLM answering at once, bash `true` each step)");
+    println!();
+    header();
+    let s = manager
+        .create("bench", &LimitRequest::default(), false)
+        .await?;
+    let mut steps = sandboxd::agent::bench::bench_agent_step(s.sandbox.clone(), n.max(20))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    row(
+        "agent overhead per step",
+        &mut steps,
+        "",
+        &mut [],
+        "p50 ≤ 5 ms",
+    );
+    manager.remove(&s.id).await?;
+    println!();
+    Ok(())
+}
+
+async fn browser(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
+    println!("### Browser (Chromium inside the sandbox, CDP through the tunnel)");
+    println!();
+    header();
+    let s = manager
+        .create("bench", &LimitRequest::default(), false)
+        .await?;
+    let mut b = sandboxd::tools::browser::bench::bench_browser(s.sandbox.clone(), n.max(10))
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    row(
+        "first action incl. Chromium start",
+        &mut [b.first_action],
+        "",
+        &mut [],
+        "≤ 3 s",
+    );
+    row(
+        "go_to_url of a local page, with state",
+        &mut b.go_to_url,
+        "",
+        &mut [],
+        "p50 ≤ 300 ms",
+    );
+    row("screenshot", &mut b.screenshot, "", &mut [], "p50 ≤ 200 ms");
+    manager.remove(&s.id).await?;
+    println!();
+    Ok(())
+}
+
+async fn mcp(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
+    let _ = manager;
+    println!("### MCP (streamable HTTP on loopback, the session's sandbox already up)");
+    println!();
+    header();
+    let fresh = ctx.manager().await?;
+    let b = sandboxd::mcp::bench::bench_mcp_call(fresh, ctx.config.clone(), n)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut samples = b.samples.clone();
+    row(
+        "MCP tools/call bash `true`",
+        &mut samples,
+        "",
+        &mut [],
+        "p50 ≤ 3 ms",
+    );
+    println!();
+    Ok(())
 }

@@ -106,7 +106,13 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         Arc::new(TerminalAsker)
     };
     let extractor = Arc::new(sandboxd::agent::extract::LlmExtractor::new(llm.clone()));
-    let tools = agent_tools(session.sandbox.clone(), &session.limits, &ctx.config, asker, Some(extractor));
+    let tools = agent_tools(
+        session.sandbox.clone(),
+        &session.limits,
+        &ctx.config,
+        asker,
+        Some(extractor),
+    );
     let browser = tools.browser.clone();
     let mut settings = AgentSettings::from_config(&ctx.config);
     if let Some(n) = args.max_steps {

@@ -50,18 +50,40 @@ pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let Some(name) = args.name.as_deref() else {
-        anyhow::bail!("name a tool (sandboxd tool bash '{{\"command\":\"ls\"}}'), or use --list to see them");
+        anyhow::bail!(
+            "name a tool (sandboxd tool bash '{{\"command\":\"ls\"}}'), or use --list to see them"
+        );
     };
     let keep = args.keep || args.session.is_some();
-    let session = open_session(&ctx, &manager, args.session.as_deref(), &args.limits, args.keep).await?;
-    let tools = agent_tools(session.sandbox.clone(), &session.limits, &ctx.config, asker, None);
+    let session = open_session(
+        &ctx,
+        &manager,
+        args.session.as_deref(),
+        &args.limits,
+        args.keep,
+    )
+    .await?;
+    let tools = agent_tools(
+        session.sandbox.clone(),
+        &session.limits,
+        &ctx.config,
+        asker,
+        None,
+    );
     let registry = tools.registry;
     let result = registry
-        .execute(name, args.args.as_deref().unwrap_or("{}"), &ToolContext::default())
+        .execute(
+            name,
+            args.args.as_deref().unwrap_or("{}"),
+            &ToolContext::default(),
+        )
         .await;
     tools.browser.shutdown().await;
     if keep {
-        eprintln!("sandboxd: session {} kept (use --session {} again, or `sandboxd sessions rm {}`)", session.id, session.id, session.id);
+        eprintln!(
+            "sandboxd: session {} kept (use --session {} again, or `sandboxd sessions rm {}`)",
+            session.id, session.id, session.id
+        );
     } else {
         manager.remove(&session.id).await?;
     }
@@ -71,8 +93,15 @@ pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
     } else {
         println!("{}", result.render());
         if let Some(img) = &result.base64_image {
-            eprintln!("[an image came back ({} base64 characters); --json prints it]", img.len());
+            eprintln!(
+                "[an image came back ({} base64 characters); --json prints it]",
+                img.len()
+            );
         }
     }
-    Ok(if result.is_error() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if result.is_error() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -187,7 +187,8 @@ impl LlmClient {
         on_retry: &(dyn Fn(RetryNotice) + Send + Sync),
     ) -> Result<Completion, LlmError> {
         let choice = (!tools.is_empty()).then(|| Value::from("auto"));
-        self.chat_with_choice(messages, tools, choice, cancel, on_retry).await
+        self.chat_with_choice(messages, tools, choice, cancel, on_retry)
+            .await
     }
 
     /// One chat turn that must call `tool` (an OpenAI function-format tool), e.g. to extract
@@ -198,18 +199,28 @@ impl LlmClient {
         tool: Value,
         cancel: &CancellationToken,
     ) -> Result<Value, LlmError> {
-        let name = tool["function"]["name"].as_str().unwrap_or_default().to_string();
+        let name = tool["function"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let choice = serde_json::json!({"type": "function", "function": {"name": name}});
         let completion = self
-            .chat_with_choice(messages, std::slice::from_ref(&tool), Some(choice), cancel, &|_| {})
+            .chat_with_choice(
+                messages,
+                std::slice::from_ref(&tool),
+                Some(choice),
+                cancel,
+                &|_| {},
+            )
             .await?;
         let call = completion
             .tool_calls
             .into_iter()
             .find(|c| c.function.name == name)
             .ok_or_else(|| LlmError::BadResponse(format!("the model did not call {name}")))?;
-        serde_json::from_str(&call.function.arguments)
-            .map_err(|e| LlmError::BadResponse(format!("the arguments of {name} are not JSON: {e}")))
+        serde_json::from_str(&call.function.arguments).map_err(|e| {
+            LlmError::BadResponse(format!("the arguments of {name} are not JSON: {e}"))
+        })
     }
 
     async fn chat_with_choice(

@@ -34,8 +34,18 @@ pub fn sandbox_tools(
     }
     let browser = Arc::new(browser);
     let tools: Vec<Arc<dyn Tool>> = vec![
-        Arc::new(Bash::new(sandbox.clone(), default_timeout, max_timeout, output_cap)),
-        Arc::new(Python::new(sandbox.clone(), default_timeout, max_timeout, output_cap)),
+        Arc::new(Bash::new(
+            sandbox.clone(),
+            default_timeout,
+            max_timeout,
+            output_cap,
+        )),
+        Arc::new(Python::new(
+            sandbox.clone(),
+            default_timeout,
+            max_timeout,
+            output_cap,
+        )),
         Arc::new(StrReplaceEditor::new(sandbox, limits.max_file_bytes())),
         browser.clone(),
     ];
@@ -50,7 +60,14 @@ pub struct AgentTools {
 
 /// The agent's tools on `session`'s sandbox: the sandbox tools, ask_human and terminate.
 pub fn session_tools(session: &Session, config: &Config, asker: Arc<dyn Asker>) -> ToolRegistry {
-    agent_tools(session.sandbox.clone(), &session.limits, config, asker, None).registry
+    agent_tools(
+        session.sandbox.clone(),
+        &session.limits,
+        config,
+        asker,
+        None,
+    )
+    .registry
 }
 
 /// The agent's tools on any sandbox handle (a lazy one lists them without a container).
@@ -73,7 +90,10 @@ pub fn agent_tools(
 /// What the MCP server offers: the sandbox tools plus plain file access.
 pub fn server_tools(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config) -> ToolRegistry {
     let (mut tools, _) = sandbox_tools(sandbox.clone(), limits, config, None);
-    tools.push(Arc::new(ReadFile::new(sandbox.clone(), limits.output_cap())));
+    tools.push(Arc::new(ReadFile::new(
+        sandbox.clone(),
+        limits.output_cap(),
+    )));
     tools.push(Arc::new(WriteFile::new(sandbox.clone())));
     tools.push(Arc::new(ListDir::new(sandbox)));
     registry_of(tools)
