@@ -143,8 +143,17 @@ async fn a_killed_shell_is_restarted_with_a_note() {
     assert_eq!(out.stdout_lossy(), "alive\n");
     assert!(out.note.is_some_and(|n| n.contains("died")));
     // `exit` in a command ends the shell; the next call gets a fresh one and says so.
-    let out = sb.shell("exit 3", opts(10)).await.unwrap();
-    assert_eq!(out.exit_code, None);
+    let out = sb.shell("echo bye; exit 3", opts(10)).await.unwrap();
+    assert_eq!(out.exit_code, Some(3));
+    assert_eq!(out.stdout_lossy(), "bye\n");
+    assert!(
+        out.note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("ended with status 3"),
+        "{:?}",
+        out.note
+    );
     let out = sb.shell("echo fresh", opts(10)).await.unwrap();
     assert_eq!(out.stdout_lossy(), "fresh\n");
     assert!(out.note.is_some());

@@ -142,8 +142,12 @@ impl PersistentShell {
                 Outcome::Died(why) => outcome = Outcome::Died(why),
             }
         }
+        // The shell's own exit status, when the command ended it (`exit 4`).
+        let mut shell_exit = None;
         if let Outcome::Died(why) = &outcome {
-            *guard = None;
+            if let Some(dead) = guard.take() {
+                shell_exit = (dead.process.exit_code)().await.map(|c| c as i32);
+            }
             if !host.is_alive().await {
                 return Err(SandboxError::ContainerGone {
                     session: host.session_id().to_string(),
@@ -166,6 +170,10 @@ impl PersistentShell {
         let (stderr, stderr_truncated) = err.finish();
         let timed_out = matches!(outcome, Outcome::TimedOut);
         let died_note = match &outcome {
+            Outcome::Died(_) if shell_exit.is_some() => Some(format!(
+                "the shell itself ended with status {} during this command (an `exit`, or a kill); the next command gets a fresh shell, so cd and variables are reset",
+                shell_exit.unwrap_or_default()
+            )),
             Outcome::Died(why) => Some(format!(
                 "the shell exited during this command ({why}); the next command gets a fresh shell"
             )),
@@ -174,7 +182,8 @@ impl PersistentShell {
         Ok(ShellOutput {
             exit_code: match outcome {
                 Outcome::Done(code) => Some(code),
-                _ => None,
+                Outcome::Died(_) => shell_exit,
+                Outcome::TimedOut => None,
             },
             stdout,
             stderr,
