@@ -65,23 +65,14 @@ pub async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
             runtime
         }
     );
-    let llm = &ctx.config.llm;
-    let key = !llm.api_key.is_empty() || std::env::var_os("OPENAI_API_KEY").is_some();
-    let model = !llm.model.is_empty();
-    check(
-        key && model,
-        format!(
-            "LLM configured (model: {}, key: {}, endpoint: {})",
-            if model { llm.model.as_str() } else { "unset" },
-            if key { "set" } else { "unset" },
-            if llm.base_url.is_empty() {
-                std::env::var("OPENAI_BASE_URL").unwrap_or_else(|_| "OpenAI default".into())
-            } else {
-                llm.base_url.clone()
-            }
+    match sandboxd::llm::LlmClient::from_config(&ctx.config.llm) {
+        Ok(client) => check(
+            true,
+            format!("LLM configured: model {}", client.model()),
+            "",
         ),
-        "set [llm] model and api_key in config/sandboxd.toml, or OPENAI_API_KEY and SANDBOXD_LLM_MODEL (see README: OpenAI, Ollama/vLLM, Azure)",
-    );
+        Err(e) => check(false, "LLM not configured".into(), &format!("{e}")),
+    }
     Ok(if failures == 0 {
         ExitCode::SUCCESS
     } else {

@@ -194,9 +194,12 @@ pub async fn shell(ctx: Ctx, args: ShellArgs) -> anyhow::Result<ExitCode> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(1);
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
+        let interactive = stdin.is_terminal();
         loop {
-            eprint!("sandbox$ ");
-            let _ = std::io::stderr().flush();
+            if interactive {
+                eprint!("sandbox$ ");
+                let _ = std::io::stderr().flush();
+            }
             let mut line = String::new();
             match stdin.read_line(&mut line) {
                 Ok(0) | Err(_) => break,
