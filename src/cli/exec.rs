@@ -91,6 +91,23 @@ pub async fn open_session(
     }
 }
 
+/// Removes the session, or says how to reach it again when it is kept.
+pub async fn close_session(
+    manager: &SessionManager,
+    session: &Session,
+    keep: bool,
+) -> anyhow::Result<()> {
+    if keep {
+        eprintln!(
+            "sandboxd: session {} kept (reuse it with --session {}, remove it with `sandboxd sessions rm {}`)",
+            session.id, session.id, session.id
+        );
+    } else {
+        manager.remove(&session.id).await?;
+    }
+    Ok(())
+}
+
 pub async fn exec(ctx: Ctx, args: ExecArgs) -> anyhow::Result<ExitCode> {
     let manager = ctx.manager().await?;
     let keep = args.keep || args.session.is_some();
@@ -103,14 +120,7 @@ pub async fn exec(ctx: Ctx, args: ExecArgs) -> anyhow::Result<ExitCode> {
     )
     .await?;
     let result = stream_command(&session, &args.command, Duration::from_secs(args.timeout)).await;
-    if keep {
-        eprintln!(
-            "sandboxd: session {} kept (remove it with `sandboxd sessions rm {}`)",
-            session.id, session.id
-        );
-    } else {
-        manager.remove(&session.id).await?;
-    }
+    close_session(&manager, &session, keep).await?;
     result
 }
 
@@ -236,10 +246,6 @@ pub async fn shell(ctx: Ctx, args: ShellArgs) -> anyhow::Result<ExitCode> {
         }
         last = out.exit_code.unwrap_or(1);
     }
-    if keep {
-        eprintln!("sandboxd: session {} kept", session.id);
-    } else {
-        manager.remove(&session.id).await?;
-    }
+    close_session(&manager, &session, keep).await?;
     Ok(ExitCode::from(last.clamp(0, 255) as u8))
 }

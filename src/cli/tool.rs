@@ -11,7 +11,7 @@ use sandboxd::tools::ask_human::{Asker, NoHuman, TerminalAsker};
 use sandboxd::tools::session::agent_tools;
 
 use super::Ctx;
-use super::exec::{LimitFlags, open_session};
+use super::exec::{LimitFlags, close_session, open_session};
 
 #[derive(clap::Args, Debug)]
 pub struct ToolArgs {
@@ -79,14 +79,7 @@ pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
         )
         .await;
     tools.browser.shutdown().await;
-    if keep {
-        eprintln!(
-            "sandboxd: session {} kept (use --session {} again, or `sandboxd sessions rm {}`)",
-            session.id, session.id, session.id
-        );
-    } else {
-        manager.remove(&session.id).await?;
-    }
+    close_session(&manager, &session, keep).await?;
     let result = result?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);

@@ -109,33 +109,13 @@ impl PersistentShell {
 
         if matches!(outcome, Outcome::TimedOut) {
             let pid = running.pid;
-            let _ = host
-                .exec(
-                    super::ExecRequest::new([
-                        "python3",
-                        &format!("{}/killtree.py", super::HELPERS_DIR),
-                        "--descendants",
-                        &pid.to_string(),
-                    ])
-                    .timeout(Duration::from_secs(10)),
-                )
-                .await;
+            killtree(host, "--descendants", pid).await;
             let grace = tokio::time::Instant::now() + KILL_GRACE;
             match read_until_done(&mut running.process, &mut out, &mut err, grace).await {
                 Outcome::Done(_) => outcome = Outcome::TimedOut,
                 Outcome::TimedOut => {
                     // The command is a shell builtin looping in bash itself: replace the shell.
-                    let _ = host
-                        .exec(
-                            super::ExecRequest::new([
-                                "python3",
-                                &format!("{}/killtree.py", super::HELPERS_DIR),
-                                "--tree",
-                                &pid.to_string(),
-                            ])
-                            .timeout(Duration::from_secs(10)),
-                        )
-                        .await;
+                    killtree(host, "--tree", pid).await;
                     *guard = None;
                     self.set_note("the previous command timed out inside the shell itself, so the shell was restarted: the working directory and variables were reset".into());
                 }
@@ -199,17 +179,7 @@ impl PersistentShell {
     pub async fn restart(&self, host: &dyn Sandbox) {
         let mut guard = self.inner.lock().await;
         if let Some(running) = guard.take() {
-            let _ = host
-                .exec(
-                    super::ExecRequest::new([
-                        "python3",
-                        &format!("{}/killtree.py", super::HELPERS_DIR),
-                        "--tree",
-                        &running.pid.to_string(),
-                    ])
-                    .timeout(Duration::from_secs(10)),
-                )
-                .await;
+            killtree(host, "--tree", running.pid).await;
         }
         if let Ok(mut n) = self.pending_note.lock() {
             *n = None;
@@ -230,6 +200,16 @@ impl PersistentShell {
         if let Ok(mut n) = self.pending_note.lock() {
             *n = Some(note);
         }
+    }
+}
+
+/// Kills a process tree inside the sandbox with the image's killtree helper.
+async fn killtree(host: &dyn Sandbox, mode: &str, pid: u32) {
+    let script = format!("{}/killtree.py", super::HELPERS_DIR);
+    let req = super::ExecRequest::new(["python3", script.as_str(), mode, &pid.to_string()])
+        .timeout(Duration::from_secs(10));
+    if let Err(e) = host.exec(req).await {
+        tracing::warn!(pid, error = %e, "could not kill a process tree in the sandbox");
     }
 }
 

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use regex::Regex;
 use serde_json::{Value, json};
 
-use super::{Tool, ToolContext, ToolError, ToolResult, arg_str};
+use super::{Tool, ToolContext, ToolError, ToolResult, arg_str, timeout_arg};
 use crate::sandbox::{Sandbox, ShellOptions, ShellOutput};
 
 pub struct Bash {
@@ -74,10 +74,9 @@ impl Tool for Bash {
         if command.trim().is_empty() {
             return Ok(ToolResult::error("the command is empty"));
         }
-        let timeout = match args.get("timeout").and_then(Value::as_u64) {
-            Some(0) => return Ok(ToolResult::error("timeout must be at least 1 second")),
-            Some(s) => Duration::from_secs(s).min(self.max_timeout),
-            None => self.default_timeout,
+        let timeout = match timeout_arg(&args, self.default_timeout, self.max_timeout) {
+            Ok(t) => t,
+            Err(observation) => return Ok(observation),
         };
         let opts = ShellOptions {
             timeout,

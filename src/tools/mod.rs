@@ -123,3 +123,16 @@ pub trait Tool: Send + Sync {
 pub fn arg_str<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
     args.get(key).and_then(Value::as_str)
 }
+
+/// The optional `timeout` argument in seconds: the default when absent, capped at `max`.
+pub fn timeout_arg(
+    args: &Value,
+    default: std::time::Duration,
+    max: std::time::Duration,
+) -> Result<std::time::Duration, ToolResult> {
+    match args.get("timeout").and_then(Value::as_u64) {
+        Some(0) => Err(ToolResult::error("timeout must be at least 1 second")),
+        Some(s) => Ok(std::time::Duration::from_secs(s).min(max)),
+        None => Ok(default.min(max)),
+    }
+}

@@ -16,7 +16,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use super::{Tool, ToolContext, ToolError, ToolResult, arg_str};
+use super::{Tool, ToolContext, ToolError, ToolResult, arg_str, timeout_arg};
 use crate::sandbox::Sandbox;
 use driver::{CellEnd, CellOutput, Driver, GRACE};
 
@@ -124,10 +124,9 @@ impl Tool for Python {
 
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<ToolResult, ToolError> {
         let code = arg_str(&args, "code").unwrap_or_default();
-        let timeout = match args.get("timeout").and_then(Value::as_u64) {
-            Some(0) => return Ok(ToolResult::error("timeout must be at least 1 second")),
-            Some(s) => Duration::from_secs(s).min(self.max_timeout),
-            None => self.default_timeout,
+        let timeout = match timeout_arg(&args, self.default_timeout, self.max_timeout) {
+            Ok(t) => t,
+            Err(observation) => return Ok(observation),
         };
         let reset = args.get("reset").and_then(Value::as_bool) == Some(true);
         let mut slot = self.slot.lock().await;
