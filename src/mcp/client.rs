@@ -2,7 +2,7 @@
 //! registry as ordinary `Tool`s.
 //!
 //! Use from the agent:
-//! ```ignore
+//! ```text
 //! let clients = sandboxd::mcp::connect_all(Path::new("config/mcp.json")).await?;
 //! for (server, why) in clients.failures() { warn!("MCP server {server} skipped: {why}") }
 //! clients.register_into(&mut registry);                    // mcp_{server}_{tool} tools
