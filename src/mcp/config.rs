@@ -207,6 +207,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_example_file_parses_without_errors() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/mcp.example.json");
+        let (servers, errors) = load(&path).expect("config/mcp.example.json is readable and valid");
+        assert!(errors.is_empty(), "{errors:?}");
+        let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+        assert!(
+            names.contains(&"fetch") && names.contains(&"remote"),
+            "{names:?}"
+        );
+        assert!(!names.contains(&"off"), "a disabled server is not started");
+    }
+
+    #[test]
     fn parses_both_kinds_and_reports_bad_entries() {
         let text = r#"{"mcpServers": {
             "a": {"command": "srv", "args": ["-x"], "env": {"KEY": "v"}},

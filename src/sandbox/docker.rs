@@ -1,45 +1,32 @@
-//! The Docker backend: DockerRuntime creates hardened session containers, DockerSandbox
-//! implements the Sandbox trait on one of them. This file and docker_image.rs are the only
-//! places that import bollard.
+//! The Docker backend's runtime: DockerRuntime creates, lists and removes hardened session
+//! containers. The Sandbox trait on one container is in docker_sandbox.rs, its exec plumbing in
+//! docker_exec.rs; these files and docker_image.rs are the only places that import bollard.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_trait::async_trait;
 use bollard::Docker;
-use bollard::container::LogOutput;
-use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::{
-    ContainerCreateBody, ExecConfig, HostConfig, HostConfigLogConfig, ResourcesUlimits,
-    RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits, RestartPolicy,
+    RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder, StartContainerOptions,
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    StartContainerOptions,
 };
-use futures::StreamExt;
-use serde_json::json;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::Mutex;
 
-use super::framed::FramedProcess;
-use super::fs_client;
-use super::output::CappedBuffer;
-use super::shell::PersistentShell;
-use super::tar_safety::{self, TarLimits};
-use super::{
-    AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, OutputChunk, Sandbox,
-    SandboxError, ShellOptions, ShellOutput, SpawnRequest, resolve_path,
-};
+use super::SandboxError;
 use crate::config::Limits;
+
+pub use super::docker_sandbox::DockerSandbox;
 
 pub const LABEL_MANAGED: &str = "sandboxd.managed";
 pub const LABEL_SESSION: &str = "sandboxd.session";
 pub const LABEL_OWNER: &str = "sandboxd.owner";
 pub const LABEL_KEEP: &str = "sandboxd.keep";
 pub const LABEL_CREATOR: &str = "sandboxd.creator";
-const SANDBOX_USER: &str = "1000:1000";
+pub(super) const SANDBOX_USER: &str = "1000:1000";
 
 /// What a new session container is made from.
 #[derive(Debug, Clone)]
@@ -148,14 +135,12 @@ impl DockerRuntime {
                 e,
             ));
         }
-        Ok(Arc::new(DockerSandbox {
-            docker: self.docker.clone(),
-            container_id: created.id,
-            session_id: spec.session_id.clone(),
-            limits: spec.limits.clone(),
-            shell: PersistentShell::new(),
-            fs: Mutex::new(None),
-        }))
+        Ok(Arc::new(DockerSandbox::new(
+            self.docker.clone(),
+            created.id,
+            spec.session_id.clone(),
+            spec.limits.clone(),
+        )))
     }
 
     /// Wraps the running container of an existing (kept) session.
@@ -178,14 +163,12 @@ impl DockerRuntime {
                 message: format!("its container is {}", found.state),
             });
         }
-        Ok(Arc::new(DockerSandbox {
-            docker: self.docker.clone(),
-            container_id: found.container_id,
-            session_id: session_id.into(),
-            limits: limits.clone(),
-            shell: PersistentShell::new(),
-            fs: Mutex::new(None),
-        }))
+        Ok(Arc::new(DockerSandbox::new(
+            self.docker.clone(),
+            found.container_id,
+            session_id.into(),
+            limits.clone(),
+        )))
     }
 
     /// Every container carrying `sandboxd.managed=true`, running or not.
@@ -333,490 +316,18 @@ fn container_body(
     }
 }
 
-/// One session container, reached only through exec and attached streams.
-pub struct DockerSandbox {
-    docker: Docker,
-    container_id: String,
-    session_id: String,
-    limits: Limits,
-    shell: PersistentShell,
-    fs: Mutex<Option<FramedProcess>>,
-}
-
-impl DockerSandbox {
-    pub fn container_id(&self) -> &str {
-        &self.container_id
-    }
-
-    pub fn shell_handle(&self) -> &PersistentShell {
-        &self.shell
-    }
-
-    async fn start_exec(
-        &self,
-        argv: &[String],
-        cwd: Option<&str>,
-        env: &[(String, String)],
-        stdin: bool,
-    ) -> Result<(String, AttachedProcess), SandboxError> {
-        if argv.is_empty() {
-            return Err(SandboxError::InvalidRequest("empty command".into()));
-        }
-        let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let exec = self
-            .docker
-            .create_exec(
-                &self.container_id,
-                ExecConfig {
-                    attach_stdin: Some(stdin),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    tty: Some(false),
-                    cmd: Some(argv.to_vec()),
-                    env: Some(env),
-                    working_dir: Some(cwd.unwrap_or(super::WORKSPACE).to_string()),
-                    user: Some(SANDBOX_USER.into()),
-                    privileged: Some(false),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| docker_err("start a process", &self.session_id, e))?;
-        let started = self
-            .docker
-            .start_exec(
-                &exec.id,
-                Some(StartExecOptions {
-                    detach: false,
-                    tty: false,
-                    output_capacity: Some(64 * 1024),
-                }),
-            )
-            .await
-            .map_err(|e| docker_err("attach to a process", &self.session_id, e))?;
-        let StartExecResults::Attached { output, input } = started else {
-            return Err(SandboxError::Docker {
-                operation: "attach to a process".into(),
-                message: "the engine started it detached".into(),
-            });
-        };
-        let session = self.session_id.clone();
-        let output = output
-            .filter_map(move |item| {
-                let mapped = match item {
-                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-                        Some(Ok(OutputChunk::Stdout(message)))
-                    }
-                    Ok(LogOutput::StdErr { message }) => Some(Ok(OutputChunk::Stderr(message))),
-                    Ok(LogOutput::StdIn { .. }) => None,
-                    Err(e) => Some(Err(docker_err("read process output", &session, e))),
-                };
-                futures::future::ready(mapped)
-            })
-            .boxed();
-        let docker = self.docker.clone();
-        let exec_id = exec.id.clone();
-        let exit_code: super::ExitProbe =
-            Box::new(move || Box::pin(exec_exit_code(docker, exec_id)));
-        let started = Box::pin(exec_started(self.docker.clone(), exec.id.clone()));
-        let stdin = Box::pin(StdinGuard {
-            inner: input,
-            started: Some(started),
-        });
-        Ok((
-            exec.id,
-            AttachedProcess {
-                stdin,
-                output,
-                exit_code,
-            },
-        ))
-    }
-
-    async fn fs_call(
-        &self,
-        op: serde_json::Value,
-        body: &[u8],
-    ) -> Result<(serde_json::Value, bytes::Bytes), SandboxError> {
-        let max_body = self.limits.max_file_bytes() as usize + 4096;
-        let mut guard = self.fs.lock().await;
-        for attempt in 0..2 {
-            if guard.as_ref().is_none_or(|f| !f.is_usable()) {
-                let (_, process) = self
-                    .start_exec(
-                        &[
-                            "python3".into(),
-                            format!("{}/sandboxd_fs.py", super::HELPERS_DIR),
-                        ],
-                        None,
-                        &[],
-                        true,
-                    )
-                    .await?;
-                let mut framed = FramedProcess::new("sandboxd_fs", process, max_body);
-                framed.recv().await?;
-                *guard = Some(framed);
-            }
-            let Some(framed) = guard.as_mut() else {
-                continue;
-            };
-            match framed.call(&op, body).await {
-                Ok(resp) => return Ok(resp),
-                Err(e) if attempt == 0 && !framed.is_usable() => {
-                    tracing::warn!(session = %self.session_id, error = %e, "file helper failed; restarting it");
-                    *guard = None;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(SandboxError::Protocol {
-            helper: "sandboxd_fs".into(),
-            message: "the file helper failed twice in a row".into(),
-        })
-    }
-
-    async fn collect(&self, req: &ExecRequest, tag: &str) -> Result<ExecOutput, SandboxError> {
-        let started = Instant::now();
-        let mut env = req.env.clone();
-        env.push(("SANDBOXD_TAG".into(), tag.into()));
-        let (_, mut process) = self
-            .start_exec(&req.argv, req.cwd.as_deref(), &env, req.stdin.is_some())
-            .await?;
-        let writer = req.stdin.clone().map(|data| {
-            let mut stdin = process.stdin;
-            tokio::spawn(async move {
-                let _ = stdin.write_all(&data).await;
-                let _ = stdin.shutdown().await;
-            })
-        });
-        let mut out = CappedBuffer::new(req.output_cap);
-        let mut err = CappedBuffer::new(req.output_cap);
-        let read = async {
-            while let Some(chunk) = process.output.next().await {
-                match chunk? {
-                    OutputChunk::Stdout(b) => out.push(&b),
-                    OutputChunk::Stderr(b) => err.push(&b),
-                }
-            }
-            Ok::<(), SandboxError>(())
-        };
-        let timed_out = match tokio::time::timeout(req.timeout, read).await {
-            Ok(res) => {
-                res?;
-                false
-            }
-            Err(_) => true,
-        };
-        if let Some(w) = writer {
-            w.abort();
-        }
-        if timed_out {
-            self.kill_tagged(tag).await?;
-        }
-        let exit_code = if timed_out {
-            None
-        } else {
-            (process.exit_code)().await
-        };
-        let (stdout, stdout_truncated) = out.finish();
-        let (stderr, stderr_truncated) = err.finish();
-        Ok(ExecOutput {
-            exit_code,
-            stdout,
-            stderr,
-            stdout_truncated,
-            stderr_truncated,
-            timed_out,
-            duration: started.elapsed(),
-        })
-    }
-}
-
-fn fs_error(op: &'static str, path: &str, resp: &serde_json::Value, limit: u64) -> SandboxError {
-    let message = resp["message"].as_str().unwrap_or("failed").to_string();
-    match resp["kind"].as_str() {
-        Some("not_found") => SandboxError::NotFound { path: path.into() },
-        Some("too_large") => SandboxError::FileTooLarge {
-            path: path.into(),
-            size: resp["size"].as_u64().unwrap_or(0),
-            limit,
-        },
-        _ => SandboxError::FileOp {
-            operation: op,
-            path: path.into(),
-            message,
-        },
-    }
-}
-
-#[async_trait]
-impl Sandbox for DockerSandbox {
-    fn session_id(&self) -> &str {
-        &self.session_id
-    }
-
-    async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
-        let tag = format!("{:032x}", rand::random::<u128>());
-        let mut req = req;
-        req.timeout = req
-            .timeout
-            .min(Duration::from_secs(self.limits.max_timeout_secs));
-        self.collect(&req, &tag).await
-    }
-
-    async fn spawn(&self, req: SpawnRequest) -> Result<AttachedProcess, SandboxError> {
-        let (_, process) = self
-            .start_exec(&req.argv, req.cwd.as_deref(), &req.env, true)
-            .await?;
-        Ok(process)
-    }
-
-    async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError> {
-        let mut opts = opts;
-        opts.timeout = opts
-            .timeout
-            .min(Duration::from_secs(self.limits.max_timeout_secs));
-        self.shell.run(self, command, &opts).await
-    }
-
-    async fn restart_shell(&self) -> Result<(), SandboxError> {
-        self.shell.restart(self).await;
-        Ok(())
-    }
-
-    async fn read_file(&self, path: &str) -> Result<Vec<u8>, SandboxError> {
-        let path = resolve_path(path)?;
-        let limit = self.limits.max_file_bytes();
-        let (resp, body) = self
-            .fs_call(json!({"op": "read", "path": path, "limit": limit}), &[])
-            .await?;
-        if resp["ok"] == true {
-            Ok(body.to_vec())
-        } else {
-            Err(fs_error("read", &path, &resp, limit))
-        }
-    }
-
-    async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), SandboxError> {
-        let path = resolve_path(path)?;
-        let limit = self.limits.max_file_bytes();
-        if data.len() as u64 > limit {
-            return Err(SandboxError::FileTooLarge {
-                path,
-                size: data.len() as u64,
-                limit,
-            });
-        }
-        let (resp, _) = self
-            .fs_call(json!({"op": "write", "path": path}), data)
-            .await?;
-        if resp["ok"] == true {
-            Ok(())
-        } else {
-            Err(fs_error("write", &path, &resp, limit))
-        }
-    }
-
-    async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
-        let path = resolve_path(path)?;
-        let (resp, _) = self
-            .fs_call(json!({"op": "list", "path": path}), &[])
-            .await?;
-        if resp["ok"] != true {
-            return Err(fs_error("list", &path, &resp, 0));
-        }
-        serde_json::from_value(resp["entries"].clone()).map_err(|e| SandboxError::Protocol {
-            helper: "sandboxd_fs".into(),
-            message: e.to_string(),
-        })
-    }
-
-    async fn stat(&self, path: &str) -> Result<FileStat, SandboxError> {
-        let path = resolve_path(path)?;
-        let (resp, _) = self
-            .fs_call(json!({"op": "stat", "path": path}), &[])
-            .await?;
-        fs_client::parse_stat(&path, &resp).ok_or_else(|| fs_error("stat", &path, &resp, 0))
-    }
-
-    async fn mkdir(&self, path: &str) -> Result<(), SandboxError> {
-        let path = resolve_path(path)?;
-        let (resp, _) = self
-            .fs_call(json!({"op": "mkdir", "path": path}), &[])
-            .await?;
-        if resp["ok"] == true {
-            Ok(())
-        } else {
-            Err(fs_error("mkdir", &path, &resp, 0))
-        }
-    }
-
-    async fn remove(&self, path: &str, recursive: bool) -> Result<(), SandboxError> {
-        let path = resolve_path(path)?;
-        let (resp, _) = self
-            .fs_call(
-                json!({"op": "remove", "path": path, "recursive": recursive}),
-                &[],
-            )
-            .await?;
-        if resp["ok"] == true {
-            Ok(())
-        } else {
-            Err(fs_error("remove", &path, &resp, 0))
-        }
-    }
-
-    async fn upload_tar(&self, dir: &str, archive: &[u8]) -> Result<(), SandboxError> {
-        let dir = resolve_path(dir)?;
-        let limits = TarLimits {
-            max_total_bytes: (self.limits.workspace_mb).saturating_mul(1 << 20),
-            ..TarLimits::default()
-        };
-        tar_safety::validate_archive(archive, &limits)?;
-        let out = self
-            .exec(
-                ExecRequest::new([
-                    "bash",
-                    "-c",
-                    "mkdir -p -- \"$1\" && exec tar -C \"$1\" -xf - --no-same-owner --no-same-permissions",
-                    "upload",
-                    &dir,
-                ])
-                .stdin(archive.to_vec())
-                .timeout(Duration::from_secs(self.limits.max_timeout_secs)),
-            )
-            .await?;
-        if out.success() {
-            Ok(())
-        } else {
-            Err(SandboxError::FileOp {
-                operation: "upload",
-                path: dir,
-                message: out.stderr_lossy().trim().to_string(),
-            })
-        }
-    }
-
-    async fn download_tar(&self, dir: &str) -> Result<Vec<u8>, SandboxError> {
-        let dir = resolve_path(dir)?;
-        let cap = (self.limits.workspace_mb as usize)
-            .saturating_mul(1 << 20)
-            .saturating_add(1 << 20);
-        let out = self
-            .exec(
-                ExecRequest::new(["tar", "-C", &dir, "-cf", "-", "."])
-                    .output_cap(cap)
-                    .timeout(Duration::from_secs(self.limits.max_timeout_secs)),
-            )
-            .await?;
-        if out.stdout_truncated {
-            return Err(SandboxError::FileTooLarge {
-                path: dir,
-                size: out.stdout.len() as u64,
-                limit: cap as u64,
-            });
-        }
-        if !out.success() {
-            return Err(SandboxError::FileOp {
-                operation: "download",
-                path: dir,
-                message: out.stderr_lossy().trim().to_string(),
-            });
-        }
-        Ok(out.stdout)
-    }
-
-    async fn kill_tagged(&self, tag: &str) -> Result<(), SandboxError> {
-        let argv = vec![
-            "python3".to_string(),
-            format!("{}/killtree.py", super::HELPERS_DIR),
-            "--tag".into(),
-            tag.into(),
-        ];
-        let (_, mut process) = self.start_exec(&argv, None, &[], false).await?;
-        let drain = async { while process.output.next().await.is_some() {} };
-        let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
-        Ok(())
-    }
-
-    async fn is_alive(&self) -> bool {
-        matches!(
-            self.docker
-                .inspect_container(&self.container_id, None::<InspectContainerOptions>)
-                .await,
-            Ok(info) if info.state.as_ref().and_then(|s| s.running) == Some(true)
-        )
-    }
-}
-
-/// Waits until the engine reports the exec's process as started (or already finished).
-async fn exec_started(docker: Docker, exec_id: String) {
-    for _ in 0..400 {
-        match docker.inspect_exec(&exec_id).await {
-            Ok(info) if info.running == Some(true) || info.exit_code.is_some() => return,
-            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
-            Err(_) => return,
-        }
-    }
-}
-
-/// The stdin of an attached exec. Docker 20.10 answers a stdin close that arrives before the
-/// process has started with "task … not found" instead of EOF, so shutdown waits for the start.
-struct StdinGuard {
-    inner: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
-    started: Option<futures::future::BoxFuture<'static, ()>>,
-}
-
-impl tokio::io::AsyncWrite for StdinGuard {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        self.inner.as_mut().poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        self.inner.as_mut().poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        if let Some(started) = self.started.as_mut() {
-            if started.as_mut().poll(cx).is_pending() {
-                return std::task::Poll::Pending;
-            }
-            self.started = None;
-        }
-        self.inner.as_mut().poll_shutdown(cx)
-    }
-}
-
-async fn exec_exit_code(docker: Docker, exec_id: String) -> Option<i64> {
-    // The output can end a moment before the engine marks the exec finished.
-    for _ in 0..100 {
-        match docker.inspect_exec(&exec_id).await {
-            Ok(info) if info.running == Some(false) => return info.exit_code,
-            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            Err(_) => return None,
-        }
-    }
-    None
-}
-
-fn engine_err(e: bollard::errors::Error) -> SandboxError {
+pub(super) fn engine_err(e: bollard::errors::Error) -> SandboxError {
     SandboxError::EngineUnavailable {
         message: e.to_string(),
     }
 }
 
 /// Sorts a bollard error into gone-container, unreachable-engine or a plain refusal.
-fn docker_err(operation: &str, session: &str, e: bollard::errors::Error) -> SandboxError {
+pub(super) fn docker_err(
+    operation: &str,
+    session: &str,
+    e: bollard::errors::Error,
+) -> SandboxError {
     use bollard::errors::Error as E;
     match e {
         E::DockerResponseServerError {

@@ -5,7 +5,9 @@
 //! Only `docker*.rs` in this folder import bollard.
 
 pub mod docker;
+mod docker_exec;
 pub mod docker_image;
+mod docker_sandbox;
 pub mod framed;
 pub mod fs_client;
 pub mod manager;

@@ -1,0 +1,275 @@
+//! DockerSandbox: the Sandbox trait on one session container. Commands go through the
+//! persistent shell or one-shot execs, files through the in-sandbox file helper, archives
+//! through `tar` over exec streams (the archive API fails on a read-only root).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::query_parameters::InspectContainerOptions;
+use futures::StreamExt;
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use super::framed::FramedProcess;
+use super::fs_client;
+use super::shell::PersistentShell;
+use super::tar_safety::{self, TarLimits};
+use super::{
+    AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Sandbox, SandboxError,
+    ShellOptions, ShellOutput, SpawnRequest, resolve_path,
+};
+use crate::config::Limits;
+
+/// One session container, reached only through exec and attached streams.
+pub struct DockerSandbox {
+    pub(super) docker: Docker,
+    pub(super) container_id: String,
+    pub(super) session_id: String,
+    pub(super) limits: Limits,
+    pub(super) shell: PersistentShell,
+    pub(super) fs: Mutex<Option<FramedProcess>>,
+}
+
+impl DockerSandbox {
+    pub(super) fn new(
+        docker: Docker,
+        container_id: String,
+        session_id: String,
+        limits: Limits,
+    ) -> Self {
+        Self {
+            docker,
+            container_id,
+            session_id,
+            limits,
+            shell: PersistentShell::new(),
+            fs: Mutex::new(None),
+        }
+    }
+
+    pub fn container_id(&self) -> &str {
+        &self.container_id
+    }
+
+    pub fn shell_handle(&self) -> &PersistentShell {
+        &self.shell
+    }
+}
+
+fn fs_error(op: &'static str, path: &str, resp: &serde_json::Value, limit: u64) -> SandboxError {
+    let message = resp["message"].as_str().unwrap_or("failed").to_string();
+    match resp["kind"].as_str() {
+        Some("not_found") => SandboxError::NotFound { path: path.into() },
+        Some("too_large") => SandboxError::FileTooLarge {
+            path: path.into(),
+            size: resp["size"].as_u64().unwrap_or(0),
+            limit,
+        },
+        _ => SandboxError::FileOp {
+            operation: op,
+            path: path.into(),
+            message,
+        },
+    }
+}
+
+#[async_trait]
+impl Sandbox for DockerSandbox {
+    fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        let tag = format!("{:032x}", rand::random::<u128>());
+        let mut req = req;
+        req.timeout = req
+            .timeout
+            .min(Duration::from_secs(self.limits.max_timeout_secs));
+        self.collect(&req, &tag).await
+    }
+
+    async fn spawn(&self, req: SpawnRequest) -> Result<AttachedProcess, SandboxError> {
+        let (_, process) = self
+            .start_exec(&req.argv, req.cwd.as_deref(), &req.env, true)
+            .await?;
+        Ok(process)
+    }
+
+    async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError> {
+        let mut opts = opts;
+        opts.timeout = opts
+            .timeout
+            .min(Duration::from_secs(self.limits.max_timeout_secs));
+        self.shell.run(self, command, &opts).await
+    }
+
+    async fn restart_shell(&self) -> Result<(), SandboxError> {
+        self.shell.restart(self).await;
+        Ok(())
+    }
+
+    async fn read_file(&self, path: &str) -> Result<Vec<u8>, SandboxError> {
+        let path = resolve_path(path)?;
+        let limit = self.limits.max_file_bytes();
+        let (resp, body) = self
+            .fs_call(json!({"op": "read", "path": path, "limit": limit}), &[])
+            .await?;
+        if resp["ok"] == true {
+            Ok(body.to_vec())
+        } else {
+            Err(fs_error("read", &path, &resp, limit))
+        }
+    }
+
+    async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), SandboxError> {
+        let path = resolve_path(path)?;
+        let limit = self.limits.max_file_bytes();
+        if data.len() as u64 > limit {
+            return Err(SandboxError::FileTooLarge {
+                path,
+                size: data.len() as u64,
+                limit,
+            });
+        }
+        let (resp, _) = self
+            .fs_call(json!({"op": "write", "path": path}), data)
+            .await?;
+        if resp["ok"] == true {
+            Ok(())
+        } else {
+            Err(fs_error("write", &path, &resp, limit))
+        }
+    }
+
+    async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
+        let path = resolve_path(path)?;
+        let (resp, _) = self
+            .fs_call(json!({"op": "list", "path": path}), &[])
+            .await?;
+        if resp["ok"] != true {
+            return Err(fs_error("list", &path, &resp, 0));
+        }
+        serde_json::from_value(resp["entries"].clone()).map_err(|e| SandboxError::Protocol {
+            helper: "sandboxd_fs".into(),
+            message: e.to_string(),
+        })
+    }
+
+    async fn stat(&self, path: &str) -> Result<FileStat, SandboxError> {
+        let path = resolve_path(path)?;
+        let (resp, _) = self
+            .fs_call(json!({"op": "stat", "path": path}), &[])
+            .await?;
+        fs_client::parse_stat(&path, &resp).ok_or_else(|| fs_error("stat", &path, &resp, 0))
+    }
+
+    async fn mkdir(&self, path: &str) -> Result<(), SandboxError> {
+        let path = resolve_path(path)?;
+        let (resp, _) = self
+            .fs_call(json!({"op": "mkdir", "path": path}), &[])
+            .await?;
+        if resp["ok"] == true {
+            Ok(())
+        } else {
+            Err(fs_error("mkdir", &path, &resp, 0))
+        }
+    }
+
+    async fn remove(&self, path: &str, recursive: bool) -> Result<(), SandboxError> {
+        let path = resolve_path(path)?;
+        let (resp, _) = self
+            .fs_call(
+                json!({"op": "remove", "path": path, "recursive": recursive}),
+                &[],
+            )
+            .await?;
+        if resp["ok"] == true {
+            Ok(())
+        } else {
+            Err(fs_error("remove", &path, &resp, 0))
+        }
+    }
+
+    async fn upload_tar(&self, dir: &str, archive: &[u8]) -> Result<(), SandboxError> {
+        let dir = resolve_path(dir)?;
+        let limits = TarLimits {
+            max_total_bytes: (self.limits.workspace_mb).saturating_mul(1 << 20),
+            ..TarLimits::default()
+        };
+        tar_safety::validate_archive(archive, &limits)?;
+        let out = self
+            .exec(
+                ExecRequest::new([
+                    "bash",
+                    "-c",
+                    "mkdir -p -- \"$1\" && exec tar -C \"$1\" -xf - --no-same-owner --no-same-permissions",
+                    "upload",
+                    &dir,
+                ])
+                .stdin(archive.to_vec())
+                .timeout(Duration::from_secs(self.limits.max_timeout_secs)),
+            )
+            .await?;
+        if out.success() {
+            Ok(())
+        } else {
+            Err(SandboxError::FileOp {
+                operation: "upload",
+                path: dir,
+                message: out.stderr_lossy().trim().to_string(),
+            })
+        }
+    }
+
+    async fn download_tar(&self, dir: &str) -> Result<Vec<u8>, SandboxError> {
+        let dir = resolve_path(dir)?;
+        let cap = (self.limits.workspace_mb as usize)
+            .saturating_mul(1 << 20)
+            .saturating_add(1 << 20);
+        let out = self
+            .exec(
+                ExecRequest::new(["tar", "-C", &dir, "-cf", "-", "."])
+                    .output_cap(cap)
+                    .timeout(Duration::from_secs(self.limits.max_timeout_secs)),
+            )
+            .await?;
+        if out.stdout_truncated {
+            return Err(SandboxError::FileTooLarge {
+                path: dir,
+                size: out.stdout.len() as u64,
+                limit: cap as u64,
+            });
+        }
+        if !out.success() {
+            return Err(SandboxError::FileOp {
+                operation: "download",
+                path: dir,
+                message: out.stderr_lossy().trim().to_string(),
+            });
+        }
+        Ok(out.stdout)
+    }
+
+    async fn kill_tagged(&self, tag: &str) -> Result<(), SandboxError> {
+        let argv = vec![
+            "python3".to_string(),
+            format!("{}/killtree.py", super::HELPERS_DIR),
+            "--tag".into(),
+            tag.into(),
+        ];
+        let (_, mut process) = self.start_exec(&argv, None, &[], false).await?;
+        let drain = async { while process.output.next().await.is_some() {} };
+        let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
+        Ok(())
+    }
+
+    async fn is_alive(&self) -> bool {
+        matches!(
+            self.docker
+                .inspect_container(&self.container_id, None::<InspectContainerOptions>)
+                .await,
+            Ok(info) if info.state.as_ref().and_then(|s| s.running) == Some(true)
+        )
+    }
+}
