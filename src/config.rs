@@ -107,6 +107,11 @@ impl Limits {
         ) -> Result<T, ConfigError> {
             match asked {
                 None => Ok(ceiling),
+                // NaN compares false both ways: refuse anything not inside [floor, ceiling].
+                Some(v) if v.partial_cmp(&floor).is_none() => Err(ConfigError::Invalid {
+                    key: key.into(),
+                    message: "not a number".into(),
+                }),
                 Some(v) if v > ceiling => Err(ConfigError::Invalid {
                     key: key.into(),
                     message: format!(
@@ -127,6 +132,46 @@ impl Limits {
         out.workspace_mb = pick("workspace_mb", self.workspace_mb, 1, req.workspace_mb)?;
         out.tmp_mb = pick("tmp_mb", self.tmp_mb, 1, req.tmp_mb)?;
         Ok(out)
+    }
+
+    /// Refuses ceilings that would disable a limit (NaN or zero CPUs means "unlimited" to
+    /// Docker) or make a sandbox unusable.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| {
+            Err(ConfigError::Invalid {
+                key: format!("limits.{key}"),
+                message,
+            })
+        };
+        if !(self.cpus.is_finite() && self.cpus >= 0.05) {
+            return bad(
+                "cpus",
+                format!("{} is not a CPU count of at least 0.05", self.cpus),
+            );
+        }
+        if self.memory_mb < 32 {
+            return bad(
+                "memory_mb",
+                format!("{} MiB is below the minimum of 32", self.memory_mb),
+            );
+        }
+        if self.pids < 16 {
+            return bad("pids", format!("{} is below the minimum of 16", self.pids));
+        }
+        for (key, v) in [
+            ("workspace_mb", self.workspace_mb),
+            ("tmp_mb", self.tmp_mb),
+            ("nofile", self.nofile),
+            ("fsize_mb", self.fsize_mb),
+            ("max_timeout_secs", self.max_timeout_secs),
+            ("output_cap_kb", self.output_cap_kb),
+            ("max_file_mb", self.max_file_mb),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1".into());
+            }
+        }
+        Ok(())
     }
 
     pub fn output_cap(&self) -> usize {
@@ -294,10 +339,13 @@ impl Config {
             }
             apply_env(&mut tree, var, rest, value)?;
         }
-        Config::deserialize(toml::Value::Table(tree)).map_err(|e| ConfigError::Env {
-            var: "SANDBOXD_*".into(),
-            message: e.to_string(),
-        })
+        let config =
+            Config::deserialize(toml::Value::Table(tree)).map_err(|e| ConfigError::Env {
+                var: "SANDBOXD_*".into(),
+                message: e.to_string(),
+            })?;
+        config.limits.validate()?;
+        Ok(config)
     }
 
     /// The directory for transcripts and other files sandboxd keeps.
@@ -421,6 +469,20 @@ mod tests {
     }
 
     #[test]
+    fn ceilings_that_disable_a_limit_are_refused() {
+        for (var, value) in [
+            ("SANDBOXD_LIMITS_CPUS", "nan"),
+            ("SANDBOXD_LIMITS_CPUS", "0"),
+            ("SANDBOXD_LIMITS_PIDS", "0"),
+        ] {
+            let err = Config::load_with_env(None, &env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("limits."), "{var}={value}: {err}");
+        }
+    }
+
+    #[test]
     fn requests_only_lower_limits() {
         let l = Limits::default();
         let lowered = l
@@ -430,6 +492,11 @@ mod tests {
             })
             .unwrap();
         assert_eq!(lowered.memory_mb, 256);
+        let nan = l.lowered(&LimitRequest {
+            cpus: Some(f64::NAN),
+            ..Default::default()
+        });
+        assert!(nan.is_err(), "NaN must not pass as a CPU limit");
         let err = l
             .lowered(&LimitRequest {
                 pids: Some(100_000),

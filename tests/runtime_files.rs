@@ -63,6 +63,16 @@ async fn names_with_spaces_and_unicode_and_clear_errors() {
     );
     let err = sb.read_file("/workspace/a\0b").await.unwrap_err();
     assert!(matches!(err, SandboxError::InvalidPath { .. }));
+    // A FIFO is refused at once instead of blocking the helper (and the host) for ever.
+    sb.shell("mkfifo /workspace/pipe", ShellOptions::default())
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    let err = sb.read_file("/workspace/pipe").await.unwrap_err();
+    assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    // The helper still answers afterwards.
+    assert_eq!(sb.read_file(path).await.unwrap(), b"hello");
     sb.mkdir("/workspace/d1/d2").await.unwrap();
     assert_eq!(
         sb.stat("/workspace/d1/d2").await.unwrap().kind,

@@ -52,6 +52,18 @@ async fn cwd_env_exit_codes_and_streams() {
         .await
         .unwrap();
     assert_eq!(out.stdout_lossy(), "it's \"quoted\" 42 $HOME single\n");
+    // A script's own printf function or DEBUG trap does not break the protocol.
+    sb.shell(
+        "printf() { builtin printf 'X%s' \"$@\"; }; trap 'true' DEBUG",
+        opts(10),
+    )
+    .await
+    .unwrap();
+    let out = sb.shell("false", opts(10)).await.unwrap();
+    assert_eq!(out.exit_code, Some(1));
+    let out = sb.shell("printf hi", opts(10)).await.unwrap();
+    assert_eq!(out.stdout_lossy(), "Xhi");
+    sb.shell("unset -f printf", opts(10)).await.unwrap();
     // A command that waits for input gets EOF at once.
     let t = Instant::now();
     let out = sb.shell("read x; echo \"got:$x\"", opts(30)).await.unwrap();

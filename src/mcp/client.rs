@@ -36,7 +36,6 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
-use tokio::io::AsyncBufReadExt;
 
 use super::config::{self, McpConfigError, ServerConfig, Transport};
 use super::names;
@@ -420,8 +419,20 @@ impl RemoteServer {
         let name = self.config.name.clone();
         lock(&tail).clear();
         tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            // Lines are read with a length cap: a server writing gigabytes without a newline
+            // must not grow the host's memory.
+            let mut lines = tokio_util::codec::FramedRead::new(
+                stderr,
+                tokio_util::codec::LinesCodec::new_with_max_length(4096),
+            );
+            while let Some(line) = futures::StreamExt::next(&mut lines).await {
+                let line = match line {
+                    Ok(l) => l,
+                    Err(tokio_util::codec::LinesCodecError::MaxLineLengthExceeded) => {
+                        "[an over-long stderr line]".to_string()
+                    }
+                    Err(_) => break,
+                };
                 tracing::debug!(server = %name, "{line}");
                 let mut t = lock(&tail);
                 if t.len() == STDERR_TAIL {
@@ -571,9 +582,32 @@ impl RemoteServer {
 pub fn from_call_result(result: &CallToolResult) -> ToolResult {
     let mut text = Vec::new();
     let mut image = None;
+    let mut text_len = 0;
     for block in &result.content {
         match block {
-            ContentBlock::Text(t) => text.push(t.text.clone()),
+            // A remote server is not trusted with the host's memory: text beyond the cap and
+            // images too large to send to a model are left out here, before anything keeps them.
+            ContentBlock::Text(t) if text_len >= MAX_REMOTE_TEXT => {
+                text_len += t.text.len();
+            }
+            ContentBlock::Text(t) => {
+                text_len += t.text.len();
+                let mut piece = t.text.clone();
+                if text_len > MAX_REMOTE_TEXT {
+                    let mut end = piece.len().saturating_sub(text_len - MAX_REMOTE_TEXT);
+                    while !piece.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    piece.truncate(end);
+                    piece.push_str("\n[the rest of the server's text was cut by sandboxd]");
+                }
+                text.push(piece);
+            }
+            ContentBlock::Image(i) if i.data.len() > MAX_REMOTE_IMAGE => text.push(format!(
+                "[an image of {} base64 characters was left out: over the {} limit]",
+                i.data.len(),
+                MAX_REMOTE_IMAGE
+            )),
             ContentBlock::Image(i) if image.is_none() => image = Some(i.data.clone()),
             ContentBlock::Image(i) => {
                 text.push(format!("[another image ({}) was left out]", i.mime_type))
@@ -610,6 +644,11 @@ pub fn from_call_result(result: &CallToolResult) -> ToolResult {
     }
     out
 }
+
+/// Characters of text kept from one remote tool result.
+const MAX_REMOTE_TEXT: usize = 1 << 20;
+/// Largest image (base64 characters) taken from one remote tool result.
+const MAX_REMOTE_IMAGE: usize = 8 << 20;
 
 /// One remote tool as a registry tool.
 pub struct McpTool {

@@ -51,10 +51,30 @@ const DENIED_ENV: &[&str] = &[
     "JAVA_TOOL_OPTIONS",
     "_JAVA_OPTIONS",
     "GCONV_PATH",
+    "PATH",
+    "PYTHONUSERBASE",
+    "PYTHONWARNINGS",
+    "PERLLIB",
+    "JDK_JAVA_OPTIONS",
+    "CLASSPATH",
+    "LUA_INIT",
+    "DOTNET_STARTUP_HOOKS",
 ];
 
-/// Prefixes of variables refused the same way (macOS dyld, glibc tunables).
-const DENIED_PREFIXES: &[&str] = &["DYLD_", "LD_", "GLIBC_TUNABLES"];
+/// Prefixes of variables refused the same way: the dynamic loaders, glibc tunables, and the
+/// settings through which interpreters, package runners (uvx, npx) and libraries load code or
+/// fetch packages from elsewhere.
+const DENIED_PREFIXES: &[&str] = &[
+    "DYLD_",
+    "LD_",
+    "GLIBC_TUNABLES",
+    "OPENSSL_",
+    "CORECLR_",
+    "GIT_",
+    "PIP_",
+    "NPM_CONFIG_",
+    "LUA_INIT",
+];
 
 pub fn env_denied(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();

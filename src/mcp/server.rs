@@ -311,9 +311,16 @@ impl ServerHandler for SandboxServer {
         };
         let stateless = &self.state.stateless;
         if name == "sandbox_create" {
-            let id = stateless
-                .insert(owner, Arc::new(self.state.new_slot()))
-                .await;
+            // One client must not hoard ids (each holds a tool registry) or the session cap.
+            let cap = self.state.config.sessions.max;
+            let Some(id) = stateless
+                .insert_capped(owner, cap, || Arc::new(self.state.new_slot()))
+                .await
+            else {
+                return Ok(error_result(&format!(
+                    "you already hold {cap} open sandboxes, the most one client may; call sandbox_close on one you no longer need"
+                )));
+            };
             return Ok(CallToolResult::success(vec![ContentBlock::text(format!(
                 "sandbox_id: {id}\nPass it as sandbox_id to every tool; call sandbox_close when done."
             ))])
@@ -360,15 +367,25 @@ pub struct StatelessSandboxes {
 }
 
 impl StatelessSandboxes {
-    async fn insert(&self, owner: [u8; 32], slot: Arc<Slot>) -> String {
+    /// A new id for `owner`, unless it already holds `cap` of them.
+    async fn insert_capped(
+        &self,
+        owner: [u8; 32],
+        cap: usize,
+        slot: impl FnOnce() -> Arc<Slot>,
+    ) -> Option<String> {
+        let mut map = self.map.lock().await;
+        if map.values().filter(|e| e.owner == owner).count() >= cap {
+            return None;
+        }
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let entry = StatelessEntry {
             owner,
-            slot,
+            slot: slot(),
             last_used: Instant::now(),
         };
-        self.map.lock().await.insert(id.clone(), entry);
-        id
+        map.insert(id.clone(), entry);
+        Some(id)
     }
 
     async fn get(&self, owner: [u8; 32], id: &str) -> Option<Arc<Slot>> {

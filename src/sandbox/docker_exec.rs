@@ -98,6 +98,9 @@ impl DockerSandbox {
         ))
     }
 
+    /// One request to the session's file helper, started on first use. Each call has a
+    /// deadline: the helper runs as the sandbox user, so sandboxed code can stop it (SIGSTOP)
+    /// or hand it something that blocks, and the host must not wait for ever.
     pub(super) async fn fs_call(
         &self,
         op: serde_json::Value,
@@ -106,32 +109,40 @@ impl DockerSandbox {
         let max_body = self.limits.max_file_bytes() as usize + 4096;
         let mut guard = self.fs.lock().await;
         for attempt in 0..2 {
-            if guard.as_ref().is_none_or(|f| !f.is_usable()) {
-                let (_, process) = self
-                    .start_exec(
-                        &[
-                            "python3".into(),
-                            format!("{}/sandboxd_fs.py", super::HELPERS_DIR),
-                        ],
-                        None,
-                        &[],
-                        true,
-                    )
-                    .await?;
+            if guard.as_ref().is_none_or(|(f, _)| !f.is_usable()) {
+                let tag = format!("{:032x}", rand::random::<u128>());
+                let argv = [
+                    "python3".to_string(),
+                    format!("{}/sandboxd_fs.py", super::HELPERS_DIR),
+                ];
+                let env = [("SANDBOXD_TAG".to_string(), tag.clone())];
+                let (_, process) = self.start_exec(&argv, None, &env, true).await?;
                 let mut framed = FramedProcess::new("sandboxd_fs", process, max_body);
-                framed.recv().await?;
-                *guard = Some(framed);
+                match tokio::time::timeout(FS_TIMEOUT, framed.recv()).await {
+                    Ok(hello) => hello?,
+                    Err(_) => {
+                        self.kill_tagged(&tag).await?;
+                        return Err(fs_timeout());
+                    }
+                };
+                *guard = Some((framed, tag));
             }
-            let Some(framed) = guard.as_mut() else {
+            let Some((framed, tag)) = guard.as_mut() else {
                 continue;
             };
-            match framed.call(&op, body).await {
-                Ok(resp) => return Ok(resp),
-                Err(e) if attempt == 0 && !framed.is_usable() => {
+            match tokio::time::timeout(FS_TIMEOUT, framed.call(&op, body)).await {
+                Ok(Ok(resp)) => return Ok(resp),
+                Ok(Err(e)) if attempt == 0 && !framed.is_usable() => {
                     tracing::warn!(session = %self.session_id, error = %e, "file helper failed; restarting it");
                     *guard = None;
                 }
-                Err(e) => return Err(e),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    let tag = tag.clone();
+                    *guard = None;
+                    self.kill_tagged(&tag).await?;
+                    return Err(fs_timeout());
+                }
             }
         }
         Err(SandboxError::Protocol {
@@ -198,6 +209,17 @@ impl DockerSandbox {
             timed_out,
             duration: started.elapsed(),
         })
+    }
+}
+
+/// How long one file operation may take; 100 MiB moves in about a second here.
+const FS_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn fs_timeout() -> SandboxError {
+    SandboxError::Timeout {
+        what: "the file operation (the in-sandbox file helper stopped answering and was restarted)"
+            .into(),
+        after: FS_TIMEOUT,
     }
 }
 

@@ -28,7 +28,8 @@ pub struct DockerSandbox {
     pub(super) session_id: String,
     pub(super) limits: Limits,
     pub(super) shell: PersistentShell,
-    pub(super) fs: Mutex<Option<FramedProcess>>,
+    /// The file helper's channel and the SANDBOXD_TAG that can kill it.
+    pub(super) fs: Mutex<Option<(FramedProcess, String)>>,
 }
 
 impl DockerSandbox {

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -94,6 +95,8 @@ pub struct SessionManager {
     limits: Limits,
     config: SessionsConfig,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Sessions whose containers are being created: they count against the max already.
+    starting: AtomicUsize,
 }
 
 impl SessionManager {
@@ -103,6 +106,7 @@ impl SessionManager {
             limits,
             config,
             sessions: Mutex::new(HashMap::new()),
+            starting: AtomicUsize::new(0),
         })
     }
 
@@ -127,29 +131,25 @@ impl SessionManager {
         {
             // Count and reserve under one lock so concurrent creates cannot overshoot the max.
             let sessions = self.sessions.lock().await;
-            if sessions.len() >= self.config.max {
+            let live = sessions.len() + self.starting.load(Ordering::SeqCst);
+            if live >= self.config.max {
                 return Err(SandboxError::TooManySessions {
                     limit: self.config.max,
                 });
             }
+            self.starting.fetch_add(1, Ordering::SeqCst);
         }
-        let sandbox = self.runtime.create(&spec).await?;
+        let created = self.runtime.create(&spec).await;
+        let mut sessions = self.sessions.lock().await;
+        self.starting.fetch_sub(1, Ordering::SeqCst);
         let session = Arc::new(Session {
             id: id.clone(),
             owner: owner.to_string(),
-            sandbox,
+            sandbox: created?,
             limits,
             created: Instant::now(),
             last_used: std::sync::Mutex::new(Instant::now()),
         });
-        let mut sessions = self.sessions.lock().await;
-        if sessions.len() >= self.config.max {
-            drop(sessions);
-            let _ = self.remove_container_of(&id).await;
-            return Err(SandboxError::TooManySessions {
-                limit: self.config.max,
-            });
-        }
         sessions.insert(id, session.clone());
         Ok(session)
     }

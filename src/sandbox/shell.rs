@@ -6,9 +6,15 @@
 //! Protocol: each command is sent as `eval $'…'` with every byte outside [A-Za-z0-9 ]
 //! written as `\xHH`, so no command text can break out of the wrapper, followed by two
 //! sentinels that carry a fresh random nonce per call (one on stdout with the exit code,
-//! one on stderr). The nonce never sits in a shell variable, so the command cannot read it
-//! and forge an exit code. The command's stdin is /dev/null: a program that waits for input
-//! gets EOF at once instead of hanging until the timeout.
+//! one on stderr). The nonce never sits in a shell variable, and the sentinels are printed by
+//! `builtin printf` after the command's traps are reset, so ordinary commands (even ones that
+//! define their own `printf` or a DEBUG trap) cannot see or forge them. Code that sets out to
+//! subvert its own shell (redefining `builtin`) can still forge the exit codes of its own later
+//! commands: that deceives only its own session, and the host side stays bounded whatever the
+//! stream holds (see `Scanner`).
+//!
+//! The command's stdin is /dev/null: a program that waits for input gets EOF at once instead
+//! of hanging until the timeout.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -88,8 +94,12 @@ impl PersistentShell {
         let nonce = format!("{:032x}", rand::random::<u128>());
         let out_marker = format!("\n__SBXO_{nonce}_");
         let err_marker = format!("\n__SBXE_{nonce}__\n");
+        // After the command: drop DEBUG/RETURN/ERR traps it may have set (they would see the
+        // nonce), then print the sentinels with `builtin printf`, so a script's own printf
+        // function cannot break the protocol. (An external printf would be immune to a
+        // redefined `builtin` too, but costs two forks per command on the hot path.)
         let line = format!(
-            "eval {} </dev/null; printf '\\n__SBXO_{nonce}_%d__\\n' \"$?\"; printf '\\n__SBXE_{nonce}__\\n' >&2\n",
+            "eval {} </dev/null; __sbx_rc=$?; builtin trap - DEBUG RETURN ERR; builtin printf '\\n__SBXO_{nonce}_%d__\\n' \"$__sbx_rc\"; builtin printf '\\n__SBXE_{nonce}__\\n' >&2\n",
             ansi_c_quote(command)
         );
         if let Err(e) = running.process.stdin.write_all(line.as_bytes()).await {
@@ -300,6 +310,11 @@ async fn read_until_done(
     deadline: tokio::time::Instant,
 ) -> Outcome {
     while out.code.is_none() || !err.done {
+        // Checked here too: a flood of output keeps the stream ready and never lets the
+        // timeout below fire.
+        if tokio::time::Instant::now() >= deadline {
+            return Outcome::TimedOut;
+        }
         match tokio::time::timeout_at(deadline, process.output.next()).await {
             Err(_) => return Outcome::TimedOut,
             Ok(None) => return Outcome::Died("its output closed".into()),
@@ -331,32 +346,51 @@ impl Scanner {
         }
     }
 
+    /// Linear in the bytes seen and never holds more than the cap plus a few dozen bytes:
+    /// the stream is hostile, and a forged marker must not make the host buffer or rescan.
     fn push(&mut self, data: &[u8]) {
         if self.done {
             return;
         }
         self.pending.extend_from_slice(data);
-        if let Some(at) = find(&self.pending, &self.marker) {
-            let rest = &self.pending[at + self.marker.len()..];
-            // Stdout's marker is followed by `<code>__\n`; stderr's marker is complete.
-            if self.marker.ends_with(b"_") {
-                let Some(end) = find(rest, b"__\n") else {
-                    return;
-                };
-                self.code = std::str::from_utf8(&rest[..end])
-                    .ok()
-                    .and_then(|s| s.parse().ok());
-            }
+        // Stdout's marker is followed by `<code>__\n` (at most 11 digits and a sign).
+        const CODE_ROOM: usize = 16;
+        let with_code = self.marker.ends_with(b"_");
+        loop {
+            let Some(at) = find(&self.pending, &self.marker) else {
+                let keep = self.marker.len() + CODE_ROOM;
+                if self.pending.len() > keep {
+                    let commit = self.pending.len() - keep;
+                    self.kept.push(&self.pending[..commit]);
+                    self.pending.drain(..commit);
+                }
+                return;
+            };
             self.kept.push(&self.pending[..at]);
-            self.pending.clear();
-            self.done = true;
-            return;
-        }
-        let keep = self.marker.len() + 16;
-        if self.pending.len() > keep {
-            let commit = self.pending.len() - keep;
-            self.kept.push(&self.pending[..commit]);
-            self.pending.drain(..commit);
+            self.pending.drain(..at);
+            if !with_code {
+                self.pending.clear();
+                self.done = true;
+                return;
+            }
+            let rest = &self.pending[self.marker.len()..];
+            match find(&rest[..rest.len().min(CODE_ROOM)], b"__\n") {
+                Some(end) => {
+                    self.code = std::str::from_utf8(&rest[..end])
+                        .ok()
+                        .and_then(|s| s.parse().ok());
+                    self.pending.clear();
+                    self.done = true;
+                    return;
+                }
+                // Not enough bytes yet to tell: wait, holding only the marker and a few bytes.
+                None if rest.len() < CODE_ROOM => return,
+                // Marker-like bytes without a code after them are output, not a sentinel.
+                None => {
+                    self.kept.push(&self.pending[..1]);
+                    self.pending.drain(..1);
+                }
+            }
         }
     }
 
@@ -397,6 +431,21 @@ mod tests {
         assert_eq!(ansi_c_quote("a'b"), "$'a\\x27b'");
         assert_eq!(ansi_c_quote("x\ny"), "$'x\\x0ay'");
         assert!(!ansi_c_quote("'; rm -rf / #").contains('\''.to_string().repeat(2).as_str()));
+    }
+
+    #[test]
+    fn a_forged_marker_without_a_code_is_output_and_nothing_piles_up() {
+        let mut s = Scanner::new("\n__SBXO_abc_".into(), 1024);
+        s.push(b"\n__SBXO_abc_");
+        for _ in 0..1000 {
+            s.push(&[b'z'; 1000]);
+            assert!(s.pending.len() <= 64, "pending grew to {}", s.pending.len());
+        }
+        assert_eq!(s.code, None);
+        s.push(b"\n__SBXO_abc_7__\n");
+        assert_eq!(s.code, Some(7));
+        let (out, cut) = s.finish();
+        assert!(cut && out.starts_with(b"\n__SBXO_abc_zzz"));
     }
 
     #[test]

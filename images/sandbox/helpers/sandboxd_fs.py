@@ -40,11 +40,14 @@ def error_kind(exc):
 
 def op_read(req, body):
     path, limit = req["path"], int(req["limit"])
-    fd = os.open(path, os.O_RDONLY)
+    # O_NONBLOCK: opening a FIFO must not block the helper (and with it the host's call).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             return {"ok": False, "kind": "is_dir", "message": "is a directory"}, b""
+        if not stat.S_ISREG(st.st_mode):
+            return {"ok": False, "kind": "other", "message": "not a regular file (a FIFO, socket or device)"}, b""
         if st.st_size > limit:
             return {"ok": False, "kind": "too_large", "size": st.st_size}, b""
         chunks, total = [], 0
