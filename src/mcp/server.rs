@@ -317,7 +317,7 @@ impl ServerHandler for SandboxServer {
                 .insert_capped(owner, cap, || Arc::new(self.state.new_slot()))
                 .await
             else {
-                return Ok(error_result(&format!(
+                return Ok(error_result(format!(
                     "you already hold {cap} open sandboxes, the most one client may; call sandbox_close on one you no longer need"
                 )));
             };
