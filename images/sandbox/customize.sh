@@ -48,6 +48,15 @@ rm -rf "$root/usr/lib/python3/dist-packages/pandas/tests" \
     "$root/usr/lib/python3/dist-packages/matplotlib/tests" \
     "$root/usr/lib/python3/dist-packages/mpl_toolkits/tests"
 
+# matplotlib scans the fonts on first use (~1 s); do it once here. Its cache must live in a
+# writable MPLCONFIGDIR at run time (/tmp/matplotlib on tmpfs), so init.sh copies this one there
+# when a container starts.
+echo "I: sandboxd: building matplotlib's font cache" >&2
+install -d -o root -g root -m 0755 "$root/usr/local/share/sandboxd/matplotlib"
+chroot "$root" env MPLCONFIGDIR=/usr/local/share/sandboxd/matplotlib MPLBACKEND=Agg HOME=/tmp \
+    python3 -c 'import matplotlib.pyplot' >&2
+chmod -R a+rX "$root/usr/local/share/sandboxd"
+
 # The host's apt sources (mirror URLs, possibly with credentials), hostname and resolver were
 # needed during the build only. Docker supplies hostname/hosts/resolv.conf at run time.
 rm -f "$root/etc/apt/sources.list" "$root"/etc/apt/sources.list.d/*

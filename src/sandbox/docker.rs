@@ -301,7 +301,7 @@ fn container_body(
         image: Some(image.into()),
         user: Some(SANDBOX_USER.into()),
         labels: Some(labels),
-        cmd: Some(vec!["sleep".into(), "infinity".into()]),
+        cmd: Some(vec![format!("{}/init.sh", super::HELPERS_DIR)]),
         working_dir: Some(super::WORKSPACE.into()),
         env: Some(vec![
             "HOME=/workspace".into(),

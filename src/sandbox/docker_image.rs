@@ -250,6 +250,8 @@ pub async fn build_image(
         .await
         .map_err(|e| ImageError::from_docker(format!("tag {tag} as {IMAGE_REPO}:latest"), e))?;
 
+    prune_stale(docker, &tag, progress).await;
+
     let inspect = docker
         .inspect_image(&tag)
         .await
@@ -263,6 +265,44 @@ pub async fn build_image(
         size_bytes,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Untags images of earlier recipes (`sandboxd/sandbox:<16 hex>`), ~1 GB each, so upgrades do
+/// not fill the disk. Other tags (`latest`, tags users made) are left alone, and an image a
+/// container still uses only loses its tag; failures are reported, never fatal.
+async fn prune_stale(
+    docker: &Docker,
+    current: &str,
+    progress: &(dyn Fn(BuildProgress) + Send + Sync),
+) {
+    let filters = std::collections::HashMap::from([("reference", vec![IMAGE_REPO])]);
+    let options = bollard::query_parameters::ListImagesOptionsBuilder::default()
+        .filters(&filters)
+        .build();
+    let Ok(images) = docker.list_images(Some(options)).await else {
+        return;
+    };
+    let stale = images.iter().flat_map(|i| i.repo_tags.iter()).filter(|t| {
+        t.as_str() != current
+            && t.strip_prefix(IMAGE_REPO)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    for tag in stale {
+        match docker
+            .remove_image(
+                tag,
+                None::<bollard::query_parameters::RemoveImageOptions>,
+                None,
+            )
+            .await
+        {
+            Ok(_) => progress(BuildProgress::Step(format!(
+                "removed the image of an earlier recipe, {tag}"
+            ))),
+            Err(e) => progress(BuildProgress::Step(format!("kept {tag}: {e}"))),
+        }
+    }
 }
 
 /// The image configuration from `image.conf`, plus a label naming the recipe it came from.
