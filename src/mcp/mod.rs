@@ -15,6 +15,8 @@ pub mod config;
 pub mod http;
 pub mod lazy;
 pub mod names;
+mod remote;
+mod remote_tool;
 pub mod server;
 
 use std::sync::Arc;
