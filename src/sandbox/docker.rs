@@ -86,9 +86,6 @@ impl DockerRuntime {
         }
     }
 
-    pub fn docker(&self) -> &Docker {
-        &self.docker
-    }
 
     pub fn image(&self) -> &str {
         &self.image

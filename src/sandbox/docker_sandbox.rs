@@ -53,9 +53,6 @@ impl DockerSandbox {
         &self.container_id
     }
 
-    pub fn shell_handle(&self) -> &PersistentShell {
-        &self.shell
-    }
 }
 
 fn fs_error(op: &'static str, path: &str, resp: &serde_json::Value, limit: u64) -> SandboxError {

@@ -60,7 +60,6 @@ pub struct Session {
     pub owner: String,
     pub sandbox: Arc<dyn Sandbox>,
     pub limits: Limits,
-    pub created: Instant,
     last_used: std::sync::Mutex<Instant>,
 }
 
@@ -147,7 +146,6 @@ impl SessionManager {
             owner: owner.to_string(),
             sandbox: created?,
             limits,
-            created: Instant::now(),
             last_used: std::sync::Mutex::new(Instant::now()),
         });
         sessions.insert(id, session.clone());
@@ -173,7 +171,6 @@ impl SessionManager {
             owner: found.owner,
             sandbox,
             limits: self.limits.clone(),
-            created: Instant::now(),
             last_used: std::sync::Mutex::new(Instant::now()),
         });
         self.sessions

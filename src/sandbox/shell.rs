@@ -197,10 +197,6 @@ impl PersistentShell {
         self.ever_started.store(false, Ordering::Relaxed);
     }
 
-    /// The in-container pid of the current shell, if one runs (tests kill it on purpose).
-    pub async fn pid(&self) -> Option<u32> {
-        self.inner.lock().await.as_ref().map(|r| r.pid)
-    }
 
     fn take_note(&self) -> Option<String> {
         self.pending_note.lock().ok().and_then(|mut n| n.take())
