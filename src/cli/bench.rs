@@ -2,6 +2,7 @@
 //! run, printed as Markdown tables for BENCHMARKS.md. Timings live here, never in tests.
 
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -52,6 +53,13 @@ pub fn row(
     );
 }
 
+/// A group's heading and its table header.
+fn section(title: &str) {
+    println!("### {title}");
+    println!();
+    header();
+}
+
 pub fn header() {
     println!(
         "| measurement | sandboxd p50 ms | p99 ms | baseline p50 ms | baseline p99 ms | ratio (p50) | target |"
@@ -98,7 +106,7 @@ pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
         browser(&manager, args.iterations.min(30)).await?;
     }
     if all || args.group == "mcp" {
-        mcp(&manager, &ctx, args.iterations).await?;
+        mcp(manager.clone(), &ctx, args.iterations).await?;
     }
     if !["all", "runtime", "tools", "agent", "browser", "mcp"].contains(&args.group.as_str()) {
         anyhow::bail!(
@@ -126,9 +134,7 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         &sandboxd::sandbox::docker_image::image_tag(),
     ])
     .unwrap_or_else(|_| sandboxd::sandbox::docker_image::image_tag());
-    println!("### Runtime");
-    println!();
-    header();
+    section("Runtime");
     // Session create-to-ready (first command answered) vs `docker run -d` of the same hardening.
     let rounds = 10;
     let (mut ours, mut base) = (Vec::new(), Vec::new());
@@ -270,9 +276,7 @@ fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
 
 async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     use sandboxd::tools::ToolContext;
-    println!("### Tools (through the registry, as the model calls them)");
-    println!();
-    header();
+    section("Tools (through the registry, as the model calls them)");
     let s = manager
         .create("bench", &LimitRequest::default(), false)
         .await?;
@@ -367,9 +371,7 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
 }
 
 async fn agent(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
-    println!("### Agent (fake LLM answering at once, bash `true` each step)");
-    println!();
-    header();
+    section("Agent (fake LLM answering at once, bash `true` each step)");
     let s = manager
         .create("bench", &LimitRequest::default(), false)
         .await?;
@@ -389,9 +391,7 @@ async fn agent(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
 }
 
 async fn browser(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
-    println!("### Browser (Chromium inside the sandbox, CDP through the tunnel)");
-    println!();
-    header();
+    section("Browser (Chromium inside the sandbox, CDP through the tunnel)");
     let s = manager
         .create("bench", &LimitRequest::default(), false)
         .await?;
@@ -418,13 +418,9 @@ async fn browser(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn mcp(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
-    let _ = manager;
-    println!("### MCP (streamable HTTP on loopback, the session's sandbox already up)");
-    println!();
-    header();
-    let fresh = ctx.manager().await?;
-    let b = sandboxd::mcp::bench::bench_mcp_call(fresh, ctx.config.clone(), n)
+async fn mcp(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
+    section("MCP (streamable HTTP on loopback, the session's sandbox already up)");
+    let b = sandboxd::mcp::bench::bench_mcp_call(manager, ctx.config.clone(), n)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut samples = b.samples.clone();

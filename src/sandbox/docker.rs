@@ -86,7 +86,6 @@ impl DockerRuntime {
         }
     }
 
-
     pub fn image(&self) -> &str {
         &self.image
     }

@@ -52,7 +52,6 @@ impl DockerSandbox {
     pub fn container_id(&self) -> &str {
         &self.container_id
     }
-
 }
 
 fn fs_error(op: &'static str, path: &str, resp: &serde_json::Value, limit: u64) -> SandboxError {

@@ -197,7 +197,6 @@ impl PersistentShell {
         self.ever_started.store(false, Ordering::Relaxed);
     }
 
-
     fn take_note(&self) -> Option<String> {
         self.pending_note.lock().ok().and_then(|mut n| n.take())
     }
