@@ -140,29 +140,21 @@ impl DockerRuntime {
     }
 
     /// Wraps the running container of an existing (kept) session.
-    pub async fn attach(
+    pub fn attach(
         &self,
-        session_id: &str,
+        found: &ManagedContainer,
         limits: &Limits,
     ) -> Result<Arc<DockerSandbox>, SandboxError> {
-        let found = self
-            .list_managed()
-            .await?
-            .into_iter()
-            .find(|c| c.session_id == session_id)
-            .ok_or_else(|| SandboxError::SessionNotFound {
-                id: session_id.into(),
-            })?;
         if found.state != "running" {
             return Err(SandboxError::ContainerGone {
-                session: session_id.into(),
+                session: found.session_id.clone(),
                 message: format!("its container is {}", found.state),
             });
         }
         Ok(Arc::new(DockerSandbox::new(
             self.docker.clone(),
-            found.container_id,
-            session_id.into(),
+            found.container_id.clone(),
+            found.session_id.clone(),
             limits.clone(),
         )))
     }

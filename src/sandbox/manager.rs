@@ -22,10 +22,10 @@ use crate::config::{LimitRequest, Limits, SessionsConfig};
 #[async_trait]
 pub trait Runtime: Send + Sync {
     async fn create(&self, spec: &SessionSpec) -> Result<Arc<dyn Sandbox>, SandboxError>;
-    /// Wraps an existing container of a kept session.
+    /// Wraps the existing container of a kept session, as `list_managed` found it.
     async fn attach(
         &self,
-        session_id: &str,
+        found: &ManagedContainer,
         limits: &Limits,
     ) -> Result<Arc<dyn Sandbox>, SandboxError>;
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, SandboxError>;
@@ -40,10 +40,10 @@ impl Runtime for DockerRuntime {
 
     async fn attach(
         &self,
-        session_id: &str,
+        found: &ManagedContainer,
         limits: &Limits,
     ) -> Result<Arc<dyn Sandbox>, SandboxError> {
-        Ok(DockerRuntime::attach(self, session_id, limits).await?)
+        Ok(DockerRuntime::attach(self, found, limits)?)
     }
 
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, SandboxError> {
@@ -165,7 +165,7 @@ impl SessionManager {
             .into_iter()
             .find(|c| c.session_id == id)
             .ok_or_else(|| SandboxError::SessionNotFound { id: id.into() })?;
-        let sandbox = self.runtime.attach(id, &self.limits).await?;
+        let sandbox = self.runtime.attach(&found, &self.limits).await?;
         let session = Arc::new(Session {
             id: id.into(),
             owner: found.owner,
