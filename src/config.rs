@@ -188,6 +188,9 @@ impl Limits {
 pub struct SessionsConfig {
     /// Most sessions (containers) alive at once.
     pub max: usize,
+    /// Most sessions one owner may hold at once (at most `max`): one client or user cannot
+    /// take every session.
+    pub max_per_owner: usize,
     /// A session unused for this long is removed by the reaper.
     pub idle_timeout_secs: u64,
     pub reap_interval_secs: u64,
@@ -199,6 +202,7 @@ impl Default for SessionsConfig {
     fn default() -> Self {
         Self {
             max: 16,
+            max_per_owner: 16,
             idle_timeout_secs: 1800,
             reap_interval_secs: 60,
             default_owner: "local".into(),

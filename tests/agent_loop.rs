@@ -459,7 +459,7 @@ async fn cancelling_during_a_long_tool_call_kills_the_command_and_the_container_
         "{}",
         ps.stdout_lossy()
     );
-    m.remove(&s.id).await.unwrap();
+    m.remove(&s.owner, &s.id).await.unwrap();
     let out = std::process::Command::new("docker")
         .args([
             "ps",

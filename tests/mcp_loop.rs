@@ -57,7 +57,10 @@ async fn exercise(clients: &McpClients, prefix: &str, guard: &mut Containers) ->
     }
     // Names, descriptions and schemas are the registry's own, not a second copy.
     let manager = support::manager().await;
-    let local = session_registry(LazySandbox::new(manager, "spec-probe"), &Config::default());
+    let local = session_registry(
+        LazySandbox::new(manager, support::owner()),
+        &Config::default(),
+    );
     for spec in local.specs() {
         let remote = reg
             .get(&format!("{prefix}_{}", spec.name))

@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use sandboxd::config::LimitRequest;
-use sandboxd::sandbox::{SandboxError, ShellOptions};
+use sandboxd::sandbox::{CreateOptions, SandboxError, ShellOptions};
 
 fn docker(args: &[&str]) -> std::process::Output {
     std::process::Command::new("docker")
@@ -112,7 +112,7 @@ async fn a_container_killed_from_outside_fails_fast_with_a_clear_error() {
         t.elapsed()
     );
     let err = shell.expect_err("a dead container cannot run commands");
-    assert!(matches!(err, SandboxError::ContainerGone { .. }), "{err}");
+    assert!(matches!(err, SandboxError::SandboxGone { .. }), "{err}");
     assert!(err.to_string().contains("start a new session"));
     assert!(file.is_err());
     assert!(!s.sandbox.is_alive().await);
@@ -123,12 +123,12 @@ async fn requests_cannot_raise_limits_and_the_session_cap_holds() {
     let m = support::manager_with(support::test_limits(), 1).await;
     let err = m
         .create(
-            "test",
+            &support::owner(),
             &LimitRequest {
                 memory_mb: Some(1 << 20),
                 ..Default::default()
             },
-            false,
+            CreateOptions::default(),
         )
         .await
         .err()
@@ -139,7 +139,11 @@ async fn requests_cannot_raise_limits_and_the_session_cap_holds() {
     );
     let (_s, _g) = support::session(&m).await;
     let err = m
-        .create("test", &LimitRequest::default(), false)
+        .create(
+            &support::owner(),
+            &LimitRequest::default(),
+            CreateOptions::default(),
+        )
         .await
         .err()
         .expect("over the cap");

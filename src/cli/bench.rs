@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use sandboxd::config::LimitRequest;
-use sandboxd::sandbox::{SessionManager, ShellOptions};
+use sandboxd::sandbox::{CreateOptions, Owner, SessionManager, ShellOptions};
 
 use super::Ctx;
 
@@ -19,6 +19,11 @@ pub struct BenchArgs {
     /// Repetitions of each fast measurement.
     #[arg(long, default_value_t = 200)]
     pub iterations: usize,
+}
+
+/// The owner of the benchmark's sessions.
+fn bench_owner() -> anyhow::Result<Owner> {
+    Ok(Owner::new("bench")?)
 }
 
 /// p50 and p99 of a sample, in milliseconds.
@@ -141,11 +146,15 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     for _ in 0..rounds {
         let t = Instant::now();
         let s = manager
-            .create("bench", &LimitRequest::default(), false)
+            .create(
+                &bench_owner()?,
+                &LimitRequest::default(),
+                CreateOptions::default(),
+            )
             .await?;
         s.sandbox.shell("true", ShellOptions::default()).await?;
         ours.push(t.elapsed());
-        manager.remove(&s.id).await?;
+        manager.remove(&s.owner, &s.id).await?;
         let t = Instant::now();
         let id = docker_cli(&[
             "run",
@@ -190,7 +199,11 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     );
 
     let s = manager
-        .create("bench", &LimitRequest::default(), false)
+        .create(
+            &bench_owner()?,
+            &LimitRequest::default(),
+            CreateOptions::default(),
+        )
         .await?;
     let container = format!("sandboxd-{}", s.id);
     s.sandbox.shell("true", ShellOptions::default()).await?;
@@ -263,7 +276,7 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         &mut base,
         "≤ 30 ms",
     );
-    manager.remove(&s.id).await?;
+    manager.remove(&s.owner, &s.id).await?;
     println!();
     Ok(())
 }
@@ -278,7 +291,11 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
     use sandboxd::tools::ToolContext;
     section("Tools (through the registry, as the model calls them)");
     let s = manager
-        .create("bench", &LimitRequest::default(), false)
+        .create(
+            &bench_owner()?,
+            &LimitRequest::default(),
+            CreateOptions::default(),
+        )
         .await?;
     let container = format!("sandboxd-{}", s.id);
     let registry =
@@ -365,7 +382,7 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
         &mut base,
         "≤ 30 ms",
     );
-    manager.remove(&s.id).await?;
+    manager.remove(&s.owner, &s.id).await?;
     println!();
     Ok(())
 }
@@ -373,7 +390,11 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
 async fn agent(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     section("Agent (fake LLM answering at once, bash `true` each step)");
     let s = manager
-        .create("bench", &LimitRequest::default(), false)
+        .create(
+            &bench_owner()?,
+            &LimitRequest::default(),
+            CreateOptions::default(),
+        )
         .await?;
     let mut steps = sandboxd::agent::bench::bench_agent_step(s.sandbox.clone(), n.max(20))
         .await
@@ -385,7 +406,7 @@ async fn agent(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         &mut [],
         "p50 ≤ 5 ms",
     );
-    manager.remove(&s.id).await?;
+    manager.remove(&s.owner, &s.id).await?;
     println!();
     Ok(())
 }
@@ -393,7 +414,11 @@ async fn agent(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
 async fn browser(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     section("Browser (Chromium inside the sandbox, CDP through the tunnel)");
     let s = manager
-        .create("bench", &LimitRequest::default(), false)
+        .create(
+            &bench_owner()?,
+            &LimitRequest::default(),
+            CreateOptions::default(),
+        )
         .await?;
     let mut b = sandboxd::tools::browser::bench::bench_browser(s.sandbox.clone(), n.max(10))
         .await
@@ -413,7 +438,7 @@ async fn browser(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         "p50 ≤ 300 ms",
     );
     row("screenshot", &mut b.screenshot, "", &mut [], "p50 ≤ 200 ms");
-    manager.remove(&s.id).await?;
+    manager.remove(&s.owner, &s.id).await?;
     println!();
     Ok(())
 }

@@ -1,5 +1,8 @@
 //! `sandboxd exec` (one command in a fresh sandbox, output streamed, its exit code ours)
 //! and `sandboxd shell` (an interactive persistent shell in a fresh sandbox).
+//!
+//! Both listen for SIGINT, SIGTERM and SIGHUP from their first line: any of them kills the
+//! command in flight and removes the session (unless kept), then exits 128 + the signal.
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -10,10 +13,12 @@ use anyhow::Context as _;
 use futures::StreamExt;
 use sandboxd::config::LimitRequest;
 use sandboxd::sandbox::manager::Session;
-use sandboxd::sandbox::{OutputChunk, SessionManager, ShellOptions, SpawnRequest};
+use sandboxd::sandbox::shell::oom_kill_count;
+use sandboxd::sandbox::{CreateOptions, OutputChunk, SessionManager, ShellOptions, SpawnRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::Ctx;
+use super::signals::StopSignals;
 
 /// Limits a command-line user may lower for one session.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -82,10 +87,11 @@ pub async fn open_session(
     limits: &LimitFlags,
     keep: bool,
 ) -> anyhow::Result<Arc<Session>> {
+    let owner = ctx.owner()?;
     match session {
-        Some(id) => Ok(manager.get(id).await?),
+        Some(id) => Ok(manager.get(&owner, id).await?),
         None => Ok(manager
-            .create(&ctx.config.sessions.default_owner, &limits.request(), keep)
+            .create(&owner, &limits.request(), CreateOptions { keep })
             .await
             .context("cannot create the sandbox session")?),
     }
@@ -103,12 +109,13 @@ pub async fn close_session(
             session.id, session.id, session.id
         );
     } else {
-        manager.remove(&session.id).await?;
+        manager.remove(&session.owner, &session.id).await?;
     }
     Ok(())
 }
 
 pub async fn exec(ctx: Ctx, args: ExecArgs) -> anyhow::Result<ExitCode> {
+    let mut stop = StopSignals::listen().context("cannot listen for signals")?;
     let manager = ctx.manager().await?;
     let keep = args.keep || args.session.is_some();
     let session = open_session(
@@ -119,20 +126,40 @@ pub async fn exec(ctx: Ctx, args: ExecArgs) -> anyhow::Result<ExitCode> {
         args.keep,
     )
     .await?;
-    let result = stream_command(&session, &args.command, Duration::from_secs(args.timeout)).await;
+    let command = Command {
+        argv: &args.command,
+        timeout: Duration::from_secs(args.timeout),
+        fresh: args.session.is_none(),
+    };
+    let result = stream_command(&session, command, &mut stop).await;
     close_session(&manager, &session, keep).await?;
     result
 }
 
+/// One `sandboxd exec` command.
+struct Command<'a> {
+    argv: &'a [String],
+    timeout: Duration,
+    /// The session was made for this command, so nothing ran in it before.
+    fresh: bool,
+}
+
 async fn stream_command(
     session: &Session,
-    argv: &[String],
-    timeout: Duration,
+    command: Command<'_>,
+    stop: &mut StopSignals,
 ) -> anyhow::Result<ExitCode> {
+    // An OOM kill shows only as exit 137 (SIGKILL); the cgroup's counter tells it apart
+    // from any other SIGKILL. A fresh sandbox starts at zero, so only a reused one is read.
+    let oom_before = if command.fresh {
+        Some(0)
+    } else {
+        oom_kill_count(session.sandbox.as_ref()).await
+    };
     let tag = format!("{:032x}", rand::random::<u128>());
     let mut process = session
         .sandbox
-        .spawn(SpawnRequest::new(argv.iter().cloned()).env("SANDBOXD_TAG", tag.clone()))
+        .spawn(SpawnRequest::new(command.argv.iter().cloned()).env("SANDBOXD_TAG", tag.clone()))
         .await?;
     // Forward our stdin when it is a pipe or a file; a terminal gets EOF, like the tools.
     let mut stdin = process.stdin;
@@ -165,28 +192,41 @@ async fn stream_command(
         }
         anyhow::Ok(())
     };
+    let timeout = command.timeout;
     let outcome = tokio::select! {
         r = tokio::time::timeout(timeout, pump) => match r {
             Ok(r) => r.map(|_| None),
-            Err(_) => Ok(Some(format!("timed out after {}s; the command was killed", timeout.as_secs()))),
+            Err(_) => Ok(Some((format!("timed out after {}s; the command was killed", timeout.as_secs()), 124))),
         },
-        _ = tokio::signal::ctrl_c() => Ok(Some("interrupted; the command was killed".to_string())),
+        sig = stop.recv() => Ok(Some((format!("{}: the command was killed", sig.name()), sig.exit_status()))),
     };
     feeder.abort();
     match outcome? {
-        Some(why) => {
+        Some((why, status)) => {
             session.sandbox.kill_tagged(&tag).await?;
             eprintln!("sandboxd: {why}");
-            Ok(ExitCode::from(124))
+            Ok(ExitCode::from(status))
         }
         None => {
             let code = (process.exit_code)().await.unwrap_or(1);
+            if code == 137
+                && let Some(before) = oom_before
+                && oom_kill_count(session.sandbox.as_ref())
+                    .await
+                    .is_some_and(|now| now > before)
+            {
+                eprintln!(
+                    "sandboxd: the command was killed by the out-of-memory killer: it reached the sandbox's memory limit of {} MiB (lower use, or ask for more with --memory-mb up to the configured maximum)",
+                    session.limits.memory_mb
+                );
+            }
             Ok(ExitCode::from(code.clamp(0, 255) as u8))
         }
     }
 }
 
 pub async fn shell(ctx: Ctx, args: ShellArgs) -> anyhow::Result<ExitCode> {
+    let mut stop = StopSignals::listen().context("cannot listen for signals")?;
     let manager = ctx.manager().await?;
     let keep = args.keep || args.session.is_some();
     let session = open_session(
@@ -222,19 +262,46 @@ pub async fn shell(ctx: Ctx, args: ShellArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let opts = ShellOptions {
-        timeout: Duration::from_secs(ctx.config.limits.max_timeout_secs),
-        output_cap: ctx.config.limits.output_cap(),
+        timeout: Duration::from_secs(session.limits.max_timeout_secs),
+        output_cap: session.limits.output_cap(),
     };
+    // Errors end the loop but never skip the removal below.
+    let last = shell_loop(&session, &mut rx, &mut stop, &opts).await;
+    close_session(&manager, &session, keep).await?;
+    Ok(ExitCode::from(last?.clamp(0, 255) as u8))
+}
+
+/// Runs the lines read from stdin until `exit`, EOF or a stop signal; the last exit code.
+async fn shell_loop(
+    session: &Session,
+    lines: &mut tokio::sync::mpsc::Receiver<String>,
+    stop: &mut StopSignals,
+    opts: &ShellOptions,
+) -> anyhow::Result<i32> {
     let mut last = 0;
-    while let Some(line) = rx.recv().await {
+    loop {
+        let line = tokio::select! {
+            line = lines.recv() => line,
+            sig = stop.recv() => {
+                eprintln!("sandboxd: {}; leaving the shell", sig.name());
+                return Ok(i32::from(sig.exit_status()));
+            }
+        };
+        let Some(line) = line else { return Ok(last) };
         let line = line.trim_end();
         if line == "exit" {
-            break;
+            return Ok(last);
         }
         if line.trim().is_empty() {
             continue;
         }
-        let out = session.sandbox.shell(line, opts.clone()).await?;
+        let out = tokio::select! {
+            out = session.sandbox.shell(line, opts.clone()) => out?,
+            sig = stop.recv() => {
+                eprintln!("sandboxd: {}; the command was killed", sig.name());
+                return Ok(i32::from(sig.exit_status()));
+            }
+        };
         std::io::stdout().write_all(&out.stdout)?;
         std::io::stdout().flush()?;
         std::io::stderr().write_all(&out.stderr)?;
@@ -246,6 +313,4 @@ pub async fn shell(ctx: Ctx, args: ShellArgs) -> anyhow::Result<ExitCode> {
         }
         last = out.exit_code.unwrap_or(1);
     }
-    close_session(&manager, &session, keep).await?;
-    Ok(ExitCode::from(last.clamp(0, 255) as u8))
 }

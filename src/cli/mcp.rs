@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use sandboxd::mcp::http::{HttpServer, resolve_token};
 use sandboxd::mcp::{ServerState, serve_stdio};
+use sandboxd::sandbox::Owner;
 use tokio_util::sync::CancellationToken;
 
 use super::Ctx;
@@ -26,12 +27,11 @@ pub async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
         Some(addr) => Some(resolve_token(addr, &ctx.config.mcp.token)?),
         None => None,
     };
-    // No reconcile() here: it removes every managed container that is not running yet,
-    // including ones another live sandboxd is starting at this moment.
+    // `manager()` reconciles first: orphans of dead processes go, sessions of live ones stay.
     let manager = ctx.manager().await?;
     match (args.listen, token) {
         (Some(addr), Some((token, generated))) => {
-            let state = ServerState::new(manager, ctx.config.clone(), "mcp-http");
+            let state = ServerState::new(manager, ctx.config.clone(), Owner::new("mcp-http")?);
             let server = HttpServer::bind(addr, token.clone()).await?;
             eprintln!("sandboxd mcp: listening on http://{}/mcp", server.addr);
             if generated {
@@ -51,7 +51,11 @@ pub async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
                 .context("the MCP HTTP server failed")?;
         }
         _ => {
-            let state = ServerState::new(manager.clone(), ctx.config.clone(), "mcp-stdio");
+            let state = ServerState::new(
+                manager.clone(),
+                ctx.config.clone(),
+                Owner::new("mcp-stdio")?,
+            );
             // An idle stdio client's container goes after [sessions] idle_timeout_secs; its
             // next call gets a fresh one.
             let _reaper = manager.spawn_reaper();

@@ -1,4 +1,7 @@
-//! Shared plumbing of the CLI commands: config, the Docker connection, the image check.
+//! Shared plumbing of the CLI commands: config, the Docker connection, the image check,
+//! the owner of the CLI's sessions, and the two ways to get a SessionManager: one that may
+//! create sessions (the image is built if missing; orphans are reconciled first) and one
+//! for commands that only look (never builds anything).
 
 pub mod bench;
 pub mod doctor;
@@ -8,6 +11,7 @@ pub mod mcp;
 pub mod render;
 pub mod run;
 pub mod sessions;
+pub mod signals;
 pub mod tool;
 
 use std::path::Path;
@@ -15,8 +19,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use sandboxd::config::Config;
-use sandboxd::sandbox::SessionManager;
 use sandboxd::sandbox::docker::{self, DockerRuntime};
+use sandboxd::sandbox::{Owner, SessionManager, docker_image};
 
 pub struct Ctx {
     pub config: Config,
@@ -41,16 +45,62 @@ impl Ctx {
         Ok(DockerRuntime::new(docker, image, oci))
     }
 
+    /// A manager for commands that create sessions. It runs the reconciler first (one
+    /// labelled list), so the orphans of a process that crashed or was killed are gone
+    /// before anything new is made.
     pub async fn manager(&self) -> anyhow::Result<Arc<SessionManager>> {
         let runtime = self
             .runtime()
             .await
             .context("cannot prepare the sandbox runtime")?;
-        Ok(SessionManager::new(
+        let manager = self.manager_over(runtime);
+        match manager.reconcile().await {
+            Ok(removed) if !removed.is_empty() => tracing::info!(
+                removed = removed.len(),
+                "removed sessions left behind by processes that are gone"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not reconcile orphaned sessions"),
+        }
+        Ok(manager)
+    }
+
+    /// A manager for commands that look at or remove sessions but never create one
+    /// (`sessions list|rm|gc`): it never builds the image.
+    pub async fn read_only_manager(&self) -> anyhow::Result<Arc<SessionManager>> {
+        let engine = docker::connect().await?;
+        Ok(self.manager_over(self.runtime_without_image(engine)))
+    }
+
+    /// A manager that has not talked to the engine and needs no engine for what it is
+    /// used for (`tool --list` describes tools over a sandbox that is never created).
+    pub fn offline_manager(&self) -> anyhow::Result<Arc<SessionManager>> {
+        let engine = docker::connect_lazily()?;
+        Ok(self.manager_over(self.runtime_without_image(engine)))
+    }
+
+    fn runtime_without_image(&self, engine: docker::Engine) -> DockerRuntime {
+        let image = if self.config.docker.image.is_empty() {
+            docker_image::image_tag()
+        } else {
+            self.config.docker.image.clone()
+        };
+        let oci = Some(self.config.docker.runtime.clone()).filter(|r| !r.is_empty());
+        DockerRuntime::new(engine, image, oci)
+    }
+
+    fn manager_over(&self, runtime: DockerRuntime) -> Arc<SessionManager> {
+        SessionManager::new(
             Arc::new(runtime),
             self.config.limits.clone(),
             self.config.sessions.clone(),
-        ))
+        )
+    }
+
+    /// The owner recorded on sessions the CLI creates ([sessions] default_owner).
+    pub fn owner(&self) -> anyhow::Result<Owner> {
+        Owner::new(self.config.sessions.default_owner.clone())
+            .context("[sessions] default_owner is not usable")
     }
 }
 

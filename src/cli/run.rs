@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use sandboxd::agent::{Agent, AgentSettings, FinishReason, RunRequest, new_run_id};
 use sandboxd::llm::{LlmClient, LlmError};
 use sandboxd::sandbox::tar_safety::{TarLimits, extract_archive};
-use sandboxd::sandbox::{Sandbox, WORKSPACE};
+use sandboxd::sandbox::{CreateOptions, Sandbox, WORKSPACE};
 use sandboxd::tools::ask_human::{Asker, NoHuman, TerminalAsker};
 use sandboxd::tools::session::agent_tools;
 use tokio_util::sync::CancellationToken;
@@ -95,9 +95,13 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     };
 
     let manager = ctx.manager().await?;
-    let owner = ctx.config.sessions.default_owner.clone();
+    let owner = ctx.owner()?;
     let session = manager
-        .create(&owner, &args.limits.request(), args.keep)
+        .create(
+            &owner,
+            &args.limits.request(),
+            CreateOptions { keep: args.keep },
+        )
         .await
         .context("cannot create the sandbox session")?;
     let asker: Arc<dyn Asker> = if args.no_input || !std::io::stdin().is_terminal() {
@@ -152,7 +156,7 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     let request = RunRequest {
         run_id: run_id.clone(),
         task,
-        owner,
+        owner: owner.to_string(),
         session_id: session.id.clone(),
     };
     let outcome = if cancel.is_cancelled() {
@@ -179,7 +183,7 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
             "sandboxd: session {} kept (remove it with `sandboxd sessions rm {}`)",
             session.id, session.id
         );
-    } else if let Err(e) = manager.remove(&session.id).await {
+    } else if let Err(e) = manager.remove(&session.owner, &session.id).await {
         eprintln!(
             "sandboxd: could not remove the container of session {}: {e}",
             session.id

@@ -1,6 +1,10 @@
-//! `sandboxd sessions list | rm ID | gc`: the session containers on this engine.
+//! `sandboxd sessions list | rm ID | gc`: the session containers on this engine. The
+//! command line is the admin's view: it sees and may remove every owner's sessions. None of
+//! these commands creates a session, so none of them builds the image.
 
 use std::process::ExitCode;
+
+use sandboxd::sandbox::{Viewer, host};
 
 use super::Ctx;
 
@@ -19,10 +23,10 @@ pub enum SessionsCommand {
 }
 
 pub async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
-    let manager = ctx.manager().await?;
+    let manager = ctx.read_only_manager().await?;
     match cmd {
         SessionsCommand::List { json } => {
-            let list = manager.list().await?;
+            let list = manager.list(&Viewer::Admin).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else if list.is_empty() {
@@ -39,19 +43,18 @@ pub async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
                         s.owner,
                         s.state,
                         if s.kept { "yes" } else { "no" },
-                        s.created_by_pid
+                        s.creator
+                            .as_deref()
+                            .and_then(host::creator_pid)
                             .map(|p| p.to_string())
                             .unwrap_or_else(|| "-".into()),
-                        &s.container_id[..s.container_id.len().min(12)]
+                        &s.handle[..s.handle.len().min(12)]
                     );
                 }
             }
         }
         SessionsCommand::Rm { id } => {
-            if !manager.list().await?.iter().any(|s| s.session_id == id) {
-                anyhow::bail!("no session {id}; see `sandboxd sessions list`");
-            }
-            manager.remove(&id).await?;
+            manager.admin_remove(&id).await?;
             println!("removed session {id}");
         }
         SessionsCommand::Gc => {

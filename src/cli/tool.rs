@@ -36,15 +36,15 @@ pub struct ToolArgs {
 }
 
 pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
-    let manager = ctx.manager().await?;
     let asker: Arc<dyn Asker> = if std::io::stdin().is_terminal() {
         Arc::new(TerminalAsker)
     } else {
         Arc::new(NoHuman)
     };
     if args.list {
-        // A lazy sandbox: listing never creates a container.
-        let lazy = LazySandbox::new(manager.clone(), ctx.config.sessions.default_owner.clone());
+        // A lazy sandbox over a manager that never talked to the engine: listing creates no
+        // container, builds no image and works without Docker.
+        let lazy = LazySandbox::new(ctx.offline_manager()?, ctx.owner()?);
         let registry = agent_tools(lazy, &ctx.config.limits, &ctx.config, asker, None).registry;
         println!("{}", serde_json::to_string_pretty(&registry.to_openai())?);
         return Ok(ExitCode::SUCCESS);
@@ -54,6 +54,7 @@ pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
             "name a tool (sandboxd tool bash '{{\"command\":\"ls\"}}'), or use --list to see them"
         );
     };
+    let manager = ctx.manager().await?;
     let keep = args.keep || args.session.is_some();
     let session = open_session(
         &ctx,

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::http::HttpServer;
 use super::server::ServerState;
 use crate::config::Config;
-use crate::sandbox::SessionManager;
+use crate::sandbox::{Owner, SessionManager};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -65,7 +65,8 @@ pub async fn bench_mcp_call(
     config: Config,
     iterations: usize,
 ) -> Result<McpCallBench, BenchError> {
-    let state = ServerState::new(manager, config, "mcp-bench");
+    let owner = Owner::new("mcp-bench").map_err(|e| BenchError::Server(e.to_string()))?;
+    let state = ServerState::new(manager, config, owner);
     let token = hex::encode(rand::random::<[u8; 24]>());
     let addr = "127.0.0.1:0"
         .parse()

@@ -130,7 +130,6 @@ impl HttpServer {
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
         let idle = Duration::from_secs(state.config.sessions.idle_timeout_secs.max(1));
-        let every = Duration::from_secs(state.config.sessions.reap_interval_secs.max(1));
 
         let mut sessions = LocalSessionManager::default();
         // rmcp ends a session idle this long, dropping its handler and so its container.
@@ -160,21 +159,8 @@ impl HttpServer {
             .nest_service("/mcp", service)
             .layer(axum::middleware::from_fn_with_state(auth, require_bearer));
 
-        let reaper_state = state.clone();
-        let reaper_stop = shutdown.clone();
-        let reaper = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(every) => {}
-                    _ = reaper_stop.cancelled() => return,
-                }
-                let n = reaper_state.stateless.reap_idle(idle).await;
-                if n > 0 {
-                    tracing::info!(removed = n, "removed idle stateless MCP sandboxes");
-                }
-                reaper_state.manager.reap_idle().await;
-            }
-        });
+        // The manager's one reaper removes idle sessions of every kind, stateless ones too.
+        let reaper = state.manager.spawn_reaper();
 
         let stop = shutdown.clone();
         let result = axum::serve(self.listener, app)

@@ -14,13 +14,13 @@ use tokio_util::task::TaskTracker;
 use crate::config::LimitRequest;
 use crate::sandbox::manager::Session;
 use crate::sandbox::{
-    AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Sandbox, SandboxError,
-    SessionManager, ShellOptions, ShellOutput, SpawnRequest,
+    AttachedProcess, CreateOptions, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox,
+    SandboxError, SessionManager, ShellOptions, ShellOutput, SpawnRequest,
 };
 
 pub struct LazySandbox {
     manager: Arc<SessionManager>,
-    owner: String,
+    owner: Owner,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     first_id: OnceLock<String>,
     /// Where the removal on drop runs, so a server can wait for it before exiting.
@@ -28,10 +28,10 @@ pub struct LazySandbox {
 }
 
 impl LazySandbox {
-    pub fn new(manager: Arc<SessionManager>, owner: impl Into<String>) -> Arc<Self> {
+    pub fn new(manager: Arc<SessionManager>, owner: Owner) -> Arc<Self> {
         Arc::new(Self {
             manager,
-            owner: owner.into(),
+            owner,
             session: tokio::sync::Mutex::new(None),
             first_id: OnceLock::new(),
             tracker: None,
@@ -39,14 +39,10 @@ impl LazySandbox {
     }
 
     /// Like `new`, with the removal on drop spawned on `tracker`.
-    pub fn tracked(
-        manager: Arc<SessionManager>,
-        owner: impl Into<String>,
-        tracker: TaskTracker,
-    ) -> Arc<Self> {
+    pub fn tracked(manager: Arc<SessionManager>, owner: Owner, tracker: TaskTracker) -> Arc<Self> {
         Arc::new(Self {
             manager,
-            owner: owner.into(),
+            owner,
             session: tokio::sync::Mutex::new(None),
             first_id: OnceLock::new(),
             tracker: Some(tracker),
@@ -57,7 +53,7 @@ impl LazySandbox {
     pub async fn session(&self) -> Result<Arc<Session>, SandboxError> {
         let mut slot = self.session.lock().await;
         if let Some(s) = slot.as_ref() {
-            match self.manager.get(&s.id).await {
+            match self.manager.get(&self.owner, &s.id).await {
                 Ok(s) => return Ok(s),
                 Err(e) => {
                     tracing::warn!(session = %s.id, error = %e, "the MCP session's sandbox is gone; creating a new one");
@@ -67,7 +63,11 @@ impl LazySandbox {
         }
         let s = self
             .manager
-            .create(&self.owner, &LimitRequest::default(), false)
+            .create(
+                &self.owner,
+                &LimitRequest::default(),
+                CreateOptions::default(),
+            )
             .await?;
         let _ = self.first_id.set(s.id.clone());
         *slot = Some(s.clone());
@@ -82,10 +82,8 @@ impl LazySandbox {
     /// Removes the container now (session closed). Later calls would create a new one.
     pub async fn close(&self) {
         let taken = self.session.lock().await.take();
-        if let Some(s) = taken
-            && let Err(e) = self.manager.remove(&s.id).await
-        {
-            tracing::warn!(session = %s.id, error = %e, "could not remove the MCP session's sandbox");
+        if let Some(s) = taken {
+            remove(&self.manager, &s).await;
         }
     }
 
@@ -100,11 +98,7 @@ impl Drop for LazySandbox {
             return;
         };
         let manager = self.manager.clone();
-        let removal = async move {
-            if let Err(e) = manager.remove(&session.id).await {
-                tracing::warn!(session = %session.id, error = %e, "could not remove the MCP session's sandbox");
-            }
-        };
+        let removal = async move { remove(&manager, &session).await };
         match (&self.tracker, tokio::runtime::Handle::try_current()) {
             (Some(tracker), Ok(rt)) => {
                 tracker.spawn_on(removal, &rt);
@@ -116,6 +110,16 @@ impl Drop for LazySandbox {
             (_, Err(_)) => {
                 tracing::warn!("no runtime to remove an MCP sandbox; it will be reconciled")
             }
+        }
+    }
+}
+
+/// Removes the session; one the reaper already took is not an error.
+async fn remove(manager: &SessionManager, session: &Session) {
+    match manager.remove(&session.owner, &session.id).await {
+        Ok(()) | Err(SandboxError::SessionNotFound { .. }) => {}
+        Err(e) => {
+            tracing::warn!(session = %session.id, error = %e, "could not remove the MCP session's sandbox")
         }
     }
 }

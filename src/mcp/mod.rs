@@ -18,6 +18,7 @@ pub mod names;
 mod remote;
 mod remote_tool;
 pub mod server;
+pub mod stateless;
 
 use std::sync::Arc;
 

@@ -18,18 +18,17 @@
 //!   request): nothing on the connection can carry a sandbox, so the client holds it
 //!   explicitly. `tools/list` then also offers `sandbox_create` (returns an opaque
 //!   128-bit id) and `sandbox_close`, and every sandbox tool takes a required `sandbox_id`.
-//!   An id is bound to the SHA-256 of the bearer token that created it: a request with
-//!   another token cannot use or close it (with a single shared token the id itself is
-//!   the capability, which is why it is long and random). Sandboxes unused for
-//!   `idle_timeout_secs` are removed by `StatelessSandboxes::reap_idle`, which the HTTP
-//!   server runs every `reap_interval_secs`.
+//!   The session is owned by the SHA-256 of the bearer token that created it: a request
+//!   with another token cannot use or close it (with a single shared token the id itself
+//!   is the capability, which is why it is long and random), and one token holds at most
+//!   `[sessions] max_per_owner` of them. They are sessions of the one SessionManager, so
+//!   its one reaper removes those unused for `idle_timeout_secs` (see stateless.rs).
 //!
 //! Images in a result become MCP image content; model-actionable failures and sandboxd's
 //! own failures both come back as tool errors (`isError: true`) with readable text.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -39,12 +38,12 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
 use super::lazy::LazySandbox;
+use super::stateless::{StatelessSandboxes, create_refusal, token_owner};
 use crate::config::Config;
-use crate::sandbox::{Sandbox, SessionManager};
+use crate::sandbox::{Owner, Sandbox, SessionManager};
 use crate::tools::{ToolContext, ToolRegistry, ToolResult, ToolSpec};
 
 /// The tools of one session: the same sandbox tools the agent gets, plus file access.
@@ -80,8 +79,9 @@ pub fn instructions(config: &Config) -> String {
 pub struct ServerState {
     pub manager: Arc<SessionManager>,
     pub config: Config,
-    /// Recorded as the container owner (`mcp-stdio`, `mcp-http`).
-    pub owner: String,
+    /// The owner of the sessions of clients with a session (`mcp-stdio`, `mcp-http`);
+    /// stateless clients' sessions are owned by their token.
+    pub owner: Owner,
     specs: Vec<ToolSpec>,
     instructions: String,
     pub stateless: StatelessSandboxes,
@@ -90,18 +90,14 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    pub fn new(
-        manager: Arc<SessionManager>,
-        config: Config,
-        owner: impl Into<String>,
-    ) -> Arc<Self> {
+    pub fn new(manager: Arc<SessionManager>, config: Config, owner: Owner) -> Arc<Self> {
         // Specs do not depend on the sandbox: build them once over a sandbox never used.
-        let probe = LazySandbox::new(manager.clone(), "mcp-probe");
+        let probe = LazySandbox::new(manager.clone(), owner.clone());
         let specs = session_registry(probe, &config).specs();
         let instructions = instructions(&config);
         Arc::new(Self {
             manager,
-            owner: owner.into(),
+            owner,
             specs,
             instructions,
             stateless: StatelessSandboxes::default(),
@@ -112,7 +108,7 @@ impl ServerState {
 
     /// Removes every sandbox of this server and waits for removals already under way.
     pub async fn shutdown(&self) {
-        self.stateless.close_all().await;
+        self.stateless.clear().await;
         self.removals.close();
         if tokio::time::timeout(Duration::from_secs(60), self.removals.wait())
             .await
@@ -162,8 +158,9 @@ impl SandboxServer {
     }
 }
 
-/// The request came over HTTP without a session: a stateless (2026-07-28) client.
-fn stateless_owner(ctx: &RequestContext<RoleServer>) -> Option<[u8; 32]> {
+/// The request came over HTTP without a session: a stateless (2026-07-28) client, owned
+/// by its token.
+fn stateless_owner(ctx: &RequestContext<RoleServer>) -> Option<Owner> {
     let parts = ctx.extensions.get::<axum::http::request::Parts>()?;
     if parts.headers.contains_key("mcp-session-id") {
         return None;
@@ -173,7 +170,7 @@ fn stateless_owner(ctx: &RequestContext<RoleServer>) -> Option<[u8; 32]> {
         .get(axum::http::header::AUTHORIZATION)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    Some(Sha256::digest(auth).into())
+    Some(token_owner(auth))
 }
 
 fn to_mcp_tool(spec: &ToolSpec) -> McpTool {
@@ -309,22 +306,18 @@ impl ServerHandler for SandboxServer {
         let Some(owner) = stateless_owner(&ctx) else {
             return Ok(run(&self.slot.registry, &name, args, &ctx).await);
         };
-        let stateless = &self.state.stateless;
+        let (stateless, manager) = (&self.state.stateless, self.state.manager.as_ref());
         if name == "sandbox_create" {
-            // One client must not hoard ids (each holds a tool registry) or the session cap.
-            let cap = self.state.config.sessions.max;
-            let Some(id) = stateless
-                .insert_capped(owner, cap, || Arc::new(self.state.new_slot()))
-                .await
-            else {
-                return Ok(error_result(format!(
-                    "you already hold {cap} open sandboxes, the most one client may; call sandbox_close on one you no longer need"
-                )));
-            };
-            return Ok(CallToolResult::success(vec![ContentBlock::text(format!(
-                "sandbox_id: {id}\nPass it as sandbox_id to every tool; call sandbox_close when done."
-            ))])
-            .into());
+            // The manager's per-owner cap keeps one client from taking every session.
+            return Ok(
+                match stateless.create(manager, &self.state.config, &owner).await {
+                    Ok(id) => CallToolResult::success(vec![ContentBlock::text(format!(
+                        "sandbox_id: {id}\nPass it as sandbox_id to every tool; call sandbox_close when done."
+                    ))])
+                    .into(),
+                    Err(e) => error_result(create_refusal(&e)),
+                },
+            );
         }
         let id = match args.remove("sandbox_id") {
             Some(Value::String(id)) => id,
@@ -335,7 +328,7 @@ impl ServerHandler for SandboxServer {
             }
         };
         if name == "sandbox_close" {
-            return Ok(match stateless.remove(owner, &id).await {
+            return Ok(match stateless.close(manager, &owner, &id).await {
                 true => CallToolResult::success(vec![ContentBlock::text(format!(
                     "sandbox {id} removed"
                 ))])
@@ -345,103 +338,11 @@ impl ServerHandler for SandboxServer {
                 )),
             });
         }
-        match stateless.get(owner, &id).await {
-            Some(slot) => Ok(run(&slot.registry, &name, args, &ctx).await),
+        match stateless.get(manager, &owner, &id).await {
+            Some(registry) => Ok(run(&registry, &name, args, &ctx).await),
             None => Ok(error_result(format!(
                 "no sandbox {id:?} (it was closed, idled out, or belongs to another token); call sandbox_create"
             ))),
         }
-    }
-}
-
-struct StatelessEntry {
-    owner: [u8; 32],
-    slot: Arc<Slot>,
-    last_used: Instant,
-}
-
-/// Sandboxes of stateless clients, by the id `sandbox_create` returned.
-#[derive(Default)]
-pub struct StatelessSandboxes {
-    map: tokio::sync::Mutex<HashMap<String, StatelessEntry>>,
-}
-
-impl StatelessSandboxes {
-    /// A new id for `owner`, unless it already holds `cap` of them.
-    async fn insert_capped(
-        &self,
-        owner: [u8; 32],
-        cap: usize,
-        slot: impl FnOnce() -> Arc<Slot>,
-    ) -> Option<String> {
-        let mut map = self.map.lock().await;
-        if map.values().filter(|e| e.owner == owner).count() >= cap {
-            return None;
-        }
-        let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
-        let entry = StatelessEntry {
-            owner,
-            slot: slot(),
-            last_used: Instant::now(),
-        };
-        map.insert(id.clone(), entry);
-        Some(id)
-    }
-
-    async fn get(&self, owner: [u8; 32], id: &str) -> Option<Arc<Slot>> {
-        let mut map = self.map.lock().await;
-        let entry = map.get_mut(id).filter(|e| e.owner == owner)?;
-        entry.last_used = Instant::now();
-        Some(entry.slot.clone())
-    }
-
-    async fn remove(&self, owner: [u8; 32], id: &str) -> bool {
-        let taken = {
-            let mut map = self.map.lock().await;
-            match map.get(id) {
-                Some(e) if e.owner == owner => map.remove(id),
-                _ => None,
-            }
-        };
-        match taken {
-            Some(e) => {
-                e.slot.sandbox.close().await;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Removes sandboxes unused for longer than `idle`; returns how many.
-    pub async fn reap_idle(&self, idle: Duration) -> usize {
-        let expired: Vec<StatelessEntry> = {
-            let mut map = self.map.lock().await;
-            let ids: Vec<String> = map
-                .iter()
-                .filter(|(_, e)| e.last_used.elapsed() > idle)
-                .map(|(k, _)| k.clone())
-                .collect();
-            ids.iter().filter_map(|id| map.remove(id)).collect()
-        };
-        for e in &expired {
-            e.slot.sandbox.close().await;
-        }
-        expired.len()
-    }
-
-    /// Removes every stateless sandbox (shutdown).
-    pub async fn close_all(&self) {
-        let all: Vec<StatelessEntry> = self.map.lock().await.drain().map(|(_, e)| e).collect();
-        for e in all {
-            e.slot.sandbox.close().await;
-        }
-    }
-
-    pub async fn len(&self) -> usize {
-        self.map.lock().await.len()
-    }
-
-    pub async fn is_empty(&self) -> bool {
-        self.len().await == 0
     }
 }

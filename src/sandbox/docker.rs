@@ -1,55 +1,32 @@
 //! The Docker backend's runtime: DockerRuntime creates, lists and removes hardened session
-//! containers. The Sandbox trait on one container is in docker_sandbox.rs, its exec plumbing in
-//! docker_exec.rs; these files and docker_image.rs are the only places that import bollard.
+//! containers and implements the `Runtime` seam. The Sandbox on one container is an
+//! `ExecSandbox` over `DockerExec` (docker_exec.rs); these files and docker_image.rs are the
+//! only places that import bollard.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits, RestartPolicy,
-    RestartPolicyNameEnum,
+    ContainerCreateBody, ContainerSummaryStateEnum, HostConfig, HostConfigLogConfig,
+    ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
     StartContainerOptions,
 };
 
-use super::SandboxError;
+use super::runtime::{FoundSandbox, LABEL_MANAGED, LABEL_SESSION, Runtime, SandboxSpec};
+use super::{Sandbox, SandboxError, SandboxState, host};
 use crate::config::Limits;
 
-pub use super::docker_sandbox::DockerSandbox;
+pub use super::docker_exec::{DockerExec, DockerSandbox};
 
-pub const LABEL_MANAGED: &str = "sandboxd.managed";
-pub const LABEL_SESSION: &str = "sandboxd.session";
-pub const LABEL_OWNER: &str = "sandboxd.owner";
-pub const LABEL_KEEP: &str = "sandboxd.keep";
-pub const LABEL_CREATOR: &str = "sandboxd.creator";
+/// How the Docker backend names itself in errors.
+pub(super) const BACKEND: &str = "Docker";
 pub(super) const SANDBOX_USER: &str = "1000:1000";
-
-/// What a new session container is made from.
-#[derive(Debug, Clone)]
-pub struct SessionSpec {
-    pub session_id: String,
-    pub owner: String,
-    pub limits: Limits,
-    /// Kept sessions outlive the process that made them (`--keep`).
-    pub keep: bool,
-}
-
-/// A container labelled `sandboxd.managed`, as listed by the engine.
-#[derive(Debug, Clone)]
-pub struct ManagedContainer {
-    pub container_id: String,
-    pub session_id: String,
-    pub owner: String,
-    pub state: String,
-    pub created: i64,
-    pub keep: bool,
-    /// The host process that created it: pid and start time.
-    pub creator: Option<(u32, u64)>,
-}
 
 #[derive(Clone)]
 pub struct DockerRuntime {
@@ -64,17 +41,17 @@ pub type Engine = Docker;
 /// Connects to the local engine (DOCKER_HOST or the default socket) and negotiates the
 /// API version: Debian 12's engine speaks 1.41, bollard defaults to 1.53.
 pub async fn connect() -> Result<Docker, SandboxError> {
-    let docker =
-        Docker::connect_with_local_defaults().map_err(|e| SandboxError::EngineUnavailable {
-            message: e.to_string(),
-        })?;
-    docker
+    connect_lazily()?
         .with_timeout(Duration::from_secs(120))
         .negotiate_version()
         .await
-        .map_err(|e| SandboxError::EngineUnavailable {
-            message: e.to_string(),
-        })
+        .map_err(engine_err)
+}
+
+/// A client that has not talked to the engine yet (and may never need to): building one
+/// does no I/O, so commands that only describe sandboxes work without a running engine.
+pub fn connect_lazily() -> Result<Docker, SandboxError> {
+    Docker::connect_with_local_defaults().map_err(engine_err)
 }
 
 impl DockerRuntime {
@@ -101,7 +78,7 @@ impl DockerRuntime {
     }
 
     /// Creates and starts a session container with every hardening default in place.
-    pub async fn create(&self, spec: &SessionSpec) -> Result<Arc<DockerSandbox>, SandboxError> {
+    pub async fn create(&self, spec: &SandboxSpec) -> Result<Arc<DockerSandbox>, SandboxError> {
         let body = container_body(&self.image, self.oci_runtime.as_deref(), spec);
         let name = format!("sandboxd-{}", spec.session_id);
         let created = self
@@ -131,37 +108,50 @@ impl DockerRuntime {
                 e,
             ));
         }
-        Ok(Arc::new(DockerSandbox::new(
-            self.docker.clone(),
+        Ok(Arc::new(self.sandbox(
             created.id,
-            spec.session_id.clone(),
-            spec.limits.clone(),
+            &spec.session_id,
+            &spec.limits,
         )))
+    }
+
+    fn sandbox(&self, container_id: String, session_id: &str, limits: &Limits) -> DockerSandbox {
+        let exec = DockerExec {
+            docker: self.docker.clone(),
+            container_id,
+            session_id: session_id.to_string(),
+        };
+        DockerSandbox::new(exec, session_id.to_string(), limits.clone())
     }
 
     /// Wraps the running container of an existing (kept) session.
     pub fn attach(
         &self,
-        found: &ManagedContainer,
+        found: &FoundSandbox,
         limits: &Limits,
     ) -> Result<Arc<DockerSandbox>, SandboxError> {
-        if found.state != "running" {
-            return Err(SandboxError::ContainerGone {
+        if found.state != SandboxState::Running {
+            return Err(SandboxError::SandboxGone {
                 session: found.session_id.clone(),
                 message: format!("its container is {}", found.state),
             });
         }
-        Ok(Arc::new(DockerSandbox::new(
-            self.docker.clone(),
-            found.container_id.clone(),
-            found.session_id.clone(),
-            limits.clone(),
+        Ok(Arc::new(self.sandbox(
+            found.handle.clone(),
+            &found.session_id,
+            limits,
         )))
     }
 
-    /// Every container carrying `sandboxd.managed=true`, running or not.
-    pub async fn list_managed(&self) -> Result<Vec<ManagedContainer>, SandboxError> {
-        let filters = HashMap::from([("label", vec![format!("{LABEL_MANAGED}=true")])]);
+    /// Containers carrying `sandboxd.managed=true` (and the extra label filter, if any),
+    /// running or not: one labelled list call.
+    async fn list_labelled(
+        &self,
+        extra: Option<String>,
+    ) -> Result<Vec<FoundSandbox>, SandboxError> {
+        let mut labels = vec![format!("{LABEL_MANAGED}=true")];
+        labels.extend(extra);
+        let filters = HashMap::from([("label", labels)]);
         let list = self
             .docker
             .list_containers(Some(
@@ -176,17 +166,7 @@ impl DockerRuntime {
             .into_iter()
             .map(|c| {
                 let labels = c.labels.unwrap_or_default();
-                ManagedContainer {
-                    container_id: c.id.unwrap_or_default(),
-                    session_id: labels.get(LABEL_SESSION).cloned().unwrap_or_default(),
-                    owner: labels.get(LABEL_OWNER).cloned().unwrap_or_default(),
-                    state: c.state.map(|s| s.to_string()).unwrap_or_default(),
-                    created: c.created.unwrap_or_default(),
-                    keep: labels.get(LABEL_KEEP).is_some_and(|v| v == "true"),
-                    creator: labels
-                        .get(LABEL_CREATOR)
-                        .and_then(|v| super::manager::parse_creator(v)),
-                }
+                FoundSandbox::from_labels(c.id.unwrap_or_default(), state_of(c.state), &labels)
             })
             .collect())
     }
@@ -219,19 +199,60 @@ impl DockerRuntime {
     }
 }
 
+#[async_trait]
+impl Runtime for DockerRuntime {
+    async fn create(&self, spec: &SandboxSpec) -> Result<(String, Arc<dyn Sandbox>), SandboxError> {
+        let sandbox = DockerRuntime::create(self, spec).await?;
+        Ok((sandbox.backend().container_id().to_string(), sandbox))
+    }
+
+    async fn attach(
+        &self,
+        found: &FoundSandbox,
+        limits: &Limits,
+    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        Ok(DockerRuntime::attach(self, found, limits)?)
+    }
+
+    async fn list(&self) -> Result<Vec<FoundSandbox>, SandboxError> {
+        self.list_labelled(None).await
+    }
+
+    async fn find(&self, session_id: &str) -> Result<Option<FoundSandbox>, SandboxError> {
+        let filter = format!("{LABEL_SESSION}={session_id}");
+        Ok(self.list_labelled(Some(filter)).await?.into_iter().next())
+    }
+
+    async fn remove(&self, handle: &str) -> Result<(), SandboxError> {
+        self.remove_container(handle).await
+    }
+
+    /// The engine is on this host (a local socket), so its creators are local processes.
+    fn creator_alive(&self, creator: &str) -> bool {
+        host::creator_alive(creator)
+    }
+}
+
+/// Docker's container states in the seam's words.
+fn state_of(state: Option<ContainerSummaryStateEnum>) -> SandboxState {
+    use ContainerSummaryStateEnum as S;
+    match state {
+        Some(S::RUNNING) => SandboxState::Running,
+        Some(S::PAUSED) => SandboxState::Paused,
+        Some(S::REMOVING | S::STOPPING) => SandboxState::Removing,
+        Some(S::EXITED | S::DEAD) => SandboxState::Stopped,
+        // Unknown counts as starting: removed only once its creator is gone.
+        Some(S::CREATED | S::RESTARTING | S::EMPTY) | None => SandboxState::Starting,
+    }
+}
+
 fn container_body(
     image: &str,
     oci_runtime: Option<&str>,
-    spec: &SessionSpec,
+    spec: &SandboxSpec,
 ) -> ContainerCreateBody {
     let l = &spec.limits;
-    let labels = HashMap::from([
-        (LABEL_MANAGED.to_string(), "true".to_string()),
-        (LABEL_SESSION.to_string(), spec.session_id.clone()),
-        (LABEL_OWNER.to_string(), spec.owner.clone()),
-        (LABEL_KEEP.to_string(), spec.keep.to_string()),
-        (LABEL_CREATOR.to_string(), super::manager::creator_label()),
-    ]);
+    let labels = spec.labels(&host::creator_label());
     let tmpfs = HashMap::from([
         (
             "/workspace".to_string(),
@@ -304,9 +325,15 @@ fn container_body(
     }
 }
 
+const ENGINE: &str = "the Docker engine";
+const ENGINE_FIX: &str =
+    "start it (systemctl start docker) or set DOCKER_HOST, then run `sandboxd doctor`";
+
 pub(super) fn engine_err(e: bollard::errors::Error) -> SandboxError {
-    SandboxError::EngineUnavailable {
+    SandboxError::BackendUnavailable {
+        backend: ENGINE,
         message: e.to_string(),
+        fix: ENGINE_FIX,
     }
 }
 
@@ -321,7 +348,7 @@ pub(super) fn docker_err(
         E::DockerResponseServerError {
             status_code: 404,
             message,
-        } => SandboxError::ContainerGone {
+        } => SandboxError::SandboxGone {
             session: session.into(),
             message,
         },
@@ -329,22 +356,22 @@ pub(super) fn docker_err(
             status_code: 409,
             message,
         } if message.contains("not running") || message.contains("paused") => {
-            SandboxError::ContainerGone {
+            SandboxError::SandboxGone {
                 session: session.into(),
                 message,
             }
         }
-        E::DockerResponseServerError { message, .. } => SandboxError::Docker {
+        E::DockerResponseServerError { message, .. } => SandboxError::Backend {
+            backend: BACKEND,
             operation: operation.into(),
             message,
         },
         E::IOError { .. }
         | E::HyperResponseError { .. }
         | E::HttpClientError { .. }
-        | E::SocketNotFoundError(_) => SandboxError::EngineUnavailable {
-            message: e.to_string(),
-        },
-        other => SandboxError::Docker {
+        | E::SocketNotFoundError(_) => engine_err(e),
+        other => SandboxError::Backend {
+            backend: BACKEND,
             operation: operation.into(),
             message: other.to_string(),
         },

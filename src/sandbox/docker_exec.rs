@@ -1,45 +1,58 @@
-//! The exec plumbing of DockerSandbox: attached execs as AttachedProcess streams, one-shot
-//! execs with capped output and timeouts, and the file helper's channel.
+//! The Docker exec backend: a process in a session container as an AttachedProcess (an
+//! attached `docker exec`), and the container's liveness. Everything else a sandbox does is
+//! built on these two in exec_sandbox.rs.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use async_trait::async_trait;
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::ExecConfig;
+use bollard::query_parameters::InspectContainerOptions;
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
 
-use super::docker::{SANDBOX_USER, docker_err};
-use super::docker_sandbox::DockerSandbox;
-use super::framed::FramedProcess;
-use super::output::CappedBuffer;
-use super::{AttachedProcess, ExecOutput, ExecRequest, OutputChunk, Sandbox, SandboxError};
+use super::docker::{BACKEND, SANDBOX_USER, docker_err};
+use super::exec_sandbox::{ExecBackend, ExecSandbox};
+use super::{AttachedProcess, OutputChunk, SandboxError, SpawnRequest};
 
-impl DockerSandbox {
-    pub(super) async fn start_exec(
+/// The Sandbox on one Docker container.
+pub type DockerSandbox = ExecSandbox<DockerExec>;
+
+/// One session container, reached through exec and attached streams.
+pub struct DockerExec {
+    pub(super) docker: Docker,
+    pub(super) container_id: String,
+    /// For error messages: which session's container failed.
+    pub(super) session_id: String,
+}
+
+impl DockerExec {
+    pub fn container_id(&self) -> &str {
+        &self.container_id
+    }
+}
+
+#[async_trait]
+impl ExecBackend for DockerExec {
+    async fn spawn(
         &self,
-        argv: &[String],
-        cwd: Option<&str>,
-        env: &[(String, String)],
-        stdin: bool,
-    ) -> Result<(String, AttachedProcess), SandboxError> {
-        if argv.is_empty() {
-            return Err(SandboxError::InvalidRequest("empty command".into()));
-        }
-        let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        req: &SpawnRequest,
+        attach_stdin: bool,
+    ) -> Result<AttachedProcess, SandboxError> {
+        let env: Vec<String> = req.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let exec = self
             .docker
             .create_exec(
                 &self.container_id,
                 ExecConfig {
-                    attach_stdin: Some(stdin),
+                    attach_stdin: Some(attach_stdin),
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
                     tty: Some(false),
-                    cmd: Some(argv.to_vec()),
+                    cmd: Some(req.argv.clone()),
                     env: Some(env),
-                    working_dir: Some(cwd.unwrap_or(super::WORKSPACE).to_string()),
+                    working_dir: Some(req.cwd.as_deref().unwrap_or(super::WORKSPACE).to_string()),
                     user: Some(SANDBOX_USER.into()),
                     privileged: Some(false),
                     ..Default::default()
@@ -60,7 +73,8 @@ impl DockerSandbox {
             .await
             .map_err(|e| docker_err("attach to a process", &self.session_id, e))?;
         let StartExecResults::Attached { output, input } = started else {
-            return Err(SandboxError::Docker {
+            return Err(SandboxError::Backend {
+                backend: BACKEND,
                 operation: "attach to a process".into(),
                 message: "the engine started it detached".into(),
             });
@@ -88,138 +102,20 @@ impl DockerSandbox {
             inner: input,
             started: Some(started),
         });
-        Ok((
-            exec.id,
-            AttachedProcess {
-                stdin,
-                output,
-                exit_code,
-            },
-        ))
-    }
-
-    /// One request to the session's file helper, started on first use. Each call has a
-    /// deadline: the helper runs as the sandbox user, so sandboxed code can stop it (SIGSTOP)
-    /// or hand it something that blocks, and the host must not wait for ever.
-    pub(super) async fn fs_call(
-        &self,
-        op: serde_json::Value,
-        body: &[u8],
-    ) -> Result<(serde_json::Value, bytes::Bytes), SandboxError> {
-        let max_body = self.limits.max_file_bytes() as usize + 4096;
-        let mut guard = self.fs.lock().await;
-        for attempt in 0..2 {
-            if guard.as_ref().is_none_or(|(f, _)| !f.is_usable()) {
-                let tag = format!("{:032x}", rand::random::<u128>());
-                let argv = [
-                    "python3".to_string(),
-                    format!("{}/sandboxd_fs.py", super::HELPERS_DIR),
-                ];
-                let env = [("SANDBOXD_TAG".to_string(), tag.clone())];
-                let (_, process) = self.start_exec(&argv, None, &env, true).await?;
-                let mut framed = FramedProcess::new("sandboxd_fs", process, max_body);
-                match tokio::time::timeout(FS_TIMEOUT, framed.recv()).await {
-                    Ok(hello) => hello?,
-                    Err(_) => {
-                        self.kill_tagged(&tag).await?;
-                        return Err(fs_timeout());
-                    }
-                };
-                *guard = Some((framed, tag));
-            }
-            let Some((framed, tag)) = guard.as_mut() else {
-                continue;
-            };
-            match tokio::time::timeout(FS_TIMEOUT, framed.call(&op, body)).await {
-                Ok(Ok(resp)) => return Ok(resp),
-                Ok(Err(e)) if attempt == 0 && !framed.is_usable() => {
-                    tracing::warn!(session = %self.session_id, error = %e, "file helper failed; restarting it");
-                    *guard = None;
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    let tag = tag.clone();
-                    *guard = None;
-                    self.kill_tagged(&tag).await?;
-                    return Err(fs_timeout());
-                }
-            }
-        }
-        Err(SandboxError::Protocol {
-            helper: "sandboxd_fs".into(),
-            message: "the file helper failed twice in a row".into(),
-        })
-    }
-
-    pub(super) async fn collect(
-        &self,
-        req: &ExecRequest,
-        tag: &str,
-    ) -> Result<ExecOutput, SandboxError> {
-        let started = Instant::now();
-        let mut env = req.env.clone();
-        env.push(("SANDBOXD_TAG".into(), tag.into()));
-        let (_, mut process) = self
-            .start_exec(&req.argv, req.cwd.as_deref(), &env, req.stdin.is_some())
-            .await?;
-        let writer = req.stdin.clone().map(|data| {
-            let mut stdin = process.stdin;
-            tokio::spawn(async move {
-                let _ = stdin.write_all(&data).await;
-                let _ = stdin.shutdown().await;
-            })
-        });
-        let mut out = CappedBuffer::new(req.output_cap);
-        let mut err = CappedBuffer::new(req.output_cap);
-        let read = async {
-            while let Some(chunk) = process.output.next().await {
-                match chunk? {
-                    OutputChunk::Stdout(b) => out.push(&b),
-                    OutputChunk::Stderr(b) => err.push(&b),
-                }
-            }
-            Ok::<(), SandboxError>(())
-        };
-        let timed_out = match tokio::time::timeout(req.timeout, read).await {
-            Ok(res) => {
-                res?;
-                false
-            }
-            Err(_) => true,
-        };
-        if let Some(w) = writer {
-            w.abort();
-        }
-        if timed_out {
-            self.kill_tagged(tag).await?;
-        }
-        let exit_code = if timed_out {
-            None
-        } else {
-            (process.exit_code)().await
-        };
-        let (stdout, stdout_truncated) = out.finish();
-        let (stderr, stderr_truncated) = err.finish();
-        Ok(ExecOutput {
+        Ok(AttachedProcess {
+            stdin,
+            output,
             exit_code,
-            stdout,
-            stderr,
-            stdout_truncated,
-            stderr_truncated,
-            timed_out,
-            duration: started.elapsed(),
         })
     }
-}
 
-/// How long one file operation may take; 100 MiB moves in about a second here.
-const FS_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn fs_timeout() -> SandboxError {
-    SandboxError::Timeout {
-        what: "the file operation (the in-sandbox file helper stopped answering and was restarted)"
-            .into(),
-        after: FS_TIMEOUT,
+    async fn is_alive(&self) -> bool {
+        matches!(
+            self.docker
+                .inspect_container(&self.container_id, None::<InspectContainerOptions>)
+                .await,
+            Ok(info) if info.state.as_ref().and_then(|s| s.running) == Some(true)
+        )
     }
 }
 

@@ -1,4 +1,7 @@
-//! SandboxError: what failed while reaching a session's container, and what to do about it.
+//! SandboxError: what failed while reaching a session's sandbox, and what to do about it.
+//!
+//! The variants name a backend, never Docker: the Docker backend fills in its own wording
+//! (which engine, how to start it), a Kubernetes backend would fill in its own.
 
 use std::time::Duration;
 
@@ -7,15 +10,19 @@ use std::time::Duration;
 /// failures of sandboxd or of its environment.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
-    #[error(
-        "the Docker engine is not reachable ({message}); start it (systemctl start docker) or set DOCKER_HOST, then run `sandboxd doctor`"
-    )]
-    EngineUnavailable { message: String },
+    /// The backend cannot be reached at all. `backend` names it ("the Docker engine"),
+    /// `fix` says how to bring it up.
+    #[error("{backend} is not reachable ({message}); {fix}")]
+    BackendUnavailable {
+        backend: &'static str,
+        message: String,
+        fix: &'static str,
+    },
 
     #[error(
-        "the sandbox container of session {session} is gone ({message}); it was removed or killed from outside: start a new session"
+        "the sandbox of session {session} is gone ({message}); it was removed or killed from outside: start a new session"
     )]
-    ContainerGone { session: String, message: String },
+    SandboxGone { session: String, message: String },
 
     #[error("the sandbox image {tag} is missing; build it with `sandboxd image build`")]
     ImageMissing { tag: String },
@@ -27,6 +34,11 @@ pub enum SandboxError {
         "the session limit of {limit} is reached; remove an idle session or raise [sessions] max"
     )]
     TooManySessions { limit: usize },
+
+    #[error(
+        "{owner} already has {limit} sessions, the most one owner may have ([sessions] max_per_owner); remove one it no longer needs"
+    )]
+    TooManySessionsForOwner { owner: String, limit: usize },
 
     #[error("invalid path {path:?}: {reason}")]
     InvalidPath { path: String, reason: String },
@@ -55,19 +67,24 @@ pub enum SandboxError {
     #[error("the in-sandbox helper {helper} broke its protocol: {message}")]
     Protocol { helper: String, message: String },
 
-    #[error("Docker refused to {operation}: {message}")]
-    Docker { operation: String, message: String },
+    /// The backend answered but refused; `backend` names it ("Docker").
+    #[error("{backend} refused to {operation}: {message}")]
+    Backend {
+        backend: &'static str,
+        operation: String,
+        message: String,
+    },
 
     #[error("invalid request: {0}")]
     InvalidRequest(String),
 }
 
 impl SandboxError {
-    /// Whether this error means the container cannot be used any more.
+    /// Whether this error means the sandbox cannot be used any more.
     pub fn is_fatal_for_session(&self) -> bool {
         matches!(
             self,
-            SandboxError::ContainerGone { .. } | SandboxError::EngineUnavailable { .. }
+            SandboxError::SandboxGone { .. } | SandboxError::BackendUnavailable { .. }
         )
     }
 }

@@ -1,65 +1,33 @@
-//! SessionManager: the live sessions of this process, their limits, the idle reaper and the
-//! startup reconciler that removes containers nobody owns any more.
+//! SessionManager: the live sessions of this process, their owners and limits, the session
+//! caps (global and per owner), the one idle reaper and the reconciler that removes
+//! sandboxes nobody owns any more. It speaks only the `Runtime` seam, never a backend.
 //!
-//! Sessions outlive a CLI process only when asked to (`--keep`); every container records
-//! which host process created it (pid and start time), so the reconciler can tell an
-//! orphan of a crashed process from a session another live sandboxd still uses.
+//! Sessions outlive a process only when asked to (`--keep`); every sandbox records its
+//! owner, its limits and which process created it, so a later process can re-attach a kept
+//! session as it was made, and the reconciler can tell an orphan of a crashed process from
+//! a session another live sandboxd still uses.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_trait::async_trait;
 use serde::Serialize;
-use tokio::sync::Mutex;
+use tokio::time::Instant;
 
-use super::docker::{DockerRuntime, ManagedContainer, SessionSpec};
-use super::{Sandbox, SandboxError};
+use super::runtime::{Runtime, SandboxSpec, SandboxState};
+use super::{Owner, Sandbox, SandboxError, Viewer};
 use crate::config::{LimitRequest, Limits, SessionsConfig};
-
-/// The backend boundary for session lifecycles; DockerRuntime is the one implementation.
-#[async_trait]
-pub trait Runtime: Send + Sync {
-    async fn create(&self, spec: &SessionSpec) -> Result<Arc<dyn Sandbox>, SandboxError>;
-    /// Wraps the existing container of a kept session, as `list_managed` found it.
-    async fn attach(
-        &self,
-        found: &ManagedContainer,
-        limits: &Limits,
-    ) -> Result<Arc<dyn Sandbox>, SandboxError>;
-    async fn list_managed(&self) -> Result<Vec<ManagedContainer>, SandboxError>;
-    async fn remove(&self, container_id: &str) -> Result<(), SandboxError>;
-}
-
-#[async_trait]
-impl Runtime for DockerRuntime {
-    async fn create(&self, spec: &SessionSpec) -> Result<Arc<dyn Sandbox>, SandboxError> {
-        Ok(DockerRuntime::create(self, spec).await?)
-    }
-
-    async fn attach(
-        &self,
-        found: &ManagedContainer,
-        limits: &Limits,
-    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
-        Ok(DockerRuntime::attach(self, found, limits)?)
-    }
-
-    async fn list_managed(&self) -> Result<Vec<ManagedContainer>, SandboxError> {
-        DockerRuntime::list_managed(self).await
-    }
-
-    async fn remove(&self, container_id: &str) -> Result<(), SandboxError> {
-        self.remove_container(container_id).await
-    }
-}
 
 pub struct Session {
     pub id: String,
-    pub owner: String,
+    pub owner: Owner,
     pub sandbox: Arc<dyn Sandbox>,
+    /// What the sandbox was created with (for a re-attached session: what it recorded).
     pub limits: Limits,
+    /// Meant to outlive this process; `remove_all` leaves it alone.
+    pub keep: bool,
+    /// The backend's name for the sandbox, what `Runtime::remove` takes.
+    handle: String,
     last_used: std::sync::Mutex<Instant>,
 }
 
@@ -78,24 +46,82 @@ impl Session {
     }
 }
 
+/// How to create a session, beside its owner and limits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CreateOptions {
+    /// Outlive this process (`--keep`): a later process re-attaches it by id.
+    pub keep: bool,
+}
+
 /// What `sessions list` shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionInfo {
     pub session_id: String,
+    /// Empty when the sandbox carries no valid owner.
     pub owner: String,
-    pub container_id: String,
-    pub state: String,
+    /// The backend's name for the sandbox (a container id).
+    pub handle: String,
+    pub state: SandboxState,
     pub kept: bool,
-    pub created_by_pid: Option<u32>,
+    /// The creator the backend recorded (for Docker, `pid:starttime` on this host).
+    pub creator: Option<String>,
+}
+
+/// The sessions of this process and the creations under way, under one lock so that
+/// concurrent creates cannot overshoot a cap. Never held across an await.
+#[derive(Default)]
+struct Table {
+    sessions: HashMap<String, Arc<Session>>,
+    /// Creations under way per owner: they count against the caps already.
+    starting: HashMap<Owner, usize>,
+}
+
+impl Table {
+    fn count(&self, owner: Option<&Owner>) -> usize {
+        match owner {
+            None => self.sessions.len() + self.starting.values().sum::<usize>(),
+            Some(o) => {
+                self.sessions.values().filter(|s| &s.owner == o).count()
+                    + self.starting.get(o).copied().unwrap_or(0)
+            }
+        }
+    }
 }
 
 pub struct SessionManager {
     runtime: Arc<dyn Runtime>,
     limits: Limits,
     config: SessionsConfig,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
-    /// Sessions whose containers are being created: they count against the max already.
-    starting: AtomicUsize,
+    table: Arc<std::sync::Mutex<Table>>,
+}
+
+/// Releases a creation's place in the caps however the creation ends (even cancelled).
+struct Reservation {
+    table: Arc<std::sync::Mutex<Table>>,
+    owner: Owner,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut t = lock(&self.table);
+        if let Some(n) = t.starting.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                t.starting.remove(&self.owner);
+            }
+        }
+    }
+}
+
+fn lock(table: &std::sync::Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
+    // A panic while holding the lock cannot leave the table half-written (every update is
+    // one map operation), so a poisoned lock is still good.
+    table.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Session ids are ours (hex); anything else cannot name a session and is not looked up.
+fn plausible_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 impl SessionManager {
@@ -104,126 +130,201 @@ impl SessionManager {
             runtime,
             limits,
             config,
-            sessions: Mutex::new(HashMap::new()),
-            starting: AtomicUsize::new(0),
+            table: Arc::default(),
         })
     }
 
-    /// Creates a session container for `owner`. The request can only lower the limits.
+    /// The admin's ceilings: what a session gets when its request lowers nothing.
+    pub fn ceilings(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Creates a session for `owner`. The request can only lower the limits; the global
+    /// and the per-owner caps count sessions being created too.
     pub async fn create(
         &self,
-        owner: &str,
+        owner: &Owner,
         request: &LimitRequest,
-        keep: bool,
+        options: CreateOptions,
     ) -> Result<Arc<Session>, SandboxError> {
         let limits = self
             .limits
             .lowered(request)
             .map_err(|e| SandboxError::InvalidRequest(e.to_string()))?;
-        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
-        let spec = SessionSpec {
-            session_id: id.clone(),
-            owner: owner.to_string(),
-            limits: limits.clone(),
-            keep,
-        };
-        {
-            // Count and reserve under one lock so concurrent creates cannot overshoot the max.
-            let sessions = self.sessions.lock().await;
-            let live = sessions.len() + self.starting.load(Ordering::SeqCst);
-            if live >= self.config.max {
-                return Err(SandboxError::TooManySessions {
-                    limit: self.config.max,
-                });
-            }
-            self.starting.fetch_add(1, Ordering::SeqCst);
-        }
-        let created = self.runtime.create(&spec).await;
-        let mut sessions = self.sessions.lock().await;
-        self.starting.fetch_sub(1, Ordering::SeqCst);
-        let session = Arc::new(Session {
-            id: id.clone(),
-            owner: owner.to_string(),
-            sandbox: created?,
+        let reservation = self.reserve(owner)?;
+        let spec = SandboxSpec {
+            session_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            owner: owner.clone(),
             limits,
+            keep: options.keep,
+        };
+        // The creation runs as its own task, so a caller that gives up (a client that
+        // disconnects, a cancelled future) cannot leave a sandbox nobody knows about: the
+        // task removes what it made when nobody is waiting for it any more.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let runtime = self.runtime.clone();
+        let task_spec = spec.clone();
+        tokio::spawn(async move {
+            let created = runtime.create(&task_spec).await;
+            if let Err(Ok((handle, _))) = tx.send(created)
+                && let Err(e) = runtime.remove(&handle).await
+            {
+                tracing::warn!(session = %task_spec.session_id, error = %e, "could not remove the sandbox of an abandoned create");
+            }
+        });
+        let (handle, sandbox) = rx.await.map_err(|_| SandboxError::Protocol {
+            helper: "the session manager".into(),
+            message: "the sandbox creation task ended without an answer".into(),
+        })??;
+        let session = Arc::new(Session {
+            id: spec.session_id.clone(),
+            owner: spec.owner,
+            sandbox,
+            limits: spec.limits,
+            keep: spec.keep,
+            handle,
             last_used: std::sync::Mutex::new(Instant::now()),
         });
-        sessions.insert(id, session.clone());
+        lock(&self.table)
+            .sessions
+            .insert(spec.session_id, session.clone());
+        drop(reservation);
         Ok(session)
     }
 
-    /// A live session of this process, or a kept one found by its label.
-    pub async fn get(&self, id: &str) -> Result<Arc<Session>, SandboxError> {
-        if let Some(s) = self.sessions.lock().await.get(id) {
+    fn reserve(&self, owner: &Owner) -> Result<Reservation, SandboxError> {
+        let mut t = lock(&self.table);
+        if t.count(None) >= self.config.max {
+            return Err(SandboxError::TooManySessions {
+                limit: self.config.max,
+            });
+        }
+        let per_owner = self.config.max_per_owner.min(self.config.max);
+        if t.count(Some(owner)) >= per_owner {
+            return Err(SandboxError::TooManySessionsForOwner {
+                owner: owner.to_string(),
+                limit: per_owner,
+            });
+        }
+        *t.starting.entry(owner.clone()).or_default() += 1;
+        Ok(Reservation {
+            table: self.table.clone(),
+            owner: owner.clone(),
+        })
+    }
+
+    /// A session of `owner`: a live one of this process, or a kept one found by its label
+    /// and re-attached with the limits it was created with. Another owner's session is
+    /// "not found", exactly like a missing one.
+    pub async fn get(&self, owner: &Owner, id: &str) -> Result<Arc<Session>, SandboxError> {
+        let not_found = || SandboxError::SessionNotFound { id: id.into() };
+        if !plausible_id(id) {
+            return Err(not_found());
+        }
+        if let Some(s) = lock(&self.table).sessions.get(id) {
+            if &s.owner != owner {
+                return Err(not_found());
+            }
             s.touch();
             return Ok(s.clone());
         }
         let found = self
             .runtime
-            .list_managed()
+            .find(id)
             .await?
-            .into_iter()
-            .find(|c| c.session_id == id)
-            .ok_or_else(|| SandboxError::SessionNotFound { id: id.into() })?;
-        let sandbox = self.runtime.attach(&found, &self.limits).await?;
+            .filter(|f| Viewer::Owner(owner.clone()).sees(f.owner.as_ref()))
+            .ok_or_else(not_found)?;
+        if found.limits.is_none() {
+            tracing::warn!(session = %id, "the session recorded no limits (made by an older sandboxd); using the configured ones");
+        }
+        let limits = found.limits_within(&self.limits);
+        let sandbox = self.runtime.attach(&found, &limits).await?;
         let session = Arc::new(Session {
             id: id.into(),
-            owner: found.owner,
+            owner: owner.clone(),
             sandbox,
-            limits: self.limits.clone(),
+            limits,
+            keep: found.keep,
+            handle: found.handle,
             last_used: std::sync::Mutex::new(Instant::now()),
         });
-        self.sessions
-            .lock()
-            .await
-            .insert(id.into(), session.clone());
-        Ok(session)
+        // Two lookups may race to attach; the first one in the table wins.
+        let mut t = lock(&self.table);
+        Ok(t.sessions.entry(id.into()).or_insert(session).clone())
     }
 
-    /// Removes a session and its container; removing a missing one is not an error.
-    pub async fn remove(&self, id: &str) -> Result<(), SandboxError> {
-        self.sessions.lock().await.remove(id);
-        self.remove_container_of(id).await
+    /// Removes a session of `owner` and its sandbox; another owner's is "not found".
+    pub async fn remove(&self, owner: &Owner, id: &str) -> Result<(), SandboxError> {
+        self.remove_as(&Viewer::Owner(owner.clone()), id).await
     }
 
-    async fn remove_container_of(&self, id: &str) -> Result<(), SandboxError> {
-        for c in self.runtime.list_managed().await? {
-            if c.session_id == id {
-                self.runtime.remove(&c.container_id).await?;
-            }
+    /// Removes any session (the admin: `sessions rm`).
+    pub async fn admin_remove(&self, id: &str) -> Result<(), SandboxError> {
+        self.remove_as(&Viewer::Admin, id).await
+    }
+
+    async fn remove_as(&self, viewer: &Viewer, id: &str) -> Result<(), SandboxError> {
+        let not_found = || SandboxError::SessionNotFound { id: id.into() };
+        if !plausible_id(id) {
+            return Err(not_found());
         }
-        Ok(())
+        let held = {
+            let mut t = lock(&self.table);
+            match t.sessions.get(id) {
+                Some(s) if viewer.sees(Some(&s.owner)) => t.sessions.remove(id),
+                Some(_) => return Err(not_found()),
+                None => None,
+            }
+        };
+        let handle = match held {
+            Some(s) => s.handle.clone(),
+            None => {
+                self.runtime
+                    .find(id)
+                    .await?
+                    .filter(|f| viewer.sees(f.owner.as_ref()))
+                    .ok_or_else(not_found)?
+                    .handle
+            }
+        };
+        self.runtime.remove(&handle).await
     }
 
-    /// Removes every session this process holds (on shutdown).
+    /// Removes every session this process holds, except kept ones (on shutdown).
     pub async fn remove_all(&self) {
-        let ids: Vec<String> = self.sessions.lock().await.keys().cloned().collect();
-        for id in ids {
-            if let Err(e) = self.remove(&id).await {
-                tracing::warn!(session = %id, error = %e, "could not remove session");
+        let all: Vec<Arc<Session>> = lock(&self.table)
+            .sessions
+            .values()
+            .filter(|s| !s.keep)
+            .cloned()
+            .collect();
+        for s in all {
+            if let Err(e) = self.remove(&s.owner, &s.id).await {
+                tracing::warn!(session = %s.id, error = %e, "could not remove session");
             }
         }
     }
 
     /// Sessions held by this process.
     pub async fn live(&self) -> Vec<Arc<Session>> {
-        self.sessions.lock().await.values().cloned().collect()
+        lock(&self.table).sessions.values().cloned().collect()
     }
 
-    /// Every managed container on the engine, with who created it.
-    pub async fn list(&self) -> Result<Vec<SessionInfo>, SandboxError> {
+    /// The sandboxes on the backend `viewer` may see (the admin: all managed ones).
+    pub async fn list(&self, viewer: &Viewer) -> Result<Vec<SessionInfo>, SandboxError> {
         Ok(self
             .runtime
-            .list_managed()
+            .list()
             .await?
             .into_iter()
-            .map(|c| SessionInfo {
-                session_id: c.session_id,
-                owner: c.owner,
-                container_id: c.container_id,
-                state: c.state,
-                kept: c.keep,
-                created_by_pid: c.creator.map(|(pid, _)| pid),
+            .filter(|f| viewer.sees(f.owner.as_ref()))
+            .map(|f| SessionInfo {
+                session_id: f.session_id,
+                owner: f.owner.map(|o| o.to_string()).unwrap_or_default(),
+                handle: f.handle,
+                state: f.state,
+                kept: f.keep,
+                creator: f.creator,
             })
             .collect())
     }
@@ -231,24 +332,26 @@ impl SessionManager {
     /// Removes sessions of this process idle for longer than the configured timeout.
     pub async fn reap_idle(&self) -> Vec<String> {
         let limit = Duration::from_secs(self.config.idle_timeout_secs);
-        let idle: Vec<String> = self
+        let idle: Vec<Arc<Session>> = lock(&self.table)
             .sessions
-            .lock()
-            .await
             .values()
             .filter(|s| s.idle_for() > limit)
-            .map(|s| s.id.clone())
+            .cloned()
             .collect();
-        for id in &idle {
-            tracing::info!(session = %id, "removing idle session");
-            if let Err(e) = self.remove(id).await {
-                tracing::warn!(session = %id, error = %e, "could not remove idle session");
+        let mut reaped = Vec::new();
+        for s in idle {
+            tracing::info!(session = %s.id, "removing idle session");
+            match self.remove(&s.owner, &s.id).await {
+                Ok(()) | Err(SandboxError::SessionNotFound { .. }) => reaped.push(s.id.clone()),
+                Err(e) => {
+                    tracing::warn!(session = %s.id, error = %e, "could not remove idle session")
+                }
             }
         }
-        idle
+        reaped
     }
 
-    /// Runs the idle reaper every `reap_interval_secs` until the manager is dropped.
+    /// The one reaper: runs `reap_idle` every `reap_interval_secs` until the manager is dropped.
     pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         let every = Duration::from_secs(self.config.reap_interval_secs.max(1));
@@ -263,49 +366,28 @@ impl SessionManager {
         })
     }
 
-    /// Removes managed containers no live process owns: their creator is gone and they
-    /// were not kept on purpose, or they stopped running. Touches nothing unlabelled.
+    /// Removes managed sandboxes no live process owns: their creator is gone and they were
+    /// not kept on purpose, or they stopped. Touches nothing unlabelled. One listing.
     pub async fn reconcile(&self) -> Result<Vec<String>, SandboxError> {
-        let mine: Vec<String> = self.sessions.lock().await.keys().cloned().collect();
         let mut removed = Vec::new();
-        for c in self.runtime.list_managed().await? {
-            if mine.contains(&c.session_id) {
+        for f in self.runtime.list().await? {
+            if lock(&self.table).sessions.contains_key(&f.session_id) {
                 continue;
             }
-            let creator_alive = c
+            let creator_alive = f
                 .creator
-                .is_some_and(|(pid, start)| process_alive(pid, start));
-            // A stopped container is garbage; a live creator may still be starting one
-            // ("created"), so only a dead creator makes a not-yet-running container an orphan.
-            let stopped = matches!(c.state.as_str(), "exited" | "dead");
-            if !stopped && (creator_alive || (c.keep && c.state == "running")) {
+                .as_deref()
+                .is_some_and(|c| self.runtime.creator_alive(c));
+            // A stopped sandbox is garbage; a live creator may still be starting one, so
+            // only a dead creator makes a not-yet-running sandbox an orphan.
+            let stopped = f.state == SandboxState::Stopped;
+            let kept_running = f.keep && f.state == SandboxState::Running;
+            if !stopped && (creator_alive || kept_running) {
                 continue;
             }
-            self.runtime.remove(&c.container_id).await?;
-            removed.push(c.session_id);
+            self.runtime.remove(&f.handle).await?;
+            removed.push(f.session_id);
         }
         Ok(removed)
     }
-}
-
-/// This process's identity for the `sandboxd.creator` label: pid and kernel start time.
-pub fn creator_label() -> String {
-    let pid = std::process::id();
-    format!("{pid}:{}", process_start_time(pid).unwrap_or(0))
-}
-
-pub fn parse_creator(label: &str) -> Option<(u32, u64)> {
-    let (pid, start) = label.split_once(':')?;
-    Some((pid.parse().ok()?, start.parse().ok()?))
-}
-
-fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22 (starttime) counted after the ")" that closes the command name.
-    let after = &stat[stat.rfind(')')? + 2..];
-    after.split_whitespace().nth(19)?.parse().ok()
-}
-
-fn process_alive(pid: u32, start: u64) -> bool {
-    process_start_time(pid).is_some_and(|s| s == start)
 }

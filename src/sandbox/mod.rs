@@ -1,17 +1,23 @@
 //! The Sandbox trait: the only way anything reaches a session's container.
 //!
 //! Tools, the agent and the servers see this trait and the plain types below, never a
-//! Docker type, so another backend (Kubernetes pods + the exec API) can implement it later.
-//! Only `docker*.rs` in this folder import bollard.
+//! Docker type. A backend implements the `Runtime` seam (runtime.rs: create, list, find,
+//! remove sandboxes) and, for the sandbox itself, only `ExecBackend` (exec_sandbox.rs:
+//! spawn a process, say whether it lives); files, archives, the shell and timeouts are
+//! built on that once. Only `docker*.rs` in this folder import bollard.
 
 pub mod docker;
 mod docker_exec;
 pub mod docker_image;
-mod docker_sandbox;
+mod exec_ops;
+pub mod exec_sandbox;
 pub mod framed;
 pub mod fs_client;
+pub mod host;
 pub mod manager;
 mod output;
+mod owner;
+pub mod runtime;
 pub mod shell;
 pub mod tar_safety;
 pub mod tunnel;
@@ -20,7 +26,9 @@ mod error;
 mod types;
 
 pub use error::SandboxError;
-pub use manager::{SessionInfo, SessionManager};
+pub use manager::{CreateOptions, SessionInfo, SessionManager};
+pub use owner::{Owner, Viewer};
+pub use runtime::{Runtime, SandboxState};
 pub use types::*;
 
 use async_trait::async_trait;

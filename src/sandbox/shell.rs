@@ -139,7 +139,7 @@ impl PersistentShell {
                 shell_exit = (dead.process.exit_code)().await.map(|c| c as i32);
             }
             if !host.is_alive().await {
-                return Err(SandboxError::ContainerGone {
+                return Err(SandboxError::SandboxGone {
                     session: host.session_id().to_string(),
                     message: format!("the shell ended ({why}) and the container is not running"),
                 });

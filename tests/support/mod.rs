@@ -7,10 +7,10 @@ pub mod fake_llm;
 use std::sync::Arc;
 
 use sandboxd::config::{Config, LimitRequest, Limits, SessionsConfig};
-use sandboxd::sandbox::SessionManager;
 use sandboxd::sandbox::docker::{self, DockerRuntime};
 use sandboxd::sandbox::docker_image;
 use sandboxd::sandbox::manager::Session;
+use sandboxd::sandbox::{CreateOptions, Owner, SessionManager};
 
 /// The image under test: SANDBOXD_DOCKER_IMAGE when set, else the one this recipe builds
 /// (built now if missing — CI builds it before the tests).
@@ -55,6 +55,11 @@ pub async fn manager() -> Arc<SessionManager> {
     manager_with(test_limits(), 32).await
 }
 
+/// The owner of the sessions tests create.
+pub fn owner() -> Owner {
+    Owner::new("test").expect("a valid owner")
+}
+
 /// Removes the session's container on drop, through the docker CLI (Drop cannot await).
 pub struct Cleanup(pub String);
 
@@ -73,7 +78,7 @@ pub async fn session(manager: &SessionManager) -> (Arc<Session>, Cleanup) {
 
 pub async fn session_with(manager: &SessionManager, req: &LimitRequest) -> (Arc<Session>, Cleanup) {
     let s = manager
-        .create("test", req, false)
+        .create(&owner(), req, CreateOptions::default())
         .await
         .expect("create a session");
     let guard = Cleanup(s.id.clone());

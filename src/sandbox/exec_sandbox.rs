@@ -1,12 +1,14 @@
-//! DockerSandbox: the Sandbox trait on one session container. Commands go through the
-//! persistent shell or one-shot execs, files through the in-sandbox file helper, archives
-//! through `tar` over exec streams (the archive API fails on a read-only root).
+//! ExecSandbox: the Sandbox trait for any backend that can start processes in a sandbox.
+//!
+//! Everything a session needs beyond starting a process is built here on top of that one
+//! ability, the same for every backend: one-shot execs with capped output and timeouts, the
+//! persistent shell, files through the in-sandbox file helper, archives through `tar` over
+//! exec streams (an archive API fails on a read-only root) and killing by SANDBOXD_TAG. A
+//! backend implements only `ExecBackend`: spawn a process, and say whether the sandbox lives.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bollard::Docker;
-use bollard::query_parameters::InspectContainerOptions;
 use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -21,27 +23,36 @@ use super::{
 };
 use crate::config::Limits;
 
-/// One session container, reached only through exec and attached streams.
-pub struct DockerSandbox {
-    pub(super) docker: Docker,
-    pub(super) container_id: String,
+/// What a backend provides for one sandbox.
+#[async_trait]
+pub trait ExecBackend: Send + Sync + 'static {
+    /// Starts `req.argv` as the sandbox user (uid 1000) in `req.cwd` (default /workspace),
+    /// stdout and stderr attached, stdin attached when `attach_stdin`. Failures to reach a
+    /// sandbox that is gone are `SandboxError::SandboxGone`.
+    async fn spawn(
+        &self,
+        req: &SpawnRequest,
+        attach_stdin: bool,
+    ) -> Result<AttachedProcess, SandboxError>;
+
+    /// Whether the sandbox still runs; a cheap query of the backend.
+    async fn is_alive(&self) -> bool;
+}
+
+/// One session's sandbox over an exec backend.
+pub struct ExecSandbox<B> {
+    pub(super) backend: B,
     pub(super) session_id: String,
     pub(super) limits: Limits,
-    pub(super) shell: PersistentShell,
+    shell: PersistentShell,
     /// The file helper's channel and the SANDBOXD_TAG that can kill it.
     pub(super) fs: Mutex<Option<(FramedProcess, String)>>,
 }
 
-impl DockerSandbox {
-    pub(super) fn new(
-        docker: Docker,
-        container_id: String,
-        session_id: String,
-        limits: Limits,
-    ) -> Self {
+impl<B: ExecBackend> ExecSandbox<B> {
+    pub fn new(backend: B, session_id: String, limits: Limits) -> Self {
         Self {
-            docker,
-            container_id,
+            backend,
             session_id,
             limits,
             shell: PersistentShell::new(),
@@ -49,12 +60,17 @@ impl DockerSandbox {
         }
     }
 
-    pub fn container_id(&self) -> &str {
-        &self.container_id
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 }
 
-fn fs_error(op: &'static str, path: &str, resp: &serde_json::Value, limit: u64) -> SandboxError {
+pub(super) fn fs_error(
+    op: &'static str,
+    path: &str,
+    resp: &serde_json::Value,
+    limit: u64,
+) -> SandboxError {
     let message = resp["message"].as_str().unwrap_or("failed").to_string();
     match resp["kind"].as_str() {
         Some("not_found") => SandboxError::NotFound { path: path.into() },
@@ -72,7 +88,7 @@ fn fs_error(op: &'static str, path: &str, resp: &serde_json::Value, limit: u64) 
 }
 
 #[async_trait]
-impl Sandbox for DockerSandbox {
+impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
     fn session_id(&self) -> &str {
         &self.session_id
     }
@@ -87,10 +103,10 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn spawn(&self, req: SpawnRequest) -> Result<AttachedProcess, SandboxError> {
-        let (_, process) = self
-            .start_exec(&req.argv, req.cwd.as_deref(), &req.env, true)
-            .await?;
-        Ok(process)
+        if req.argv.is_empty() {
+            return Err(SandboxError::InvalidRequest("empty command".into()));
+        }
+        self.backend.spawn(&req, true).await
     }
 
     async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError> {
@@ -249,24 +265,19 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn kill_tagged(&self, tag: &str) -> Result<(), SandboxError> {
-        let argv = vec![
+        let req = SpawnRequest::new([
             "python3".to_string(),
             format!("{}/killtree.py", super::HELPERS_DIR),
             "--tag".into(),
             tag.into(),
-        ];
-        let (_, mut process) = self.start_exec(&argv, None, &[], false).await?;
+        ]);
+        let mut process = self.backend.spawn(&req, false).await?;
         let drain = async { while process.output.next().await.is_some() {} };
         let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
         Ok(())
     }
 
     async fn is_alive(&self) -> bool {
-        matches!(
-            self.docker
-                .inspect_container(&self.container_id, None::<InspectContainerOptions>)
-                .await,
-            Ok(info) if info.state.as_ref().and_then(|s| s.running) == Some(true)
-        )
+        self.backend.is_alive().await
     }
 }

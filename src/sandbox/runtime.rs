@@ -1,0 +1,174 @@
+//! The runtime seam: what the SessionManager needs from a sandbox backend, in neutral words.
+//!
+//! A backend (Docker today, Kubernetes pods later, a fake in tests) creates sandboxes from a
+//! `SandboxSpec`, lists the ones it manages as `FoundSandbox` values, removes them, and says
+//! whether the process that created one is still alive. Everything a session must remember
+//! across processes (its id, owner, keep flag, creator and the limits it was created with)
+//! is recorded on the sandbox itself as the labels below, because a kept session is found
+//! again by a later process that knows nothing else about it. No Docker word appears here.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use super::{Owner, Sandbox, SandboxError};
+use crate::config::Limits;
+
+pub const LABEL_MANAGED: &str = "sandboxd.managed";
+pub const LABEL_SESSION: &str = "sandboxd.session";
+pub const LABEL_OWNER: &str = "sandboxd.owner";
+pub const LABEL_KEEP: &str = "sandboxd.keep";
+pub const LABEL_CREATOR: &str = "sandboxd.creator";
+/// The limits the session was created with, as JSON: a container's memory, CPU and
+/// process limits cannot change after creation, so a re-attached session must know them.
+pub const LABEL_LIMITS: &str = "sandboxd.limits";
+
+/// What a new session's sandbox is made from.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub session_id: String,
+    pub owner: Owner,
+    /// Already lowered by the request and within the admin's ceilings.
+    pub limits: Limits,
+    /// Kept sessions outlive the process that made them (`--keep`).
+    pub keep: bool,
+}
+
+impl SandboxSpec {
+    /// The labels every backend records on the sandbox; `creator` comes from the backend's
+    /// host (see `Runtime::creator_alive`).
+    pub fn labels(&self, creator: &str) -> HashMap<String, String> {
+        HashMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_SESSION.to_string(), self.session_id.clone()),
+            (LABEL_OWNER.to_string(), self.owner.to_string()),
+            (LABEL_KEEP.to_string(), self.keep.to_string()),
+            (LABEL_CREATOR.to_string(), creator.to_string()),
+            (
+                LABEL_LIMITS.to_string(),
+                serde_json::to_string(&self.limits).unwrap_or_default(),
+            ),
+        ])
+    }
+}
+
+/// Where a sandbox is in its life, whatever the backend calls it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Created but not running yet (its creator may be starting it right now).
+    Starting,
+    Running,
+    /// Frozen from outside; it may be resumed.
+    Paused,
+    /// On its way out.
+    Removing,
+    /// Exited or dead: it will never run again.
+    Stopped,
+}
+
+impl fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SandboxState::Starting => "starting",
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Removing => "removing",
+            SandboxState::Stopped => "stopped",
+        })
+    }
+}
+
+/// A managed sandbox as a listing found it.
+#[derive(Debug, Clone)]
+pub struct FoundSandbox {
+    /// The backend's own name for it (a container id, a pod name): what `remove` takes.
+    pub handle: String,
+    pub session_id: String,
+    /// None when the label is missing or not a valid owner: only the admin sees it.
+    pub owner: Option<Owner>,
+    pub state: SandboxState,
+    pub keep: bool,
+    /// The creator recorded by the backend's host, checked with `Runtime::creator_alive`.
+    pub creator: Option<String>,
+    /// The limits it was created with; None for a sandbox made before they were recorded.
+    pub limits: Option<Limits>,
+}
+
+impl FoundSandbox {
+    /// Reads what `SandboxSpec::labels` recorded.
+    pub fn from_labels(
+        handle: String,
+        state: SandboxState,
+        labels: &HashMap<String, String>,
+    ) -> FoundSandbox {
+        FoundSandbox {
+            handle,
+            // Labels can be written by anyone with access to the backend: an id that is
+            // not ours (hex) is dropped rather than printed or matched.
+            session_id: labels
+                .get(LABEL_SESSION)
+                .filter(|id| id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()))
+                .cloned()
+                .unwrap_or_default(),
+            owner: labels.get(LABEL_OWNER).and_then(|o| Owner::new(o).ok()),
+            state,
+            keep: labels.get(LABEL_KEEP).is_some_and(|v| v == "true"),
+            creator: labels.get(LABEL_CREATOR).cloned(),
+            limits: labels
+                .get(LABEL_LIMITS)
+                .and_then(|v| serde_json::from_str(v).ok()),
+        }
+    }
+
+    /// The limits a re-attached session runs under: the recorded ones (the sandbox was
+    /// built with them), with the limits the host enforces per call capped by today's
+    /// ceilings, since an admin may have lowered those since. Without a record, the ceilings.
+    pub fn limits_within(&self, ceilings: &Limits) -> Limits {
+        let Some(recorded) = &self.limits else {
+            return ceilings.clone();
+        };
+        let mut l = recorded.clone();
+        l.max_timeout_secs = l.max_timeout_secs.min(ceilings.max_timeout_secs);
+        l.output_cap_kb = l.output_cap_kb.min(ceilings.output_cap_kb);
+        l.max_file_mb = l.max_file_mb.min(ceilings.max_file_mb);
+        l
+    }
+}
+
+/// The backend boundary for session lifecycles.
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    /// Creates and starts a hardened sandbox; on failure nothing is left behind. Returns
+    /// the backend's handle for it (what `remove` takes) and the sandbox.
+    async fn create(&self, spec: &SandboxSpec) -> Result<(String, Arc<dyn Sandbox>), SandboxError>;
+
+    /// Wraps the existing sandbox of a kept session, as a listing found it.
+    async fn attach(
+        &self,
+        found: &FoundSandbox,
+        limits: &Limits,
+    ) -> Result<Arc<dyn Sandbox>, SandboxError>;
+
+    /// Every sandbox this backend manages, in any state.
+    async fn list(&self) -> Result<Vec<FoundSandbox>, SandboxError>;
+
+    /// The sandbox of one session, if any. Backends that can filter by label override this.
+    async fn find(&self, session_id: &str) -> Result<Option<FoundSandbox>, SandboxError> {
+        Ok(self
+            .list()
+            .await?
+            .into_iter()
+            .find(|f| f.session_id == session_id))
+    }
+
+    /// Removes a sandbox by its handle; a missing one is not an error.
+    async fn remove(&self, handle: &str) -> Result<(), SandboxError>;
+
+    /// Whether the process recorded as a sandbox's creator still runs (so its sandboxes
+    /// are in use, not orphans). Only the backend knows where its creators live.
+    fn creator_alive(&self, creator: &str) -> bool;
+}
