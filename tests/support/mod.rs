@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fake_llm;
+pub mod fake_runtime;
 
 use std::sync::Arc;
 
