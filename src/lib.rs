@@ -2,6 +2,7 @@
 //! container; the host keeps only the agent loop, the LLM calls and the orchestration.
 
 pub mod agent;
+pub mod bench_stats;
 pub mod config;
 pub mod llm;
 pub mod mcp;

@@ -171,3 +171,58 @@ async fn idle_sessions_are_reaped() {
     let gone = docker(&["inspect", &format!("sandboxd-{}", s.id)]);
     assert!(!gone.status.success());
 }
+
+#[tokio::test]
+async fn owners_and_limits_survive_the_labels_of_a_real_container() {
+    use sandboxd::sandbox::{Owner, Viewer};
+    let (alice, bob) = (Owner::new("alice").unwrap(), Owner::new("bob").unwrap());
+    let m = support::manager().await;
+    let req = LimitRequest {
+        memory_mb: Some(256),
+        ..Default::default()
+    };
+    let s = m
+        .create(&alice, &req, CreateOptions { keep: true })
+        .await
+        .unwrap();
+    let _g = support::Cleanup(s.id.clone());
+    // A later process: a new manager that knows nothing but the engine's labels.
+    let later = support::manager().await;
+    let err = later
+        .get(&bob, &s.id)
+        .await
+        .err()
+        .expect("bob must not see it");
+    assert!(matches!(err, SandboxError::SessionNotFound { .. }), "{err}");
+    assert!(matches!(
+        later.remove(&bob, &s.id).await,
+        Err(SandboxError::SessionNotFound { .. })
+    ));
+    let bobs = later.list(&Viewer::Owner(bob.clone())).await.unwrap();
+    assert!(bobs.iter().all(|i| i.session_id != s.id));
+    let again = later.get(&alice, &s.id).await.unwrap();
+    assert_eq!(
+        again.limits.memory_mb, 256,
+        "re-attached with the recorded limit"
+    );
+    assert!(again.keep);
+    let inspect = docker(&[
+        "inspect",
+        "--format",
+        "{{.HostConfig.Memory}}",
+        &format!("sandboxd-{}", s.id),
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&inspect.stdout).trim(),
+        (256u64 << 20).to_string()
+    );
+    let all = later.list(&Viewer::Admin).await.unwrap();
+    let info = all.iter().find(|i| i.session_id == s.id).unwrap();
+    assert_eq!((info.owner.as_str(), info.kept), ("alice", true));
+    later.admin_remove(&s.id).await.unwrap();
+    assert!(
+        !docker(&["inspect", &format!("sandboxd-{}", s.id)])
+            .status
+            .success()
+    );
+}

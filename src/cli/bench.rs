@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use sandboxd::bench_stats::percentile;
 use sandboxd::config::LimitRequest;
 use sandboxd::sandbox::{CreateOptions, Owner, SessionManager, ShellOptions};
 
@@ -29,13 +30,10 @@ fn bench_owner() -> anyhow::Result<Owner> {
 /// p50 and p99 of a sample, in milliseconds.
 pub fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
     samples.sort();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
-        samples
-            .get(i)
-            .map(|d| d.as_secs_f64() * 1e3)
-            .unwrap_or(f64::NAN)
-    };
+    if samples.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let at = |q: f64| percentile(samples, q).as_secs_f64() * 1e3;
     (at(0.5), at(0.99))
 }
 

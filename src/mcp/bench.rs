@@ -37,12 +37,8 @@ pub struct McpCallBench {
 }
 
 impl McpCallBench {
-    pub fn percentile(&self, p: f64) -> Duration {
-        if self.samples.is_empty() {
-            return Duration::ZERO;
-        }
-        let i = ((self.samples.len() - 1) as f64 * p).round() as usize;
-        self.samples[i.min(self.samples.len() - 1)]
+    pub fn percentile(&self, q: f64) -> Duration {
+        crate::bench_stats::percentile(&self.samples, q)
     }
 
     /// One markdown table row: what, n, p50, p90, p99, cold.

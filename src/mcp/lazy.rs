@@ -74,11 +74,6 @@ impl LazySandbox {
         Ok(s)
     }
 
-    /// The id of the container's session, if one was created.
-    pub async fn current_id(&self) -> Option<String> {
-        self.session.lock().await.as_ref().map(|s| s.id.clone())
-    }
-
     /// Removes the container now (session closed). Later calls would create a new one.
     pub async fn close(&self) {
         let taken = self.session.lock().await.take();

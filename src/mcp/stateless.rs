@@ -125,12 +125,4 @@ impl StatelessSandboxes {
     pub async fn clear(&self) {
         self.map.lock().await.clear();
     }
-
-    pub async fn len(&self) -> usize {
-        self.map.lock().await.len()
-    }
-
-    pub async fn is_empty(&self) -> bool {
-        self.len().await == 0
-    }
 }

@@ -134,11 +134,6 @@ impl SessionManager {
         })
     }
 
-    /// The admin's ceilings: what a session gets when its request lowers nothing.
-    pub fn ceilings(&self) -> &Limits {
-        &self.limits
-    }
-
     /// Creates a session for `owner`. The request can only lower the limits; the global
     /// and the per-owner caps count sessions being created too.
     pub async fn create(

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::BrowserUse;
+use crate::bench_stats::percentile;
 use crate::sandbox::Sandbox;
 use crate::tools::{Tool, ToolContext};
 
@@ -36,26 +37,17 @@ impl BrowserBench {
         s.push_str(&format!(
             "| go_to_url of a local page, with state and screenshot (n={}) | {} | {} | p50 ≤ 300 ms |\n",
             self.go_to_url.len(),
-            ms(percentile(&self.go_to_url, 50)),
-            ms(percentile(&self.go_to_url, 95))
+            ms(percentile(&self.go_to_url, 0.5)),
+            ms(percentile(&self.go_to_url, 0.95))
         ));
         s.push_str(&format!(
             "| screenshot action, with state (n={}) | {} | {} | p50 ≤ 200 ms |\n",
             self.screenshot.len(),
-            ms(percentile(&self.screenshot, 50)),
-            ms(percentile(&self.screenshot, 95))
+            ms(percentile(&self.screenshot, 0.5)),
+            ms(percentile(&self.screenshot, 0.95))
         ));
         s
     }
-}
-
-/// The `p`th percentile of a sorted list (nearest rank).
-pub fn percentile(sorted: &[Duration], p: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = (p * sorted.len()).div_ceil(100).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 /// Runs the benchmark in `sandbox` with a fresh browser, `n` samples per measurement.
@@ -102,17 +94,4 @@ pub async fn bench_browser(sandbox: Arc<dyn Sandbox>, n: usize) -> Result<Browse
     tool.shutdown().await;
     let _ = sandbox.remove("/workspace/.sandboxd-bench", true).await;
     outcome
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles() {
-        let v: Vec<Duration> = (1..=10).map(Duration::from_millis).collect();
-        assert_eq!(percentile(&v, 50), Duration::from_millis(5));
-        assert_eq!(percentile(&v, 95), Duration::from_millis(10));
-        assert_eq!(percentile(&[], 50), Duration::ZERO);
-    }
 }
