@@ -214,5 +214,8 @@ fn tool_list_needs_no_engine() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("\"bash\""), "{stdout}");
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("image"));
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("image"),
+        "listing must not touch the image"
+    );
 }

@@ -1,7 +1,7 @@
 //! Shared plumbing of the CLI commands: config, the Docker connection, the image check,
 //! the owner of the CLI's sessions, and the two ways to get a SessionManager: one that may
 //! create sessions (the image is built if missing; orphans are reconciled first) and one
-//! for commands that only look (never builds anything).
+//! for commands that only look or remove (never builds anything).
 
 pub mod bench;
 pub mod doctor;
@@ -69,13 +69,6 @@ impl Ctx {
     /// (`sessions list|rm|gc`): it never builds the image.
     pub async fn read_only_manager(&self) -> anyhow::Result<Arc<SessionManager>> {
         let engine = docker::connect().await?;
-        Ok(self.manager_over(self.runtime_without_image(engine)))
-    }
-
-    /// A manager that has not talked to the engine and needs no engine for what it is
-    /// used for (`tool --list` describes tools over a sandbox that is never created).
-    pub fn offline_manager(&self) -> anyhow::Result<Arc<SessionManager>> {
-        let engine = docker::connect_lazily()?;
         Ok(self.manager_over(self.runtime_without_image(engine)))
     }
 

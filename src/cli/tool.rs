@@ -5,7 +5,9 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use sandboxd::mcp::lazy::LazySandbox;
+use async_trait::async_trait;
+use sandboxd::sandbox::exec_sandbox::{ExecBackend, ExecSandbox};
+use sandboxd::sandbox::{AttachedProcess, Sandbox, SandboxError, SpawnRequest};
 use sandboxd::tools::ToolContext;
 use sandboxd::tools::ask_human::{Asker, NoHuman, TerminalAsker};
 use sandboxd::tools::session::agent_tools;
@@ -42,10 +44,14 @@ pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
         Arc::new(NoHuman)
     };
     if args.list {
-        // A lazy sandbox over a manager that never talked to the engine: listing creates no
+        // The tools are described over a sandbox that refuses every call: listing creates no
         // container, builds no image and works without Docker.
-        let lazy = LazySandbox::new(ctx.offline_manager()?, ctx.owner()?);
-        let registry = agent_tools(lazy, &ctx.config.limits, &ctx.config, asker, None).registry;
+        let detached: Arc<dyn Sandbox> = Arc::new(ExecSandbox::new(
+            Detached,
+            String::new(),
+            ctx.config.limits.clone(),
+        ));
+        let registry = agent_tools(detached, &ctx.config.limits, &ctx.config, asker, None).registry;
         println!("{}", serde_json::to_string_pretty(&registry.to_openai())?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -98,4 +104,24 @@ pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The backend of the sandbox `tool --list` describes the tools over: there is none.
+struct Detached;
+
+#[async_trait]
+impl ExecBackend for Detached {
+    async fn spawn(
+        &self,
+        _req: &SpawnRequest,
+        _attach_stdin: bool,
+    ) -> Result<AttachedProcess, SandboxError> {
+        Err(SandboxError::InvalidRequest(
+            "`tool --list` has no sandbox; call a tool without --list".into(),
+        ))
+    }
+
+    async fn is_alive(&self) -> bool {
+        false
+    }
 }

@@ -41,17 +41,12 @@ pub type Engine = Docker;
 /// Connects to the local engine (DOCKER_HOST or the default socket) and negotiates the
 /// API version: Debian 12's engine speaks 1.41, bollard defaults to 1.53.
 pub async fn connect() -> Result<Docker, SandboxError> {
-    connect_lazily()?
+    Docker::connect_with_local_defaults()
+        .map_err(engine_err)?
         .with_timeout(Duration::from_secs(120))
         .negotiate_version()
         .await
         .map_err(engine_err)
-}
-
-/// A client that has not talked to the engine yet (and may never need to): building one
-/// does no I/O, so commands that only describe sandboxes work without a running engine.
-pub fn connect_lazily() -> Result<Docker, SandboxError> {
-    Docker::connect_with_local_defaults().map_err(engine_err)
 }
 
 impl DockerRuntime {
