@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandboxd::config::{LimitRequest, Limits, SessionsConfig};
-use sandboxd::sandbox::{
-    CreateOptions, Owner, Sandbox as _, SandboxError, SandboxState, SessionManager, Viewer,
-};
+use sandboxd::sandbox::{CreateOptions, Owner, SandboxError, SandboxState, SessionManager, Viewer};
 use support::fake_runtime::{FakeRuntime, ME};
 
 fn owner(name: &str) -> Owner {
@@ -132,8 +130,7 @@ async fn another_owner_cannot_get_remove_or_list_a_session() {
     let b_rm = m
         .remove(&bob, &s.id)
         .await
-        .err()
-        .expect("bob must not remove it");
+        .expect_err("bob must not remove it");
     assert!(
         matches!(b_rm, SandboxError::SessionNotFound { .. }),
         "{b_rm}"

@@ -5,7 +5,7 @@
 //! whether the process that created one is still alive. Everything a session must remember
 //! across processes (its id, owner, keep flag, creator and the limits it was created with)
 //! is recorded on the sandbox itself as the labels below, because a kept session is found
-//! again by a later process that knows nothing else about it. No Docker word appears here.
+//! again by a later process that knows nothing else about it. Nothing here is Docker's.
 
 use std::collections::HashMap;
 use std::fmt;
