@@ -33,9 +33,11 @@ impl Owner {
         if valid {
             Ok(Owner(name))
         } else {
+            // Debug formatting escapes control characters: a hostile name cannot reach a
+            // terminal or a log line raw.
+            let shown: String = name.chars().take(MAX_OWNER_LEN + 1).collect();
             Err(SandboxError::InvalidRequest(format!(
-                "{:?} is not a valid owner: use 1 to {MAX_OWNER_LEN} letters, digits or ._@:-",
-                name.escape_debug().to_string()
+                "{shown:?} is not a valid owner: use 1 to {MAX_OWNER_LEN} letters, digits or ._@:-"
             )))
         }
     }
