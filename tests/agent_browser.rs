@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 
 use sandboxd::agent::extract::LlmExtractor;
-use sandboxd::agent::{Agent, AgentSettings, FinishReason, RunRequest};
+use sandboxd::agent::{Agent, AgentSettings, AgentTask, FinishReason, NullSink};
 use sandboxd::config::Config;
 use sandboxd::tools::ask_human::NoHuman;
 use sandboxd::tools::session::agent_tools;
@@ -60,8 +60,8 @@ async fn browser_state_follows_browser_steps_and_extraction_is_forced() {
         .with_browser(tools.browser.clone());
     let outcome = agent
         .run(
-            RunRequest::new("What does the blue widget cost?", "tester", s.id.clone()),
-            None,
+            AgentTask::new("What does the blue widget cost?", "tester", s.id.clone()),
+            &NullSink,
             CancellationToken::new(),
         )
         .await;

@@ -328,3 +328,284 @@ async fn run_with_mcp_servers_calls_a_third_party_tool() {
     assert!(result.contains("echo: from the agent"), "{result}");
     check_tool_pairing(&reqs[1]).unwrap();
 }
+
+/// The id in "session ID kept" on stderr.
+fn kept_session_id(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("sandboxd: session ")
+                .and_then(|r| r.split_once(" kept"))
+                .map(|(id, _)| id.to_string())
+        })
+        .unwrap_or_else(|| panic!("no kept session id in:\n{stderr}"))
+}
+
+#[tokio::test]
+async fn a_kept_session_continues_its_conversation_in_the_same_container() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start(vec![
+        Reply::tool(
+            "bash",
+            json!({"command": "echo 41 > /workspace/x.txt; cat /workspace/x.txt"}),
+        ),
+        Reply::tool(
+            "terminate",
+            json!({"status": "success", "answer": "stored"}),
+        ),
+        Reply::tool(
+            "bash",
+            json!({"command": "echo $(( $(cat /workspace/x.txt) + 1 ))"}),
+        ),
+        Reply::tool("terminate", json!({"status": "success", "answer": "42"})),
+    ])
+    .await;
+    let run = |args: Vec<String>| {
+        let mut cmd = sandboxd(dir.path());
+        with_llm(&mut cmd, &llm);
+        cmd.args(["run", "--json", "--no-input"]).args(args);
+        tokio::process::Command::from(cmd).output()
+    };
+    let out = run(vec![
+        "--keep".into(),
+        "--output".into(),
+        dir.path().join("out1").display().to_string(),
+        "--prompt".into(),
+        "Store 41 in a file".into(),
+    ])
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let id = kept_session_id(&stderr);
+    let _cleanup = support::Cleanup(id.clone());
+
+    let out = run(vec![
+        "--session".into(),
+        id.clone(),
+        "--output".into(),
+        dir.path().join("out2").display().to_string(),
+        "--prompt".into(),
+        "Add one to it".into(),
+    ])
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "run_started");
+    assert_eq!(events[0]["session_id"], id.as_str());
+    assert!(events[0]["continued_messages"].as_u64().unwrap() > 0);
+
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 4);
+    for (i, body) in reqs.iter().enumerate() {
+        check_tool_pairing(body).unwrap_or_else(|e| panic!("request {i}: {e}"));
+    }
+    // The second process restored run 1 from its transcript: task, calls and results.
+    let opening = reqs[2]["messages"].as_array().unwrap();
+    let text = serde_json::to_string(opening).unwrap();
+    assert!(text.contains("Store 41 in a file"), "{text}");
+    assert!(
+        opening
+            .iter()
+            .any(|m| m["role"] == "tool" && m["content"].to_string().contains("41")),
+        "{text}"
+    );
+    assert_eq!(opening.last().unwrap()["content"], "Add one to it");
+    // The same container: run 2 read the file run 1 wrote.
+    let result = reqs[3]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .unwrap()["content"]
+        .to_string();
+    assert!(result.contains("42"), "{result}");
+}
+
+/// Starts a run whose only step is a long command, waits until it runs, sends `signal`
+/// and checks that the run was cancelled and its container removed.
+async fn signal_cancels_the_run_and_removes_the_container(signal: &str, code: i32) {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start(vec![Reply::tool(
+        "bash",
+        json!({"command": "sleep 600", "timeout": 600}),
+    )])
+    .await;
+    let mut cmd = sandboxd(dir.path());
+    with_llm(&mut cmd, &llm);
+    cmd.args([
+        "run",
+        "--json",
+        "--no-input",
+        "--prompt",
+        "wait a long time",
+    ]);
+    let child = tokio::process::Command::from(cmd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while llm.requests().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(containers_of(pid).len(), 1, "the session container runs");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the run stops after the signal")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"kind\":\"cancelled\""),
+        "{stderr}"
+    );
+    assert!(
+        containers_of(pid).is_empty(),
+        "SIGTERM/SIGHUP left the container running"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_and_sighup_clean_up_as_ctrl_c_does() {
+    let _serial = SERIAL.lock().await;
+    signal_cancels_the_run_and_removes_the_container("TERM", 143).await;
+    signal_cancels_the_run_and_removes_the_container("HUP", 129).await;
+}
+
+#[tokio::test]
+async fn escape_sequences_from_the_sandbox_and_the_model_never_reach_the_terminal() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start(vec![
+        Reply::tool(
+            "bash",
+            json!({"command": "printf '\\033]0;PWNED-TITLE\\007\\033]52;c;Y2xpcA==\\007\\033[2Jvisible'"}),
+        )
+        .with_content("Thinking \u{1b}]0;MODEL-TITLE\u{7} aloud"),
+        Reply::text("Done \u{1b}[31mred\u{1b}[0m \u{1b}]52;c;ZXZpbA==\u{7}\u{9b}2J end"),
+    ])
+    .await;
+    let mut cmd = sandboxd(dir.path());
+    with_llm(&mut cmd, &llm);
+    cmd.args(["run", "--no-input", "--output"])
+        .arg(dir.path().join("out"))
+        .args(["--prompt", "print a title"]);
+    let out = tokio::process::Command::from(cmd).output().await.unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("visible"), "the output is shown: {stderr}");
+    assert!(
+        stdout.contains("Done") && stdout.contains("end"),
+        "{stdout}"
+    );
+    for (what, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}') && !text.contains('\u{9b}'),
+            "a control sequence reached {what}: {text:?}"
+        );
+        // Sequences are dropped whole, payload included (the tool-call line shows the
+        // command's own text, where the title is harmless characters).
+        for payload in ["MODEL-TITLE", "ZXZpbA"] {
+            assert!(
+                !text.contains(payload),
+                "{payload} reached {what}: {text:?}"
+            );
+        }
+    }
+    let result = stderr
+        .lines()
+        .find(|l| l.trim_start().starts_with('✓'))
+        .unwrap_or_else(|| panic!("no result line: {stderr}"));
+    assert!(result.contains("visible"), "{result:?}");
+    assert!(
+        !result.contains("PWNED") && !result.contains("Y2xpcA"),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_mcp_file_or_a_dead_shell_leaves_no_container() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    // An MCP servers file that cannot be read: the run does not start, the container goes.
+    let bad = dir.path().join("mcp.json");
+    std::fs::write(&bad, "{ not json").unwrap();
+    let llm = FakeLlm::start(vec![]).await;
+    let mut cmd = sandboxd(dir.path());
+    with_llm(&mut cmd, &llm);
+    cmd.args(["run", "--json", "--no-input", "--mcp"])
+        .arg(&bad)
+        .args(["--output"])
+        .arg(dir.path().join("out1"))
+        .args(["--prompt", "use the tools"]);
+    let child = tokio::process::Command::from(cmd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("mcp.json"), "{stderr}");
+    assert!(
+        containers_of(pid).is_empty(),
+        "the container was left behind"
+    );
+
+    // A session whose shell cannot start (its container was killed under it).
+    let llm = FakeLlm::start(vec![
+        Reply::tool("bash", json!({"command": "echo hi"})).delayed(Duration::from_secs(4)),
+    ])
+    .await;
+    let mut cmd = sandboxd(dir.path());
+    with_llm(&mut cmd, &llm);
+    cmd.args(["run", "--json", "--no-input", "--output"])
+        .arg(dir.path().join("out2"))
+        .args(["--prompt", "say hi"]);
+    let child = tokio::process::Command::from(cmd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while llm.requests().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let container = containers_of(pid);
+    assert_eq!(container.len(), 1);
+    let cid = container[0].split_whitespace().next().unwrap().to_string();
+    Command::new("docker")
+        .args(["kill", &cid])
+        .output()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
+        .await
+        .expect("the run ends")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stdout.contains("\"kind\":\"error\""), "{stdout}");
+    assert!(
+        containers_of(pid).is_empty(),
+        "the dead container was left behind"
+    );
+}

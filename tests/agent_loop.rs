@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sandboxd::agent::transcript::Transcript;
+use sandboxd::agent::transcript::{Transcript, TranscriptSink};
 use sandboxd::agent::{
-    Agent, AgentSettings, Event, EventKind, FinishReason, RunOutcome, RunRequest,
+    Agent, AgentSettings, AgentTask, Event, EventKind, EventSink, FanOut, FinishReason, Image,
+    MemorySink, NullSink, RunOutcome,
 };
 use sandboxd::config::Config;
 use sandboxd::llm::LlmClient;
@@ -23,12 +24,10 @@ use serde_json::{Value, json};
 use support::fake_llm::{FakeLlm, Reply, check_tool_pairing, last_of_role};
 use tokio_util::sync::CancellationToken;
 
-fn settings(max_steps: usize, transcripts: Option<&std::path::Path>) -> AgentSettings {
+fn settings(max_steps: usize) -> AgentSettings {
     let mut config = Config::load_with_env(None, &[]).expect("default config");
     config.agent.max_steps = max_steps;
-    let mut s = AgentSettings::from_config(&config);
-    s.transcript_dir = transcripts.map(|p| p.to_path_buf());
-    s
+    AgentSettings::from_config(&config)
 }
 
 fn tools(session: &Session) -> ToolRegistry {
@@ -37,19 +36,30 @@ fn tools(session: &Session) -> ToolRegistry {
 }
 
 async fn run(agent: &Agent, session: &Session, task: &str) -> (RunOutcome, Vec<Event>) {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let sink = MemorySink::new();
     let outcome = agent
         .run(
-            RunRequest::new(task, "tester", session.id.clone()),
-            Some(tx),
+            AgentTask::new(task, "tester", session.id.clone()),
+            sink.as_ref(),
             CancellationToken::new(),
         )
         .await;
-    let mut events = Vec::new();
-    while let Ok(e) = rx.try_recv() {
-        events.push(e);
+    (outcome, sink.events())
+}
+
+/// Sequence numbers 1..n without a gap or repeat, timestamps that never go back.
+fn assert_well_ordered(events: &[Event]) {
+    let mut last_at = None;
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.seq, i as u64 + 1, "{events:#?}");
+        let at = chrono::DateTime::parse_from_rfc3339(&e.at).expect("an RFC 3339 timestamp");
+        assert!(
+            last_at.is_none_or(|l| l <= at),
+            "time went back at {}",
+            e.seq
+        );
+        last_at = Some(at);
     }
-    (outcome, events)
 }
 
 fn assert_all_paired(llm: &FakeLlm) {
@@ -73,8 +83,18 @@ async fn a_final_text_answer_ends_the_run_before_max_steps() {
     ])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::new(llm.client(), tools(&s), settings(20, Some(dir.path())));
-    let (outcome, events) = run(&agent, &s, "What is 6*7?").await;
+    let agent = Agent::new(llm.client(), tools(&s), settings(20));
+    let memory = MemorySink::new();
+    let transcript = Arc::new(TranscriptSink::new(dir.path().to_path_buf()));
+    let sink = FanOut(vec![memory.clone(), transcript.clone()]);
+    let outcome = agent
+        .run(
+            AgentTask::new("What is 6*7?", "tester", s.id.clone()),
+            &sink,
+            CancellationToken::new(),
+        )
+        .await;
+    let events = memory.events();
     assert_eq!(outcome.reason, FinishReason::FinalAnswer);
     assert_eq!(outcome.answer.as_deref(), Some("The answer is 42."));
     assert_eq!(outcome.steps, 2);
@@ -97,13 +117,13 @@ async fn a_final_text_answer_ends_the_run_before_max_steps() {
         )
     );
     // Every event is plain JSON and the seq numbers have no gap.
-    for (i, e) in events.iter().enumerate() {
-        assert_eq!(e.seq, i as u64);
+    assert_well_ordered(&events);
+    for e in &events {
         let back: Event = serde_json::from_value(serde_json::to_value(e).unwrap()).unwrap();
         assert_eq!(&back, e);
     }
     // The transcript holds the messages and the same events.
-    let path = outcome.transcript.as_ref().expect("a transcript");
+    let path = &transcript.path().expect("a transcript");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777,
@@ -144,7 +164,7 @@ async fn bad_calls_and_timeouts_become_observations_and_the_run_goes_on() {
         Reply::tool("terminate", json!({"status": "success", "answer": "ok"})),
     ])
     .await;
-    let agent = Agent::new(llm.client(), tools(&s), settings(20, None));
+    let agent = Agent::new(llm.client(), tools(&s), settings(20));
     let (outcome, _) = run(&agent, &s, "try things").await;
     assert_eq!(
         outcome.reason,
@@ -174,7 +194,7 @@ async fn max_steps_ends_the_run_with_that_reason() {
     let llm =
         FakeLlm::start_with_fallback(vec![], Reply::tool("bash", json!({"command": "date +%N"})))
             .await;
-    let agent = Agent::new(llm.client(), tools(&s), settings(3, None));
+    let agent = Agent::new(llm.client(), tools(&s), settings(3));
     let (outcome, _) = run(&agent, &s, "loop forever").await;
     assert_eq!(outcome.reason, FinishReason::MaxSteps { max_steps: 3 });
     assert_eq!(outcome.steps, 3);
@@ -195,7 +215,7 @@ async fn the_stuck_nudge_appears_once_and_goes_away() {
         Reply::text("done"),
     ])
     .await;
-    let agent = Agent::new(llm.client(), tools(&s), settings(20, None));
+    let agent = Agent::new(llm.client(), tools(&s), settings(20));
     let (outcome, events) = run(&agent, &s, "find a file").await;
     assert_eq!(outcome.reason, FinishReason::FinalAnswer);
     let reqs = llm.requests();
@@ -243,7 +263,7 @@ async fn a_long_run_trimmed_to_a_small_budget_never_orphans_a_tool_message() {
     };
     let script: Vec<Reply> = (0..150).map(|i| step(1 + i % 3)).collect();
     let llm = FakeLlm::start(script).await;
-    let mut st = settings(150, None);
+    let mut st = settings(150);
     st.context_tokens = 3000;
     let agent = Agent::new(llm.client(), tools(&s), st);
     let (outcome, events) = run(&agent, &s, "make output").await;
@@ -283,7 +303,7 @@ async fn a_second_run_starts_from_clean_state_and_the_budget_ends_runs() {
     let llm =
         FakeLlm::start_with_fallback(vec![], Reply::tool("bash", json!({"command": "echo step"})))
             .await;
-    let agent = Agent::new(llm.client(), tools(&s), settings(2, None));
+    let agent = Agent::new(llm.client(), tools(&s), settings(2));
     let (first, _) = run(&agent, &s, "first task").await;
     let (second, _) = run(&agent, &s, "second task").await;
     assert_ne!(first.run_id, second.run_id);
@@ -305,7 +325,7 @@ async fn a_second_run_starts_from_clean_state_and_the_budget_ends_runs() {
     );
 
     // A budget of input tokens ends the run with that reason.
-    let mut st = settings(50, None);
+    let mut st = settings(50);
     st.max_input_tokens = 2500;
     let agent = Agent::new(llm.client(), tools(&s), st);
     let (outcome, _) = run(&agent, &s, "spend").await;
@@ -349,12 +369,12 @@ async fn images_reach_only_a_multimodal_model() {
         let client = Arc::new(LlmClient::new(llm.endpoint(), None, st));
         let mut reg = ToolRegistry::new();
         reg.register(Arc::new(Picture)).unwrap();
-        let agent = Agent::new(client, reg, settings(5, None));
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+        let agent = Agent::new(client, reg, settings(5));
+        let sink = MemorySink::new();
         let outcome = agent
             .run(
-                RunRequest::new("draw", "t", "none"),
-                Some(tx),
+                AgentTask::new("draw", "t", "none"),
+                sink.as_ref(),
                 CancellationToken::new(),
             )
             .await;
@@ -366,17 +386,27 @@ async fn images_reach_only_a_multimodal_model() {
             "{second}"
         );
         assert_eq!(second.contains("does not take images"), !multimodal);
-        let mut flagged = false;
-        while let Ok(e) = rx.try_recv() {
-            flagged |= matches!(
-                e.kind,
+        let events = sink.events();
+        assert_well_ordered(&events);
+        let image = events
+            .iter()
+            .find_map(|e| match &e.kind {
                 EventKind::ToolResult {
                     has_image: true,
+                    image: Some(image),
                     ..
-                }
-            );
-        }
-        assert!(flagged, "the tool result event carries the image flag");
+                } => Some(image.clone()),
+                _ => None,
+            })
+            .expect("the tool result event carries an image reference");
+        assert_eq!(image.media_type, "image/png");
+        let bytes = sink.image(&image).expect("the reference resolves");
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
+        assert_eq!(bytes.len() as u64, image.bytes);
+        assert!(
+            !serde_json::to_string(&events).unwrap().contains("iVBOR"),
+            "the events carry the reference, not the bytes"
+        );
         assert_all_paired(&llm);
     }
 }
@@ -394,11 +424,11 @@ async fn a_vision_override_gets_the_requests_that_carry_images() {
     ));
     let mut reg = ToolRegistry::new();
     reg.register(Arc::new(Picture)).unwrap();
-    let agent = Agent::new(client, reg, settings(5, None));
+    let agent = Agent::new(client, reg, settings(5));
     let outcome = agent
         .run(
-            RunRequest::new("draw", "t", "none"),
-            None,
+            AgentTask::new("draw", "t", "none"),
+            &NullSink,
             CancellationToken::new(),
         )
         .await;
@@ -423,25 +453,13 @@ async fn cancelling_during_a_long_tool_call_kills_the_command_and_the_container_
         json!({"command": "sleep 977", "timeout": 600}),
     )])
     .await;
-    let agent = Agent::new(llm.client(), tools(&s), settings(20, None));
+    let agent = Agent::new(llm.client(), tools(&s), settings(20));
     let cancel = CancellationToken::new();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
-    let trigger = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            while let Some(e) = rx.recv().await {
-                if matches!(e.kind, EventKind::ToolCall { .. }) {
-                    tokio::time::sleep(Duration::from_millis(800)).await;
-                    cancel.cancel();
-                }
-            }
-        })
-    };
+    let sink = CancelOnToolCall(cancel.clone());
     let started = std::time::Instant::now();
     let outcome = agent
-        .run(RunRequest::new("wait", "t", s.id.clone()), Some(tx), cancel)
+        .run(AgentTask::new("wait", "t", s.id.clone()), &sink, cancel)
         .await;
-    trigger.await.unwrap();
     assert_eq!(outcome.reason, FinishReason::Cancelled);
     assert!(
         started.elapsed() < Duration::from_secs(20),
@@ -473,4 +491,20 @@ async fn cancelling_during_a_long_tool_call_kills_the_command_and_the_container_
         String::from_utf8_lossy(&out.stdout).trim().is_empty(),
         "the container is gone"
     );
+}
+
+/// Cancels the run 800 ms after its first tool call starts.
+struct CancelOnToolCall(CancellationToken);
+
+#[async_trait]
+impl EventSink for CancelOnToolCall {
+    async fn event(&self, event: &Event, _image: Option<&Image>) {
+        if matches!(event.kind, EventKind::ToolCall { .. }) {
+            let cancel = self.0.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                cancel.cancel();
+            });
+        }
+    }
 }

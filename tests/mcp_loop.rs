@@ -312,3 +312,24 @@ async fn bench_function_runs_and_cleans_up() {
         "the bench must remove its sandbox"
     );
 }
+
+#[tokio::test]
+async fn closing_the_client_set_frees_its_remote_tools() {
+    let clients = McpClients::connect(vec![common::stdio_self("self")]).await;
+    assert!(clients.failures().is_empty(), "{:?}", clients.failures());
+    let mut reg = ToolRegistry::new();
+    let names = clients.register_into(&mut reg);
+    assert!(!names.is_empty());
+    let tool = std::sync::Arc::downgrade(reg.get(&names[0]).expect("a remote tool"));
+    drop(reg);
+    assert!(
+        tool.upgrade().is_some(),
+        "the client set still holds it while open"
+    );
+    clients.close().await;
+    drop(clients);
+    assert!(
+        tool.upgrade().is_none(),
+        "a remote tool outlived its closed client set (an Arc cycle)"
+    );
+}

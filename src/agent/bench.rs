@@ -1,7 +1,8 @@
 //! Agent overhead per step: an in-process OpenAI-compatible responder that answers at once
 //! with one bash `true` call, a real session sandbox, and the real loop. What is measured
 //! is everything sandboxd adds around the model: building the context, the HTTP round trip
-//! through async-openai, parsing, the registry, the persistent shell, events.
+//! through async-openai, parsing, the registry, the persistent shell, events through the
+//! sinks. Also: continuing a kept session, up to its first request to the model.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,10 +14,16 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{Agent, AgentSettings, EventKind, RunRequest};
+use super::{
+    Agent, AgentSettings, AgentTask, Event, EventKind, EventSink, FanOut, Image, MemorySink,
+};
+use super::{NullSink, RunContext, RunRequest, run_in_session};
+use crate::config::{Config, LimitRequest, Limits, SessionsConfig};
 use crate::llm::{ApiType, Endpoint, LlmClient, LlmSettings};
 use crate::sandbox::Sandbox;
+use crate::sandbox::{CreateOptions, Owner, Runtime, SessionManager};
 use crate::tools::ToolRegistry;
+use crate::tools::ask_human::NoHuman;
 use crate::tools::bash::Bash;
 use crate::tools::terminate::Terminate;
 
@@ -26,6 +33,25 @@ pub enum BenchError {
     Responder(#[from] std::io::Error),
     #[error("the benchmark run ended early: {0}")]
     RunEnded(String),
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+}
+
+/// When each step started (its "thinking" event) and when the run finished.
+#[derive(Default)]
+struct Marks(std::sync::Mutex<Vec<Instant>>);
+
+#[async_trait::async_trait]
+impl EventSink for Marks {
+    async fn event(&self, event: &Event, _image: Option<&Image>) {
+        if matches!(
+            event.kind,
+            EventKind::Thinking { .. } | EventKind::RunFinished { .. }
+        ) && let Ok(mut m) = self.0.lock()
+        {
+            m.push(Instant::now());
+        }
+    }
 }
 
 async fn answer(State(n): State<Arc<AtomicU64>>, Json(_body): Json<Value>) -> Json<Value> {
@@ -81,28 +107,133 @@ pub async fn bench_agent_step(
         max_observe: 10_000,
         max_input_tokens: 0,
         context_tokens: 100_000,
-        transcript_dir: None,
     };
     let agent = Agent::new(llm, tools, settings);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<super::Event>();
-    let collector = tokio::spawn(async move {
-        let mut marks = Vec::new();
-        while let Some(ev) = rx.recv().await {
-            if matches!(
-                ev.kind,
-                EventKind::Thinking { .. } | EventKind::RunFinished { .. }
-            ) {
-                marks.push(Instant::now());
-            }
-        }
-        marks
-    });
-    let request = RunRequest::new("benchmark", "bench", sandbox.session_id());
-    let outcome = agent.run(request, Some(tx), CancellationToken::new()).await;
+    // The sinks a CLI run has: one that watches (here: marks the steps) and one that keeps
+    // every event (as the transcript does), behind the fan-out.
+    let marks = Arc::new(Marks::default());
+    let sink = FanOut(vec![marks.clone(), MemorySink::new()]);
+    let task = AgentTask::new("benchmark", "bench", sandbox.session_id());
+    let outcome = agent.run(task, &sink, CancellationToken::new()).await;
     server.abort();
-    let marks = collector.await.unwrap_or_default();
+    let marks = marks.0.lock().map(|m| m.clone()).unwrap_or_default();
     if !matches!(outcome.reason, super::FinishReason::MaxSteps { .. }) {
         return Err(BenchError::RunEnded(outcome.reason.describe()));
     }
     Ok(marks.windows(2).skip(1).map(|w| w[1] - w[0]).collect())
+}
+
+/// Arrival times of the requests the continuation responder answered.
+#[derive(Default)]
+struct Arrivals(std::sync::Mutex<Vec<Instant>>);
+
+async fn terminate_answer(
+    State(arrivals): State<Arc<Arrivals>>,
+    Json(_body): Json<Value>,
+) -> Json<Value> {
+    let i = match arrivals.0.lock() {
+        Ok(mut a) => {
+            a.push(Instant::now());
+            a.len()
+        }
+        Err(_) => 0,
+    };
+    Json(json!({
+        "id": format!("bench-{i}"), "object": "chat.completion", "created": 0, "model": "bench",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": format!("call_{i}"), "type": "function",
+                "function": {"name": "terminate", "arguments": "{\"status\":\"success\"}"}}]}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    }))
+}
+
+/// Continuing a kept session as `sandboxd run --session ID` does in a new process: a new
+/// manager finds the session's container, `run_in_session` restores the conversation from
+/// the last run's transcript and asks the model. Each sample runs from before the manager
+/// is made to the moment the model's endpoint receives the first request (the CLI's own
+/// process start and config loading are not in it).
+pub async fn bench_continue(
+    runtime: Arc<dyn Runtime>,
+    limits: Limits,
+    sessions: SessionsConfig,
+    config: Config,
+    n: usize,
+) -> Result<Vec<Duration>, BenchError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let arrivals = Arc::new(Arrivals::default());
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", post(terminate_answer))
+        .with_state(arrivals.clone());
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let llm = Arc::new(LlmClient::new(
+        bench_endpoint(addr),
+        None,
+        LlmSettings::from_config(&Default::default()),
+    ));
+    let dir = std::env::temp_dir().join(format!("sandboxd-bench-continue-{}", std::process::id()));
+    let ctx = RunContext {
+        llm,
+        config,
+        transcripts: Some(dir.clone()),
+    };
+    let first = SessionManager::new(runtime.clone(), limits.clone(), sessions.clone());
+    let owner = Owner::new("bench")?;
+    let session = first
+        .create(
+            &owner,
+            &LimitRequest::default(),
+            CreateOptions { keep: true },
+        )
+        .await?;
+    let result = async {
+        let once = |s: Arc<crate::sandbox::manager::Session>| {
+            let ctx = ctx.clone();
+            async move {
+                run_in_session(
+                    &ctx,
+                    &s,
+                    RunRequest::new("continue the benchmark"),
+                    Arc::new(NoHuman),
+                    Arc::new(NullSink),
+                    CancellationToken::new(),
+                )
+                .await
+                .map_err(|e| BenchError::RunEnded(e.to_string()))
+            }
+        };
+        once(session.clone()).await?;
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let before = arrivals.0.lock().map(|a| a.len()).unwrap_or(0);
+            let started = Instant::now();
+            // A new manager knows nothing of the session, as in a new process.
+            let manager = SessionManager::new(runtime.clone(), limits.clone(), sessions.clone());
+            let s = manager.get(&owner, &session.id).await?;
+            once(s).await?;
+            let first_request = arrivals.0.lock().ok().and_then(|a| a.get(before).copied());
+            if let Some(at) = first_request {
+                samples.push(at.saturating_duration_since(started));
+            }
+        }
+        Ok(samples)
+    }
+    .await;
+    server.abort();
+    let _ = first.remove(&owner, &session.id).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn bench_endpoint(addr: std::net::SocketAddr) -> Endpoint {
+    Endpoint {
+        api_type: ApiType::OpenAi,
+        base_url: format!("http://{addr}/v1"),
+        api_key: "bench".into(),
+        model: "bench".into(),
+        deployment: String::new(),
+        api_version: String::new(),
+    }
 }

@@ -1,13 +1,9 @@
-//! What a run tells the world while it happens: typed, serializable events. The CLI renders
-//! them (or prints them as JSON lines), the transcript stores them, and later the API
-//! streams them over SSE. These are wire types: they carry plain strings and numbers, not
-//! domain objects.
-
-use std::sync::Mutex;
-use std::time::Instant;
+//! What a run tells the world while it happens: typed, serializable events. Sinks
+//! (sink.rs) receive them: the CLI renders them (or prints them as JSON lines), the
+//! transcript stores them, and the service streams them over SSE. These are wire types:
+//! they carry plain strings and numbers, not domain objects.
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,14 +53,30 @@ impl FinishReason {
     }
 }
 
+/// One thing that happened in a run. The schema (every type, its fields and when it is
+/// sent) is documented in docs/events.md; keep the two together.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub run_id: String,
+    /// 1 for the first event of a run, then one more for each event: no gaps, no repeats.
     pub seq: u64,
-    /// Milliseconds since the run started.
+    /// Wall-clock time the event was made, RFC 3339 in UTC with milliseconds.
+    pub at: String,
+    /// Milliseconds since the run started (monotonic, unlike `at`).
     pub elapsed_ms: u64,
     #[serde(flatten)]
     pub kind: EventKind,
+}
+
+/// An image a tool produced, by reference: the bytes travel once beside the event
+/// (`EventSink::event`'s `image`) and a sink that keeps them resolves the reference.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ImageRef {
+    /// `sha256:<hex>` of the bytes, so the same screenshot twice is stored once.
+    pub id: String,
+    /// "image/png" or "image/jpeg" (from the bytes' magic number, not from the tool).
+    pub media_type: String,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,6 +88,14 @@ pub enum EventKind {
         task: String,
         model: String,
         max_steps: usize,
+        /// Messages of earlier runs in this session the model sees again (0 for a fresh one).
+        #[serde(default)]
+        continued_messages: usize,
+    },
+    /// Something the user should know that is not the model's doing (an MCP server that
+    /// was skipped, the MCP tools in use).
+    Notice {
+        message: String,
     },
     /// The model is being asked (the CLI shows a spinner until the next event).
     Thinking {
@@ -99,6 +119,9 @@ pub enum EventKind {
         output: String,
         is_error: bool,
         has_image: bool,
+        /// The image (plot, screenshot) when there is one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        image: Option<ImageRef>,
         duration_ms: u64,
     },
     /// The same step came twice; the model is told to change strategy (or no longer is).
@@ -136,46 +159,4 @@ pub enum EventKind {
         /// Wall time of the whole run.
         duration_ms: u64,
     },
-}
-
-/// Numbers events, forwards them to a listener (if any) and keeps them for the transcript.
-pub struct Emitter {
-    run_id: String,
-    started: Instant,
-    tx: Option<mpsc::UnboundedSender<Event>>,
-    log: Mutex<Vec<Event>>,
-}
-
-impl Emitter {
-    pub fn new(run_id: String, tx: Option<mpsc::UnboundedSender<Event>>) -> Self {
-        Self {
-            run_id,
-            started: Instant::now(),
-            tx,
-            log: Mutex::new(Vec::new()),
-        }
-    }
-
-    pub fn emit(&self, kind: EventKind) {
-        let Ok(mut log) = self.log.lock() else { return };
-        let event = Event {
-            run_id: self.run_id.clone(),
-            seq: log.len() as u64,
-            elapsed_ms: self.started.elapsed().as_millis() as u64,
-            kind,
-        };
-        if let Some(tx) = &self.tx {
-            // A listener that went away (closed terminal, dropped client) does not stop the run.
-            let _ = tx.send(event.clone());
-        }
-        log.push(event);
-    }
-
-    pub fn events(&self) -> Vec<Event> {
-        self.log.lock().map(|l| l.clone()).unwrap_or_default()
-    }
-
-    pub fn elapsed(&self) -> std::time::Duration {
-        self.started.elapsed()
-    }
 }

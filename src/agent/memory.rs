@@ -56,12 +56,14 @@ pub fn estimate_text(text: &str) -> usize {
     text.len() / 4
 }
 
-/// The messages of one run, with their estimates. `messages[0]` is the system prompt and
-/// `messages[1]` the task.
+/// The conversation of one run, with the estimates: `messages[0]` is the system prompt,
+/// then the earlier runs' messages when the run continues a session, then this run's task
+/// (`messages[task_at]`) and its turns.
 #[derive(Debug, Default, Clone)]
 pub struct Memory {
     messages: Vec<Message>,
     tokens: Vec<usize>,
+    task_at: usize,
 }
 
 /// What `Memory::context` produced.
@@ -73,8 +75,18 @@ pub struct Context {
 
 impl Memory {
     pub fn new(system: String, task: String) -> Self {
+        Self::continuing(system, Vec::new(), task)
+    }
+
+    /// A run that continues `earlier` (the messages after the system prompt of the
+    /// session's previous runs; see `paired_prefix`).
+    pub fn continuing(system: String, earlier: Vec<Message>, task: String) -> Self {
         let mut m = Self::default();
         m.push(Message::system(system));
+        for message in earlier {
+            m.push(message);
+        }
+        m.task_at = m.messages.len();
         m.push(Message::user(task));
         m
     }
@@ -88,7 +100,18 @@ impl Memory {
         &self.messages
     }
 
-    /// The request context: head + the newest whole turns that fit `budget` tokens, then
+    /// What a later run continues: everything but the system prompt.
+    pub fn conversation(&self) -> Vec<Message> {
+        self.messages[1..].to_vec()
+    }
+
+    /// How many messages came from earlier runs.
+    pub fn earlier_len(&self) -> usize {
+        self.task_at - 1
+    }
+
+    /// The request context: the system prompt, this run's task and the newest whole turns
+    /// that fit `budget` tokens (earlier runs' turns are older, so they go first), then
     /// `tail` (a nudge) if given. The newest turn is always kept, even over budget.
     pub fn context(
         &self,
@@ -96,29 +119,42 @@ impl Memory {
         tail: Option<Message>,
         trimmed_note: &dyn Fn(usize) -> String,
     ) -> Context {
-        let head = self.messages.len().min(2);
-        let head_tokens: usize = self.tokens[..head].iter().sum();
+        let len = self.messages.len();
+        let task = self.task_at;
         let tail_tokens = tail.as_ref().map_or(0, estimate);
-        // Turn boundaries: every assistant message starts a turn; anything before the first
-        // assistant message after the head is a turn of its own.
-        let mut starts: Vec<usize> = (head..self.messages.len())
-            .filter(|&i| i == head || matches!(self.messages[i], Message::Assistant { .. }))
+        // Turn boundaries: every assistant message starts a turn, and so does this run's
+        // task; anything before the first of them is a turn of its own.
+        let mut starts: Vec<usize> = (1..len)
+            .filter(|&i| {
+                i == 1 || i == task || matches!(self.messages[i], Message::Assistant { .. })
+            })
             .collect();
-        starts.push(self.messages.len());
-        let mut keep_from = self.messages.len();
-        let mut used = head_tokens + tail_tokens + 30;
+        starts.push(len);
+        let mut keep_from = len;
+        let mut used = self.tokens[0] + self.tokens[task] + tail_tokens + 30;
         for w in starts.windows(2).rev() {
             let (start, end) = (w[0], w[1]);
-            let turn: usize = self.tokens[start..end].iter().sum();
-            if keep_from != self.messages.len() && used + turn > budget {
+            // The task's own turn is only the task, which is always kept (counted above).
+            let turn: usize = if start == task {
+                self.tokens[start + 1..end].iter().sum()
+            } else {
+                self.tokens[start..end].iter().sum()
+            };
+            if keep_from != len && used + turn > budget {
                 break;
             }
             used += turn;
             keep_from = start;
         }
-        let dropped = keep_from - head;
-        let mut messages = Vec::with_capacity(self.messages.len() - dropped + 2);
-        messages.extend_from_slice(&self.messages[..head]);
+        let mut messages = Vec::with_capacity(len - keep_from + 3);
+        messages.push(self.messages[0].clone());
+        let dropped = if keep_from > task {
+            // Even this run's older turns had to go: the task stays right after the system.
+            messages.push(self.messages[task].clone());
+            (task - 1) + (keep_from - task - 1)
+        } else {
+            keep_from - 1
+        };
         if dropped > 0 {
             messages.push(Message::user(trimmed_note(dropped)));
         }
@@ -130,6 +166,43 @@ impl Memory {
             estimated_tokens: used,
         }
     }
+}
+
+/// The longest prefix of `messages` in which every assistant tool call is answered by a
+/// tool message and every tool message answers one, without system messages: what a
+/// restored conversation may safely continue (a transcript can be cut short or edited).
+pub fn paired_prefix(messages: Vec<Message>) -> Vec<Message> {
+    let mut kept = Vec::with_capacity(messages.len());
+    let mut open: Vec<String> = Vec::new();
+    let mut complete = 0;
+    for message in messages {
+        match &message {
+            Message::System { .. } => continue,
+            Message::Assistant { tool_calls, .. } => {
+                if !open.is_empty() {
+                    break;
+                }
+                open = tool_calls.iter().map(|c| c.id.clone()).collect();
+            }
+            Message::Tool { tool_call_id, .. } => {
+                let Some(i) = open.iter().position(|id| id == tool_call_id) else {
+                    break;
+                };
+                open.swap_remove(i);
+            }
+            Message::User { .. } => {
+                if !open.is_empty() {
+                    break;
+                }
+            }
+        }
+        kept.push(message);
+        if open.is_empty() {
+            complete = kept.len();
+        }
+    }
+    kept.truncate(complete);
+    kept
 }
 
 /// Cuts an observation to `max` characters, keeping the head and the tail around a marker
@@ -200,6 +273,62 @@ mod tests {
         // A single giant turn is still sent.
         let c = m.context(10, None, &|n| format!("{n}"));
         assert!(matches!(c.messages[3], Message::Assistant { .. }));
+    }
+
+    #[test]
+    fn a_continued_run_drops_earlier_turns_first_and_keeps_its_task() {
+        let mut earlier = vec![Message::user("first task")];
+        for i in 0..40 {
+            earlier.extend(turn(i, 2));
+        }
+        let mut m = Memory::continuing("system".into(), earlier, "second task".into());
+        assert_eq!(m.earlier_len(), 1 + 40 * 3);
+        for i in 100..103 {
+            for msg in turn(i, 1) {
+                m.push(msg);
+            }
+        }
+        // Room for everything: the whole conversation in order.
+        let all = m.context(1_000_000, None, &|n| format!("{n} trimmed"));
+        assert_eq!(all.dropped, 0);
+        assert_eq!(all.messages.len(), m.messages().len());
+        // A small budget: earlier turns go, this run's task and newest turns stay.
+        let c = m.context(1500, None, &|n| format!("{n} trimmed"));
+        assert!(c.dropped > 0);
+        let task_pos = c
+            .messages
+            .iter()
+            .position(|x| *x == Message::user("second task"))
+            .expect("the current task is kept");
+        assert!(matches!(
+            c.messages[task_pos + 1],
+            Message::Assistant { .. }
+        ));
+        assert!(!c.messages.contains(&Message::user("first task")));
+        // A tiny budget: only the newest turn, with the task right after the system prompt.
+        let c = m.context(10, None, &|n| format!("{n} trimmed"));
+        assert_eq!(c.messages[1], Message::user("second task"));
+        assert_eq!(
+            c.messages[2],
+            Message::user(format!("{} trimmed", c.dropped))
+        );
+        assert_eq!(c.messages.len(), 3 + 2);
+        assert_eq!(c.dropped, m.messages().len() - 1 - 1 - 2);
+    }
+
+    #[test]
+    fn a_restored_conversation_is_cut_before_an_unanswered_call() {
+        let mut msgs = vec![Message::system("old system"), Message::user("task")];
+        msgs.extend(turn(1, 2));
+        let good = msgs.len() - 1;
+        msgs.extend(turn(2, 2));
+        msgs.pop(); // the second call of turn 2 lost its answer
+        let kept = paired_prefix(msgs);
+        assert_eq!(kept.len(), good, "system dropped, turn 2 cut");
+        assert!(matches!(kept.last(), Some(Message::Tool { .. })));
+        // A tool message answering nothing ends the prefix too.
+        let stray = vec![Message::user("t"), Message::tool("nope", "x")];
+        assert_eq!(paired_prefix(stray).len(), 1);
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! tool call going into the session's sandbox through the registry.
 //!
 //! An `Agent` holds no per-run state: `run` builds a fresh memory, counters and stuck
-//! detector each time, so a second run in the same process starts clean (OpenManus kept
-//! its step counter and memory between requests).
+//! detector each time (OpenManus kept its step counter and memory between requests). What
+//! a session carries from one run to the next (its conversation, its tools' state) lives
+//! with the session and is composed by `run_in_session` (session_run.rs), the one entry
+//! point the CLI, the MCP server and the service share.
 
 pub mod bench;
 pub mod events;
@@ -11,18 +13,20 @@ pub mod extract;
 pub mod memory;
 pub mod prompts;
 mod react;
+pub mod session_run;
+pub mod sink;
 pub mod transcript;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use events::{Emitter, Event, EventKind, FinishReason};
+pub use events::{Event, EventKind, FinishReason, ImageRef};
+pub use session_run::{History, RunContext, RunError, RunRequest, SessionLease, run_in_session};
+pub use sink::{EventSink, FanOut, Image, MemorySink, NullSink, RunRecord};
 
 use crate::config::Config;
-use crate::llm::{LlmClient, Usage};
+use crate::llm::{LlmClient, Message, Usage};
 use crate::tools::ToolRegistry;
 
 /// Loop settings, from [agent].
@@ -35,8 +39,6 @@ pub struct AgentSettings {
     pub max_input_tokens: u64,
     /// Token budget of the context sent in one request.
     pub context_tokens: usize,
-    /// Where `<run-id>.json` transcripts go; None keeps none.
-    pub transcript_dir: Option<PathBuf>,
 }
 
 impl AgentSettings {
@@ -47,23 +49,27 @@ impl AgentSettings {
             max_observe: a.max_observe.max(100),
             max_input_tokens: a.max_input_tokens,
             context_tokens: a.context_tokens,
-            transcript_dir: Some(config.data_dir().join("runs")),
         }
     }
 }
 
-/// One task for the agent, and whom it belongs to.
+/// One task for the loop, and whom it belongs to.
 #[derive(Debug, Clone)]
-pub struct RunRequest {
+pub struct AgentTask {
     /// Chosen by the caller so it can name outputs before the run starts (`new_run_id()`).
     pub run_id: String,
     pub task: String,
     pub owner: String,
     pub session_id: String,
+    /// The conversation this run continues (messages after the system prompt, tool calls
+    /// paired; see `memory::paired_prefix`); empty for a fresh one.
+    pub earlier: Vec<Message>,
+    /// Told to the sinks right after `run_started` (e.g. an MCP server that was skipped).
+    pub notices: Vec<String>,
 }
 
-impl RunRequest {
-    /// A request with a fresh run id.
+impl AgentTask {
+    /// A fresh task with a new run id.
     pub fn new(
         task: impl Into<String>,
         owner: impl Into<String>,
@@ -74,6 +80,8 @@ impl RunRequest {
             task: task.into(),
             owner: owner.into(),
             session_id: session_id.into(),
+            earlier: Vec::new(),
+            notices: Vec::new(),
         }
     }
 }
@@ -88,8 +96,10 @@ pub struct RunOutcome {
     pub steps: usize,
     pub usage: Usage,
     pub elapsed: std::time::Duration,
-    /// Where the transcript was written, if it was.
-    pub transcript: Option<PathBuf>,
+    /// Everything after the system prompt: what the session's next run continues.
+    pub conversation: Vec<Message>,
+    /// Where the transcript was written (set by `run_in_session`).
+    pub transcript: Option<std::path::PathBuf>,
 }
 
 pub struct Agent {
@@ -145,17 +155,15 @@ impl Agent {
         &self.settings
     }
 
-    /// Runs one task to its end. Events go to `events` as they happen (if given); `cancel`
-    /// stops the run at once, cancelling the tool call in flight.
+    /// Runs one task to its end. Events go to `sink` as they happen; `cancel` stops the
+    /// run at once, cancelling the tool call in flight.
     pub async fn run(
         &self,
-        request: RunRequest,
-        events: Option<mpsc::UnboundedSender<Event>>,
+        task: AgentTask,
+        sink: &dyn EventSink,
         cancel: CancellationToken,
     ) -> RunOutcome {
-        react::Run::new(self, request, events, cancel)
-            .execute()
-            .await
+        react::Run::new(self, task, sink, cancel).execute().await
     }
 }
 

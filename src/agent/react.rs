@@ -8,10 +8,10 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::events::{Emitter, Event, EventKind, FinishReason};
+use super::events::{EventKind, FinishReason};
 use super::memory::{Memory, cut_observation, estimate_text};
-use super::transcript::Transcript;
-use super::{Agent, RunOutcome, RunRequest, prompts};
+use super::sink::{Emitter, EventSink, Image, RunRecord};
+use super::{Agent, AgentTask, RunOutcome, prompts};
 use crate::llm::{ContentPart, LlmError, Message, ToolCall, Usage, UserContent};
 use crate::tools::{ToolContext, ToolError, ToolRegistry, ToolResult, terminate};
 
@@ -21,8 +21,8 @@ const CANCEL_GRACE: Duration = Duration::from_secs(15);
 pub(super) struct Run<'a> {
     agent: &'a Agent,
     run_id: String,
-    request: RunRequest,
-    emitter: Emitter,
+    request: AgentTask,
+    emitter: Emitter<'a>,
     cancel: CancellationToken,
     memory: Memory,
     usage: Usage,
@@ -45,8 +45,8 @@ enum Next {
 impl<'a> Run<'a> {
     pub(super) fn new(
         agent: &'a Agent,
-        request: RunRequest,
-        events: Option<mpsc::UnboundedSender<Event>>,
+        mut request: AgentTask,
+        sink: &'a dyn EventSink,
         cancel: CancellationToken,
     ) -> Self {
         let mut system = prompts::system(&agent.tools.names(), agent.settings.max_steps);
@@ -54,11 +54,12 @@ impl<'a> Run<'a> {
             system.push_str("\n\n");
             system.push_str(note);
         }
-        let memory = Memory::new(system, request.task.clone());
+        let earlier = std::mem::take(&mut request.earlier);
+        let memory = Memory::continuing(system, earlier, request.task.clone());
         let run_id = request.run_id.clone();
         Self {
             agent,
-            emitter: Emitter::new(run_id.clone(), events),
+            emitter: Emitter::new(run_id.clone(), sink),
             run_id,
             request,
             cancel,
@@ -74,13 +75,19 @@ impl<'a> Run<'a> {
 
     pub(super) async fn execute(mut self) -> RunOutcome {
         let settings = self.agent.settings.clone();
-        self.emitter.emit(EventKind::RunStarted {
-            owner: self.request.owner.clone(),
-            session_id: self.request.session_id.clone(),
-            task: self.request.task.clone(),
-            model: self.agent.llm.model().to_string(),
-            max_steps: settings.max_steps,
-        });
+        self.emitter
+            .emit(EventKind::RunStarted {
+                owner: self.request.owner.clone(),
+                session_id: self.request.session_id.clone(),
+                task: self.request.task.clone(),
+                model: self.agent.llm.model().to_string(),
+                max_steps: settings.max_steps,
+                continued_messages: self.memory.earlier_len(),
+            })
+            .await;
+        for message in std::mem::take(&mut self.request.notices) {
+            self.emitter.emit(EventKind::Notice { message }).await;
+        }
         let mut steps = 0;
         let (reason, answer) = loop {
             if steps >= settings.max_steps {
@@ -106,7 +113,7 @@ impl<'a> Run<'a> {
                 }
             }
         };
-        self.finish(reason, answer, steps)
+        self.finish(reason, answer, steps).await
     }
 
     async fn step(&mut self, step: usize) -> Next {
@@ -127,10 +134,12 @@ impl<'a> Run<'a> {
         let tail = self.tail(step).await;
         let context = self.memory.context(budget, tail, &prompts::trimmed);
         if context.dropped > 0 {
-            self.emitter.emit(EventKind::ContextTrimmed {
-                step,
-                dropped_messages: context.dropped,
-            });
+            self.emitter
+                .emit(EventKind::ContextTrimmed {
+                    step,
+                    dropped_messages: context.dropped,
+                })
+                .await;
         }
         if settings.max_input_tokens > 0 {
             let next = (context.estimated_tokens + tools_tokens) as u64;
@@ -146,51 +155,69 @@ impl<'a> Run<'a> {
         }
 
         // Think.
-        self.emitter.emit(EventKind::Thinking { step });
-        let emitter = &self.emitter;
-        let on_retry = |n: crate::llm::RetryNotice| {
-            emitter.emit(EventKind::Retry {
-                attempt: n.attempt,
-                max_attempts: n.max_attempts,
-                delay_ms: n.delay.as_millis() as u64,
-                reason: n.reason,
-            })
+        self.emitter.emit(EventKind::Thinking { step }).await;
+        // Retry notices come from a synchronous callback inside the LLM client; they reach
+        // the (async) sink through a small queue drained while the request is in flight.
+        // The client retries a bounded number of times, so a full queue only drops notices.
+        let (retry_tx, mut retry_rx) = mpsc::channel::<crate::llm::RetryNotice>(16);
+        let on_retry = move |n: crate::llm::RetryNotice| {
+            let _ = retry_tx.try_send(n);
         };
-        let completion = match self
-            .agent
-            .llm
-            .chat(&context.messages, &self.tools_json, &self.cancel, &on_retry)
-            .await
-        {
+        let result = {
+            let chat =
+                self.agent
+                    .llm
+                    .chat(&context.messages, &self.tools_json, &self.cancel, &on_retry);
+            tokio::pin!(chat);
+            loop {
+                tokio::select! {
+                    r = &mut chat => break r,
+                    Some(n) = retry_rx.recv() => {
+                        self.emitter.emit(retry_event(n)).await;
+                    }
+                }
+            }
+        };
+        while let Ok(n) = retry_rx.try_recv() {
+            self.emitter.emit(retry_event(n)).await;
+        }
+        let completion = match result {
             Ok(c) => c,
             Err(LlmError::Cancelled) => return Next::Finish(FinishReason::Cancelled, None),
             Err(e) => {
                 let message = e.to_string();
-                self.emitter.emit(EventKind::Error {
-                    message: message.clone(),
-                });
+                self.emitter
+                    .emit(EventKind::Error {
+                        message: message.clone(),
+                    })
+                    .await;
                 return Next::Finish(FinishReason::Error { message }, None);
             }
         };
         self.usage.add(completion.usage);
-        self.emitter.emit(EventKind::TokenUsage {
-            step,
-            prompt_tokens: completion.usage.prompt_tokens,
-            completion_tokens: completion.usage.completion_tokens,
-            total_prompt_tokens: self.usage.prompt_tokens,
-            total_completion_tokens: self.usage.completion_tokens,
-        });
-        if let Some(text) = &completion.content {
-            self.emitter.emit(EventKind::AssistantText {
+        self.emitter
+            .emit(EventKind::TokenUsage {
                 step,
-                text: text.clone(),
-            });
+                prompt_tokens: completion.usage.prompt_tokens,
+                completion_tokens: completion.usage.completion_tokens,
+                total_prompt_tokens: self.usage.prompt_tokens,
+                total_completion_tokens: self.usage.completion_tokens,
+            })
+            .await;
+        if let Some(text) = &completion.content {
+            self.emitter
+                .emit(EventKind::AssistantText {
+                    step,
+                    text: text.clone(),
+                })
+                .await;
         }
         self.memory.push(Message::Assistant {
             content: completion.content.clone(),
             tool_calls: completion.tool_calls.clone(),
         });
-        self.track_stuck(step, &completion.content, &completion.tool_calls);
+        self.track_stuck(step, &completion.content, &completion.tool_calls)
+            .await;
 
         if completion.tool_calls.is_empty() {
             return match completion.content {
@@ -284,17 +311,19 @@ impl<'a> Run<'a> {
 
     /// Runs one call; the second value ends the run (terminate, cancel, a dead sandbox).
     async fn act(
-        &self,
+        &mut self,
         step: usize,
         call: &ToolCall,
     ) -> (ToolResult, Option<(FinishReason, Option<String>)>) {
         let name = call.function.name.as_str();
-        self.emitter.emit(EventKind::ToolCall {
-            step,
-            call_id: call.id.clone(),
-            name: name.to_string(),
-            arguments: call.function.arguments.clone(),
-        });
+        self.emitter
+            .emit(EventKind::ToolCall {
+                step,
+                call_id: call.id.clone(),
+                name: name.to_string(),
+                arguments: call.function.arguments.clone(),
+            })
+            .await;
         let started = Instant::now();
         let ctx = ToolContext {
             cancel: self.cancel.child_token(),
@@ -328,9 +357,11 @@ impl<'a> Run<'a> {
             ),
             Err(e) => {
                 let message = format!("sandboxd failed to run {name}: {e}");
-                self.emitter.emit(EventKind::Error {
-                    message: message.clone(),
-                });
+                self.emitter
+                    .emit(EventKind::Error {
+                        message: message.clone(),
+                    })
+                    .await;
                 let fatal = matches!(&e, ToolError::Sandbox(s) if s.is_fatal_for_session());
                 let stop = fatal.then(|| {
                     (
@@ -344,20 +375,27 @@ impl<'a> Run<'a> {
             }
         };
         let shown = cut_observation(&result.render(), self.agent.settings.max_observe);
-        self.emitter.emit(EventKind::ToolResult {
-            step,
-            call_id: call.id.clone(),
-            name: name.to_string(),
-            output: shown,
-            is_error: result.is_error(),
-            has_image: result.base64_image.is_some(),
-            duration_ms: started.elapsed().as_millis() as u64,
-        });
+        let image = result.base64_image.as_deref().and_then(Image::from_base64);
+        self.emitter
+            .emit_with(
+                EventKind::ToolResult {
+                    step,
+                    call_id: call.id.clone(),
+                    name: name.to_string(),
+                    output: shown,
+                    is_error: result.is_error(),
+                    has_image: result.base64_image.is_some(),
+                    image: image.as_ref().map(|i| i.reference.clone()),
+                    duration_ms: started.elapsed().as_millis() as u64,
+                },
+                image.as_ref(),
+            )
+            .await;
         (result, stop)
     }
 
     /// The same step twice in a row turns the nudge on; a different step turns it off.
-    fn track_stuck(&mut self, step: usize, content: &Option<String>, calls: &[ToolCall]) {
+    async fn track_stuck(&mut self, step: usize, content: &Option<String>, calls: &[ToolCall]) {
         let mut fingerprint = content.clone().unwrap_or_default();
         for c in calls {
             fingerprint.push('\u{1f}');
@@ -369,46 +407,46 @@ impl<'a> Run<'a> {
             !fingerprint.is_empty() && self.last_step.as_deref() == Some(fingerprint.as_str());
         if repeated != self.nudge {
             self.nudge = repeated;
-            self.emitter.emit(EventKind::Nudge {
-                step,
-                active: repeated,
-            });
+            self.emitter
+                .emit(EventKind::Nudge {
+                    step,
+                    active: repeated,
+                })
+                .await;
         }
         self.last_step = Some(fingerprint);
     }
 
-    fn finish(self, reason: FinishReason, answer: Option<String>, steps: usize) -> RunOutcome {
+    async fn finish(
+        mut self,
+        reason: FinishReason,
+        answer: Option<String>,
+        steps: usize,
+    ) -> RunOutcome {
         let elapsed = self.emitter.elapsed();
-        self.emitter.emit(EventKind::RunFinished {
-            reason: reason.clone(),
-            answer: answer.clone(),
-            steps,
-            prompt_tokens: self.usage.prompt_tokens,
-            completion_tokens: self.usage.completion_tokens,
-            duration_ms: elapsed.as_millis() as u64,
-        });
-        let transcript = self.agent.settings.transcript_dir.as_ref().and_then(|dir| {
-            let t = Transcript {
-                run_id: self.run_id.clone(),
-                owner: self.request.owner.clone(),
-                session_id: self.request.session_id.clone(),
-                model: self.agent.llm.model().to_string(),
-                task: self.request.task.clone(),
+        self.emitter
+            .emit(EventKind::RunFinished {
                 reason: reason.clone(),
                 answer: answer.clone(),
                 steps,
-                usage: self.usage,
-                messages: self.memory.messages().to_vec(),
-                events: self.emitter.events(),
-            };
-            match t.save(dir) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    tracing::warn!(run = %self.run_id, error = %e, "cannot save the transcript");
-                    None
-                }
-            }
-        });
+                prompt_tokens: self.usage.prompt_tokens,
+                completion_tokens: self.usage.completion_tokens,
+                duration_ms: elapsed.as_millis() as u64,
+            })
+            .await;
+        let record = RunRecord {
+            run_id: self.run_id.clone(),
+            owner: self.request.owner.clone(),
+            session_id: self.request.session_id.clone(),
+            model: self.agent.llm.model().to_string(),
+            task: self.request.task.clone(),
+            reason: reason.clone(),
+            answer: answer.clone(),
+            steps,
+            usage: self.usage,
+            messages: self.memory.messages().to_vec(),
+        };
+        self.emitter.finished(&record).await;
         RunOutcome {
             run_id: self.run_id,
             reason,
@@ -416,7 +454,17 @@ impl<'a> Run<'a> {
             steps,
             usage: self.usage,
             elapsed,
-            transcript,
+            conversation: self.memory.conversation(),
+            transcript: None,
         }
+    }
+}
+
+fn retry_event(n: crate::llm::RetryNotice) -> EventKind {
+    EventKind::Retry {
+        attempt: n.attempt,
+        max_attempts: n.max_attempts,
+        delay_ms: n.delay.as_millis() as u64,
+        reason: n.reason,
     }
 }

@@ -103,7 +103,7 @@ pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
         tools(&manager, &ctx, args.iterations).await?;
     }
     if all || args.group == "agent" {
-        agent(&manager, args.iterations).await?;
+        agent(&manager, &ctx, args.iterations).await?;
     }
     if all || args.group == "browser" {
         browser(&manager, args.iterations.min(30)).await?;
@@ -385,7 +385,7 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
     Ok(())
 }
 
-async fn agent(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
+async fn agent(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     section("Agent (fake LLM answering at once, bash `true` each step)");
     let s = manager
         .create(
@@ -398,13 +398,33 @@ async fn agent(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     row(
-        "agent overhead per step",
+        "agent overhead per step (sinks: fan-out to two)",
         &mut steps,
         "",
         &mut [],
-        "p50 ≤ 5 ms",
+        "p50 ≤ 2 ms",
     );
     manager.remove(&s.owner, &s.id).await?;
+    let runtime = ctx
+        .runtime()
+        .await
+        .context("cannot prepare the sandbox runtime")?;
+    let mut resumed = sandboxd::agent::bench::bench_continue(
+        Arc::new(runtime),
+        ctx.config.limits.clone(),
+        ctx.config.sessions.clone(),
+        ctx.config.clone(),
+        n.clamp(10, 100),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    row(
+        "continue a kept session (`run --session`) to its first LLM request",
+        &mut resumed,
+        "",
+        &mut [],
+        "p50 ≤ 50 ms",
+    );
     println!();
     Ok(())
 }

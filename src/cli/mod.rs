@@ -4,6 +4,7 @@
 //! for commands that only look or remove (never builds anything).
 
 pub mod bench;
+pub mod copy_out;
 pub mod doctor;
 pub mod exec;
 pub mod image;

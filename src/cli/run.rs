@@ -1,27 +1,32 @@
-//! `sandboxd run --prompt "..."`: the agent on one task in a fresh sandbox session.
+//! `sandboxd run --prompt "..."`: the agent on one task, in a fresh sandbox session or, with
+//! `--session ID`, continuing a kept one (same container, same conversation).
 //!
-//! Order matters: the LLM configuration is checked before anything is created, so a
-//! missing key costs nothing and says what to set. Then the session, the run (Ctrl-C
-//! cancels it, killing the command in flight), the copy of /workspace to the host (through
-//! the hostile-tar rules) and the removal of the container unless `--keep`.
+//! This file only parses arguments and wires the terminal: the run itself is
+//! `agent::run_in_session`. Order matters: the LLM configuration is checked before anything
+//! is created, so a missing key costs nothing and says what to set. Ctrl-C, SIGTERM and
+//! SIGHUP cancel the run (killing the command in flight) and the session's lease removes
+//! the container unless it is kept; /workspace is copied out on the way (copy_out.rs).
 
-use std::io::{IsTerminal, Read};
-use std::path::{Path, PathBuf};
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::Context as _;
-use sandboxd::agent::{Agent, AgentSettings, FinishReason, RunRequest, new_run_id};
+use sandboxd::agent::{
+    FinishReason, History, RunContext, RunRequest, SessionLease, new_run_id, run_in_session,
+};
 use sandboxd::llm::{LlmClient, LlmError};
-use sandboxd::sandbox::tar_safety::{TarLimits, extract_archive};
-use sandboxd::sandbox::{CreateOptions, Sandbox, WORKSPACE};
 use sandboxd::tools::ask_human::{Asker, NoHuman, TerminalAsker};
-use sandboxd::tools::session::agent_tools;
+use sandboxd::tools::session::SessionTools;
 use tokio_util::sync::CancellationToken;
 
 use super::Ctx;
-use super::exec::LimitFlags;
-use super::render;
+use super::copy_out::{check_output_dir, copy_out};
+use super::exec::{LimitFlags, open_session};
+use super::render::{TerminalSink, sayln};
+use super::signals::StopSignals;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -35,9 +40,15 @@ pub struct RunArgs {
     /// exist yet or be empty.
     #[arg(long)]
     pub output: Option<PathBuf>,
-    /// Keep the sandbox after the run; its session id is printed.
+    /// Keep the sandbox after the run; its session id is printed (continue it with --session).
     #[arg(long)]
     pub keep: bool,
+    /// Continue a kept session: same container, and the model sees its earlier runs.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// With --session: start the conversation afresh (the container's state stays).
+    #[arg(long, requires = "session")]
+    pub fresh: bool,
     /// Never ask the user (ask_human answers "no human available"); implied when stdin is not a terminal.
     #[arg(long)]
     pub no_input: bool,
@@ -52,15 +63,26 @@ pub struct RunArgs {
     pub limits: LimitFlags,
 }
 
+/// The exit status of the signal that cancelled the run (0: none yet).
+static CANCELLED_BY: AtomicU8 = AtomicU8::new(0);
+
 pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     let llm = match LlmClient::from_config(&ctx.config.llm) {
         Ok(c) => Arc::new(c),
         Err(e @ LlmError::NotConfigured { .. }) => {
-            eprintln!("sandboxd: {e}");
+            sayln!("sandboxd: {e}");
             return Ok(ExitCode::from(2));
         }
         Err(e) => return Err(e.into()),
     };
+    let l = &args.limits;
+    let limits_given =
+        l.memory_mb.is_some() || l.cpus.is_some() || l.pids.is_some() || l.workspace_mb.is_some();
+    if args.session.is_some() && limits_given {
+        anyhow::bail!(
+            "--memory, --cpus, --pids and --workspace set the limits of a new session; a kept session keeps its own (drop them or --session)"
+        );
+    }
     let task = match args.prompt.clone() {
         Some(p) => p,
         None => read_task()?,
@@ -75,177 +97,126 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from("sandboxd-output").join(&run_id));
     check_output_dir(&output)?;
 
-    // From here on Ctrl-C cancels the run instead of killing the process, so the container
-    // is always removed; a second Ctrl-C gives up at once.
+    // From here on Ctrl-C, SIGTERM and SIGHUP cancel the run instead of killing the
+    // process, so the container is always removed; a second signal gives up at once.
     let cancel = CancellationToken::new();
-    let watcher = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("\nsandboxd: cancelling the run (Ctrl-C again to quit at once)…");
-                cancel.cancel();
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    eprintln!(
-                        "sandboxd: quitting; `sandboxd sessions gc` removes the container left behind"
-                    );
-                    std::process::exit(130);
-                }
-            }
-        })
-    };
+    let watcher = watch_signals(cancel.clone())?;
 
     let manager = ctx.manager().await?;
-    let owner = ctx.owner()?;
-    let session = manager
-        .create(
-            &owner,
-            &args.limits.request(),
-            CreateOptions { keep: args.keep },
-        )
-        .await
-        .context("cannot create the sandbox session")?;
+    let keep = args.keep || args.session.is_some();
+    let session = open_session(&ctx, &manager, args.session.as_deref(), &args.limits, keep).await?;
+    let lease = SessionLease::new(manager, session, keep);
     let asker: Arc<dyn Asker> = if args.no_input || !std::io::stdin().is_terminal() {
         Arc::new(NoHuman)
     } else {
         Arc::new(TerminalAsker)
     };
-    let extractor = Arc::new(sandboxd::agent::extract::LlmExtractor::new(llm.clone()));
-    let tools = agent_tools(
-        session.sandbox.clone(),
-        &session.limits,
-        &ctx.config,
-        asker,
-        Some(extractor),
-    );
-    let browser = tools.browser.clone();
-    let mut settings = AgentSettings::from_config(&ctx.config);
-    if let Some(n) = args.max_steps {
-        settings.max_steps = n.max(1);
-    }
-    let mut registry = tools.registry;
-    let mut agent_notes = Vec::new();
-    let mcp_file = args.mcp.clone().or_else(|| {
+    let mcp_servers = args.mcp.clone().or_else(|| {
         Some(PathBuf::from(&ctx.config.mcp.servers_file)).filter(|p| !p.as_os_str().is_empty())
     });
-    let mcp = match mcp_file {
-        Some(path) => {
-            let clients = sandboxd::mcp::client::connect_all(&path)
-                .await
-                .with_context(|| format!("cannot use the MCP servers in {}", path.display()))?;
-            for (server, why) in clients.failures() {
-                eprintln!("sandboxd: MCP server {server} is skipped: {why}");
-            }
-            let names = clients.register_into(&mut registry);
-            if !names.is_empty() {
-                eprintln!("sandboxd: MCP tools: {}", names.join(", "));
-            }
-            agent_notes = clients.system_messages();
-            Some(Arc::new(McpRefresh(clients)))
-        }
-        None => None,
-    };
-    let mut agent = Agent::new(llm, registry, settings)
-        .with_browser(browser.clone())
-        .with_system_notes(agent_notes);
-    if let Some(hook) = &mcp {
-        agent = agent.with_hook(hook.clone());
-    }
-
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let renderer = tokio::spawn(render::render(rx, args.json));
     let request = RunRequest {
-        run_id: run_id.clone(),
+        run_id,
         task,
-        owner: owner.to_string(),
-        session_id: session.id.clone(),
+        max_steps: args.max_steps,
+        mcp_servers,
+        history: if args.fresh {
+            History::Fresh
+        } else {
+            History::Session
+        },
     };
-    let outcome = if cancel.is_cancelled() {
+    let run_ctx = RunContext::new(llm, ctx.config.clone());
+    let terminal = TerminalSink::start(args.json);
+    let result = if cancel.is_cancelled() {
         None
     } else {
-        Some(agent.run(request, Some(tx), cancel.clone()).await)
+        Some(
+            run_in_session(
+                &run_ctx,
+                lease.session(),
+                request,
+                asker,
+                terminal.clone(),
+                cancel.clone(),
+            )
+            .await,
+        )
     };
-    let _ = renderer.await;
-    browser.shutdown().await;
-    if let Some(hook) = &mcp {
-        hook.0.close().await;
-    }
+    terminal.finish().await;
 
+    let session = lease.session().clone();
+    // This process ends here: no later run of it can use the browser, and the next process
+    // cannot adopt it, so Chromium is stopped rather than left running in a kept container.
+    SessionTools::of(&session, &ctx.config)
+        .browser
+        .shutdown()
+        .await;
     match copy_out(session.sandbox.as_ref(), &output).await {
-        Ok(0) => eprintln!("sandboxd: /workspace was empty; nothing copied"),
-        Ok(n) => eprintln!(
+        Ok(0) => sayln!("sandboxd: /workspace was empty; nothing copied"),
+        Ok(n) => sayln!(
             "sandboxd: /workspace copied to {} ({n} entries)",
             output.display()
         ),
-        Err(e) => eprintln!("sandboxd: could not copy /workspace out: {e:#}"),
+        Err(e) => sayln!("sandboxd: could not copy /workspace out: {e:#}"),
     }
-    if args.keep {
-        eprintln!(
-            "sandboxd: session {} kept (remove it with `sandboxd sessions rm {}`)",
-            session.id, session.id
+    if lease.kept() {
+        sayln!(
+            "sandboxd: session {id} kept (continue it with `sandboxd run --session {id} --prompt …`, remove it with `sandboxd sessions rm {id}`)",
+            id = session.id
         );
-    } else if let Err(e) = manager.remove(&session.owner, &session.id).await {
-        eprintln!(
+    }
+    if let Err(e) = lease.release().await {
+        sayln!(
             "sandboxd: could not remove the container of session {}: {e}",
             session.id
         );
     }
     watcher.abort();
+    let outcome = match result {
+        Some(Ok(outcome)) => Some(outcome),
+        Some(Err(e)) => return Err(e).context("the run did not start"),
+        None => None,
+    };
     if let Some(path) = outcome.as_ref().and_then(|o| o.transcript.as_ref()) {
-        eprintln!("sandboxd: transcript {}", path.display());
+        sayln!("sandboxd: transcript {}", path.display());
     }
     Ok(match outcome.map(|o| o.reason) {
         Some(r) if r.is_success() => ExitCode::SUCCESS,
-        Some(FinishReason::Cancelled) | None => ExitCode::from(130),
+        Some(FinishReason::Cancelled) | None => {
+            let status = CANCELLED_BY.load(Ordering::SeqCst);
+            ExitCode::from(if status > 0 { status } else { 130 })
+        }
         Some(_) => ExitCode::FAILURE,
     })
 }
 
-/// Refreshes the MCP servers' tools before every step and announces what changed.
-struct McpRefresh(sandboxd::mcp::client::McpClients);
-
-#[async_trait::async_trait]
-impl sandboxd::agent::StepHook for McpRefresh {
-    async fn before_step(&self, tools: &mut sandboxd::tools::ToolRegistry) -> Vec<String> {
-        self.0
-            .refresh(tools)
-            .await
-            .iter()
-            .map(|c| c.announcement())
-            .collect()
-    }
+/// Cancels `cancel` on the first Ctrl-C, SIGTERM or SIGHUP (what `timeout`, systemd, CI
+/// runners and a closed terminal send); a second one quits at once.
+fn watch_signals(cancel: CancellationToken) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut signals = StopSignals::listen().context("cannot watch the stop signals")?;
+    Ok(tokio::spawn(async move {
+        let first = signals.recv().await;
+        CANCELLED_BY.store(first.exit_status(), Ordering::SeqCst);
+        sayln!(
+            "\nsandboxd: {}: cancelling the run (again to quit at once)…",
+            first.name()
+        );
+        cancel.cancel();
+        let second = signals.recv().await;
+        sayln!("sandboxd: quitting; `sandboxd sessions gc` removes the container left behind");
+        std::process::exit(i32::from(second.exit_status()));
+    }))
 }
 
 /// The task from stdin: one line at a terminal, everything when piped.
 fn read_task() -> anyhow::Result<String> {
     let mut text = String::new();
     if std::io::stdin().is_terminal() {
-        eprint!("What should the agent do?\n> ");
+        let mut err = std::io::stderr();
+        let _ = write!(err, "What should the agent do?\n> ");
         std::io::stdin().read_line(&mut text)?;
     } else {
         std::io::stdin().read_to_string(&mut text)?;
     }
     Ok(text.trim().to_string())
-}
-
-fn check_output_dir(dir: &Path) -> anyhow::Result<()> {
-    match std::fs::symlink_metadata(dir) {
-        Err(_) => Ok(()),
-        Ok(m) if m.is_dir() && std::fs::read_dir(dir)?.next().is_none() => Ok(()),
-        Ok(_) => anyhow::bail!(
-            "the output directory {} exists and is not empty; choose another with --output",
-            dir.display()
-        ),
-    }
-}
-
-/// Copies /workspace into `dest` (created), validating the archive as hostile input.
-async fn copy_out(sandbox: &dyn Sandbox, dest: &Path) -> anyhow::Result<usize> {
-    let archive = sandbox.download_tar(WORKSPACE).await?;
-    std::fs::create_dir_all(dest).with_context(|| format!("cannot create {}", dest.display()))?;
-    let dest = dest.to_path_buf();
-    let summary = tokio::task::spawn_blocking(move || {
-        extract_archive(&archive, &dest, &TarLimits::default())
-    })
-    .await??;
-    Ok(summary.entries.saturating_sub(1))
 }

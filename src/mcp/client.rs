@@ -195,13 +195,14 @@ impl McpClients {
     pub async fn close(&self) {
         for server in &self.servers {
             server.disconnect().await;
+            lock(&server.tools).clear();
         }
     }
 }
 
 fn try_register(registry: &mut ToolRegistry, tool: &Arc<McpTool>) -> bool {
     if registry.get(&tool.name).is_some() {
-        tracing::warn!(tool = %tool.name, server = %tool.server.config.name, "a tool with this name already exists; keeping the first");
+        tracing::warn!(tool = %tool.name, server = %tool.server_name, "a tool with this name already exists; keeping the first");
         return false;
     }
     match registry.register(tool.clone()) {

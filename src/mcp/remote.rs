@@ -246,7 +246,7 @@ impl RemoteServer {
             .map_err(|e| format!("tools/list failed: {e}"))?;
         let mut tools: Vec<Arc<McpTool>> = Vec::new();
         for t in listed {
-            match McpTool::new(self.clone(), &t) {
+            match McpTool::new(self, &t) {
                 Some(tool) if tools.iter().any(|x| x.name == tool.name) => {
                     tracing::warn!(server = %self.config.name, tool = %t.name, name = %tool.name, "two remote tools sanitize to the same name; keeping the first");
                 }

@@ -1,7 +1,7 @@
 //! A remote MCP tool as an ordinary registry `Tool`, and the mapping of MCP results into
 //! `ToolResult` (bounded: a remote server is not trusted with the host's memory).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use rmcp::model::{CallToolResult, ContentBlock, Tool as RemoteTool};
@@ -91,11 +91,15 @@ pub struct McpTool {
     pub(super) original: String,
     pub(super) description: String,
     pub(super) parameters: Value,
-    pub(super) server: Arc<RemoteServer>,
+    /// The server's name, for messages.
+    pub(super) server_name: String,
+    /// Weak: the server holds its tools, so a strong reference back would be a cycle that
+    /// outlives `McpClients::close` (one leak per run). The client set owns the servers.
+    pub(super) server: Weak<RemoteServer>,
 }
 
 impl McpTool {
-    pub(super) fn new(server: Arc<RemoteServer>, remote: &RemoteTool) -> Option<Self> {
+    pub(super) fn new(server: &Arc<RemoteServer>, remote: &RemoteTool) -> Option<Self> {
         let name = names::tool_name(&server.config.name, &remote.name, server.config.keep_names)?;
         let raw = remote.description.as_deref().unwrap_or("");
         let desc = if raw.chars().count() > MAX_DESCRIPTION {
@@ -120,12 +124,13 @@ impl McpTool {
             original: remote.name.to_string(),
             description: desc,
             parameters: params,
-            server,
+            server_name: server.config.name.clone(),
+            server: Arc::downgrade(server),
         })
     }
 
     pub fn server(&self) -> &str {
-        &self.server.config.name
+        &self.server_name
     }
 
     pub fn original_name(&self) -> &str {
@@ -148,6 +153,12 @@ impl Tool for McpTool {
     }
 
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<ToolResult, ToolError> {
-        Ok(self.server.call(&self.original, args, ctx).await)
+        let Some(server) = self.server.upgrade() else {
+            return Ok(ToolResult::error(format!(
+                "the connection to the MCP server {:?} was closed",
+                self.server_name
+            )));
+        };
+        Ok(server.call(&self.original, args, ctx).await)
     }
 }

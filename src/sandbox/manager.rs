@@ -28,6 +28,8 @@ pub struct Session {
     pub keep: bool,
     /// The backend's name for the sandbox, what `Runtime::remove` takes.
     handle: String,
+    /// What the tools and the agent keep for the session's lifetime (see slots.rs).
+    pub slots: super::slots::SessionSlots,
     last_used: std::sync::Mutex<Instant>,
 }
 
@@ -178,6 +180,7 @@ impl SessionManager {
             limits: spec.limits,
             keep: spec.keep,
             handle,
+            slots: Default::default(),
             last_used: std::sync::Mutex::new(Instant::now()),
         });
         lock(&self.table)
@@ -241,6 +244,7 @@ impl SessionManager {
             limits,
             keep: found.keep,
             handle: found.handle,
+            slots: Default::default(),
             last_used: std::sync::Mutex::new(Instant::now()),
         });
         // Two lookups may race to attach; the first one in the table wins.

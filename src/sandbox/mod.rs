@@ -19,6 +19,7 @@ mod output;
 mod owner;
 pub mod runtime;
 pub mod shell;
+pub mod slots;
 pub mod tar_safety;
 pub mod tunnel;
 

@@ -17,7 +17,64 @@ use crate::config::{Config, Limits};
 use crate::sandbox::Sandbox;
 use crate::sandbox::manager::Session;
 
-/// The tools that act inside the sandbox: bash, python, str_replace_editor, browser_use.
+/// The tools that act inside one sandbox, with their state: bash (its shell lives in the
+/// sandbox handle), the python interpreter, the editor's undo history and the browser.
+/// Built once per session and shared by all its runs, so what a run leaves in them (python
+/// variables, tabs, undo steps) is there for the next run.
+#[derive(Clone)]
+pub struct SessionTools {
+    pub bash: Arc<Bash>,
+    pub python: Arc<Python>,
+    pub editor: Arc<StrReplaceEditor>,
+    pub browser: Arc<BrowserUse>,
+}
+
+impl SessionTools {
+    pub fn new(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config) -> Self {
+        let max_timeout = Duration::from_secs(limits.max_timeout_secs.max(1));
+        let default_timeout = Duration::from_secs(config.agent.bash_timeout_secs.max(1));
+        let output_cap = limits.output_cap();
+        Self {
+            bash: Arc::new(Bash::new(
+                sandbox.clone(),
+                default_timeout,
+                max_timeout,
+                output_cap,
+            )),
+            python: Arc::new(Python::new(
+                sandbox.clone(),
+                default_timeout,
+                max_timeout,
+                output_cap,
+            )),
+            editor: Arc::new(StrReplaceEditor::new(
+                sandbox.clone(),
+                limits.max_file_bytes(),
+            )),
+            browser: Arc::new(BrowserUse::new(sandbox)),
+        }
+    }
+
+    /// The four as registry entries.
+    pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        vec![
+            self.bash.clone(),
+            self.python.clone(),
+            self.editor.clone(),
+            self.browser.clone(),
+        ]
+    }
+
+    /// The agent's registry over these tools: the four, ask_human with `asker`, terminate.
+    pub fn agent_registry(&self, asker: Arc<dyn Asker>) -> ToolRegistry {
+        let mut tools = self.tools();
+        tools.push(Arc::new(AskHuman::new(asker)));
+        tools.push(Arc::new(Terminate));
+        registry_of(tools)
+    }
+}
+
+/// Fresh sandbox tools (for a handle no session state is kept for) and their browser.
 /// `extractor` is the LLM behind browser_use's extract_content (None returns the page text).
 pub fn sandbox_tools(
     sandbox: Arc<dyn Sandbox>,
@@ -25,31 +82,9 @@ pub fn sandbox_tools(
     config: &Config,
     extractor: Option<Arc<dyn Extractor>>,
 ) -> (Vec<Arc<dyn Tool>>, Arc<BrowserUse>) {
-    let max_timeout = Duration::from_secs(limits.max_timeout_secs.max(1));
-    let default_timeout = Duration::from_secs(config.agent.bash_timeout_secs.max(1));
-    let output_cap = limits.output_cap();
-    let mut browser = BrowserUse::new(sandbox.clone());
-    if let Some(e) = extractor {
-        browser = browser.with_extractor(e);
-    }
-    let browser = Arc::new(browser);
-    let tools: Vec<Arc<dyn Tool>> = vec![
-        Arc::new(Bash::new(
-            sandbox.clone(),
-            default_timeout,
-            max_timeout,
-            output_cap,
-        )),
-        Arc::new(Python::new(
-            sandbox.clone(),
-            default_timeout,
-            max_timeout,
-            output_cap,
-        )),
-        Arc::new(StrReplaceEditor::new(sandbox, limits.max_file_bytes())),
-        browser.clone(),
-    ];
-    (tools, browser)
+    let tools = SessionTools::new(sandbox, limits, config);
+    tools.browser.set_extractor(extractor);
+    (tools.tools(), tools.browser)
 }
 
 /// The agent's tools, and its browser (whose state the agent shows the model).
@@ -58,16 +93,18 @@ pub struct AgentTools {
     pub browser: Arc<BrowserUse>,
 }
 
-/// The agent's tools on `session`'s sandbox: the sandbox tools, ask_human and terminate.
+impl SessionTools {
+    /// `session`'s tools: made on first use, then the same for every run of the session.
+    pub fn of(session: &Session, config: &Config) -> Arc<SessionTools> {
+        session.slots.get_or_insert_with(|| {
+            SessionTools::new(session.sandbox.clone(), &session.limits, config)
+        })
+    }
+}
+
+/// The agent's tools on `session` (its lasting tools, ask_human and terminate).
 pub fn session_tools(session: &Session, config: &Config, asker: Arc<dyn Asker>) -> ToolRegistry {
-    agent_tools(
-        session.sandbox.clone(),
-        &session.limits,
-        config,
-        asker,
-        None,
-    )
-    .registry
+    SessionTools::of(session, config).agent_registry(asker)
 }
 
 /// The agent's tools on any sandbox handle (a lazy one lists them without a container).

@@ -222,11 +222,15 @@ pub async fn run(
                 .execute(GetNavigationHistoryParams::default())
                 .await?
                 .result;
-            let current = usize::try_from(history.current_index).unwrap_or(0);
-            if current == 0 {
+            // The index and the list come from Chromium, which runs the page's code: check
+            // both instead of trusting that one fits the other.
+            let previous = usize::try_from(history.current_index)
+                .ok()
+                .and_then(|current| current.checked_sub(1))
+                .and_then(|i| history.entries.get(i));
+            let Some(entry) = previous.map(|e| e.id) else {
                 return Ok(Err("there is no previous page in this tab's history".into()));
-            }
-            let entry = history.entries[current - 1].id;
+            };
             page.execute(NavigateToHistoryEntryParams::new(entry))
                 .await?;
             live.settle().await?;

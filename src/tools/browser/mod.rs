@@ -55,7 +55,8 @@ pub struct BrowserUse {
     sandbox: Arc<dyn Sandbox>,
     live: tokio::sync::Mutex<Option<Live>>,
     starts: AtomicU32,
-    extractor: Option<Arc<dyn Extractor>>,
+    /// The LLM step of extract_content; set per run, since the browser outlives runs.
+    extractor: std::sync::Mutex<Option<Arc<dyn Extractor>>>,
     last: std::sync::Mutex<Option<BrowserState>>,
 }
 
@@ -65,15 +66,22 @@ impl BrowserUse {
             sandbox,
             live: tokio::sync::Mutex::new(None),
             starts: AtomicU32::new(0),
-            extractor: None,
+            extractor: std::sync::Mutex::new(None),
             last: std::sync::Mutex::new(None),
         }
     }
 
     /// The LLM step of extract_content; without one the page's Markdown is returned.
-    pub fn with_extractor(mut self, extractor: Arc<dyn Extractor>) -> Self {
-        self.extractor = Some(extractor);
+    pub fn with_extractor(self, extractor: Arc<dyn Extractor>) -> Self {
+        self.set_extractor(Some(extractor));
         self
+    }
+
+    /// Replaces the extractor (a session's browser serves runs that may use other LLMs).
+    pub fn set_extractor(&self, extractor: Option<Arc<dyn Extractor>>) {
+        if let Ok(mut e) = self.extractor.lock() {
+            *e = extractor;
+        }
     }
 
     /// The state of the current tab, read now (None if the browser was never started or is
@@ -140,7 +148,8 @@ impl BrowserUse {
                 } else {
                     0
                 });
-            let extractor = self.extractor.as_deref();
+            let extractor = self.extractor.lock().ok().and_then(|e| e.clone());
+            let extractor = extractor.as_deref();
             let result = tokio::select! {
                 r = tokio::time::timeout(limit, actions::run(action, live, extractor)) => r.unwrap_or(Err(BrowserError::Timeout(limit))),
                 _ = dead.cancelled() => Err(BrowserError::Died),
