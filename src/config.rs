@@ -34,6 +34,8 @@ pub struct Config {
     pub llm: LlmConfig,
     pub agent: AgentConfig,
     pub mcp: McpConfig,
+    /// The planning flow (`sandboxd run --plan`).
+    pub flow: crate::flow::config::FlowConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
 }
@@ -349,6 +351,7 @@ impl Config {
                 message: e.to_string(),
             })?;
         config.limits.validate()?;
+        config.flow.validate()?;
         Ok(config)
     }
 
@@ -367,7 +370,9 @@ impl Config {
     }
 }
 
-const SECTIONS: &[&str] = &["docker", "limits", "sessions", "llm", "agent", "mcp"];
+const SECTIONS: &[&str] = &[
+    "docker", "limits", "sessions", "llm", "agent", "mcp", "flow",
+];
 
 fn apply_env(
     tree: &mut toml::Table,

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod bench_stats;
 pub mod config;
+pub mod flow;
 pub mod llm;
 pub mod mcp;
 pub mod sandbox;

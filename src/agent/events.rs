@@ -159,4 +159,43 @@ pub enum EventKind {
         /// Wall time of the whole run.
         duration_ms: u64,
     },
+    /// The planning flow has its plan; `fallback` says why the default plan is used.
+    PlanCreated {
+        plan: crate::flow::events::PlanView,
+        fallback: Option<String>,
+    },
+    /// A plan step starts as its own agent run (`step_run_id`); `index` is 0-based.
+    StepStarted {
+        index: usize,
+        text: String,
+        /// The executor's tag, or "default".
+        executor: String,
+        /// 1 for the first attempt, 2 for the retry, …
+        attempt: u32,
+        step_run_id: String,
+    },
+    StepFinished {
+        index: usize,
+        /// The step's status now: completed, blocked, or not_started/in_progress when
+        /// it will be retried or the flow stopped.
+        status: String,
+        notes: String,
+        reason: FinishReason,
+        attempt: u32,
+        step_run_id: String,
+    },
+    /// The plan was updated after a blocked step.
+    Replanned {
+        plan: crate::flow::events::PlanView,
+        reason: String,
+    },
+    FlowFinished {
+        status: crate::flow::events::FlowStatus,
+        plan: crate::flow::events::PlanView,
+        summary: String,
+        files: Vec<String>,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+        duration_ms: u64,
+    },
 }

@@ -22,7 +22,9 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 pub use events::{Event, EventKind, FinishReason, ImageRef};
-pub use session_run::{History, RunContext, RunError, RunRequest, SessionLease, run_in_session};
+pub use session_run::{
+    History, RunContext, RunError, RunRequest, RunShape, SessionLease, run_in_session,
+};
 pub use sink::{EventSink, FanOut, Image, MemorySink, NullSink, RunRecord};
 
 use crate::config::Config;

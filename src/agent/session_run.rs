@@ -74,6 +74,8 @@ pub struct RunRequest {
     /// An mcp.json whose servers' tools the run may use.
     pub mcp_servers: Option<PathBuf>,
     pub history: History,
+    /// Tools and prompt of a run that does one part of a bigger job (a plan step).
+    pub shape: RunShape,
 }
 
 impl RunRequest {
@@ -84,6 +86,51 @@ impl RunRequest {
             max_steps: None,
             mcp_servers: None,
             history: History::Session,
+            shape: RunShape::default(),
+        }
+    }
+}
+
+/// How a run differs from a plain one, for a caller that runs the session's agent on a part
+/// of a bigger job (the planning flow's steps). The default is a plain run.
+#[derive(Clone, Default)]
+pub struct RunShape {
+    /// Offer only these of the session's tools (terminate is always offered); None: all.
+    pub tools: Option<Vec<String>>,
+    /// Tools added for this run only (the planning tool scoped to one step).
+    pub extra_tools: Vec<Arc<dyn crate::tools::Tool>>,
+    /// A paragraph added to the system prompt.
+    pub system_note: Option<String>,
+    /// Lowers [agent] max_input_tokens for this run; 0 changes nothing.
+    pub max_input_tokens: u64,
+}
+
+impl std::fmt::Debug for RunShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let extra: Vec<&str> = self.extra_tools.iter().map(|t| t.name()).collect();
+        f.debug_struct("RunShape")
+            .field("tools", &self.tools)
+            .field("extra_tools", &extra)
+            .field("system_note", &self.system_note)
+            .field("max_input_tokens", &self.max_input_tokens)
+            .finish()
+    }
+}
+
+impl RunShape {
+    /// Narrows `registry` to the shape's tools and adds its extra ones.
+    fn apply(&self, registry: &mut ToolRegistry) {
+        if let Some(keep) = &self.tools {
+            for name in registry.names() {
+                if name != crate::tools::terminate::NAME && !keep.contains(&name) {
+                    registry.unregister(&name);
+                }
+            }
+        }
+        for tool in &self.extra_tools {
+            if let Err(e) = registry.register(tool.clone()) {
+                tracing::error!(tool = tool.name(), error = %e, "a run's extra tool was rejected");
+            }
         }
     }
 }
@@ -131,6 +178,7 @@ pub async fn run_in_session(
         .browser
         .set_extractor(Some(Arc::new(LlmExtractor::new(ctx.llm.clone()))));
     let mut registry = tools.agent_registry(asker);
+    request.shape.apply(&mut registry);
     let mut notices = Vec::new();
     let mut system_notes = Vec::new();
     let mcp = match &request.mcp_servers {
@@ -171,6 +219,13 @@ pub async fn run_in_session(
     if let Some(n) = request.max_steps {
         settings.max_steps = n.max(1);
     }
+    if request.shape.max_input_tokens > 0 {
+        settings.max_input_tokens = match settings.max_input_tokens {
+            0 => request.shape.max_input_tokens,
+            own => own.min(request.shape.max_input_tokens),
+        };
+    }
+    system_notes.extend(request.shape.system_note.clone());
     let mut agent = Agent::new(ctx.llm.clone(), registry, settings)
         .with_browser(tools.browser.clone())
         .with_system_notes(system_notes);

@@ -14,7 +14,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, browser, mcp, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -105,15 +105,20 @@ pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if all || args.group == "agent" {
         agent(&manager, &ctx, args.iterations).await?;
     }
+    if all || args.group == "flow" {
+        flow(&manager, &ctx.config, args.iterations).await?;
+    }
     if all || args.group == "browser" {
         browser(&manager, args.iterations.min(30)).await?;
     }
     if all || args.group == "mcp" {
         mcp(manager.clone(), &ctx, args.iterations).await?;
     }
-    if !["all", "runtime", "tools", "agent", "browser", "mcp"].contains(&args.group.as_str()) {
+    if !["all", "runtime", "tools", "agent", "flow", "browser", "mcp"]
+        .contains(&args.group.as_str())
+    {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, browser, mcp or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp or all",
             args.group
         );
     }
@@ -425,6 +430,41 @@ async fn agent(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
         &mut [],
         "p50 ≤ 50 ms",
     );
+    println!();
+    Ok(())
+}
+
+async fn flow(
+    manager: &SessionManager,
+    config: &sandboxd::config::Config,
+    n: usize,
+) -> anyhow::Result<()> {
+    section("Planning flow (fake LLM answering at once; 50-step plans)");
+    let s = manager
+        .create(
+            &bench_owner()?,
+            &LimitRequest::default(),
+            CreateOptions::default(),
+        )
+        .await?;
+    let mut b = sandboxd::flow::bench::bench_flow(s.clone(), config, n.max(20))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    row(
+        "flow overhead per step (instant step runner)",
+        &mut b.instant,
+        "",
+        &mut [],
+        "p50 ≤ 5 ms",
+    );
+    row(
+        "flow step as a real agent run (terminate at once)",
+        &mut b.with_agent,
+        "plain agent run",
+        &mut b.plain_agent,
+        "p50 ≤ plain + 5 ms",
+    );
+    manager.remove(&s.owner, &s.id).await?;
     println!();
     Ok(())
 }

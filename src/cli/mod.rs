@@ -9,6 +9,7 @@ pub mod doctor;
 pub mod exec;
 pub mod image;
 pub mod mcp;
+pub mod plan;
 pub mod render;
 pub mod run;
 pub mod sessions;

@@ -93,6 +93,8 @@ async fn render(mut rx: mpsc::Receiver<Event>, json: bool) {
     }
     let animate = std::io::stderr().is_terminal();
     let mut spinner: Option<(usize, String)> = None;
+    // In a planning flow each step's answer is a line of progress, not the result.
+    let mut in_flow = false;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
@@ -108,7 +110,8 @@ async fn render(mut rx: mpsc::Receiver<Event>, json: bool) {
                     }
                     continue;
                 }
-                show(&ev);
+                in_flow |= matches!(ev.kind, EventKind::PlanCreated { .. });
+                show(&ev, in_flow);
             }
             _ = tick.tick(), if spinner.is_some() && animate => {
                 if let Some((frame, label)) = spinner.as_mut() {
@@ -123,7 +126,7 @@ async fn render(mut rx: mpsc::Receiver<Event>, json: bool) {
     }
 }
 
-fn show(ev: &Event) {
+fn show(ev: &Event, in_flow: bool) {
     match &ev.kind {
         EventKind::RunStarted {
             session_id,
@@ -181,6 +184,11 @@ fn show(ev: &Event) {
             );
         }
         EventKind::Error { message } => sayln!("error: {}", short(message, 2000)),
+        EventKind::PlanCreated { .. }
+        | EventKind::StepStarted { .. }
+        | EventKind::StepFinished { .. }
+        | EventKind::Replanned { .. }
+        | EventKind::FlowFinished { .. } => super::plan::show(ev),
         EventKind::RunFinished {
             reason,
             answer,
@@ -189,12 +197,17 @@ fn show(ev: &Event) {
             completion_tokens,
             duration_ms,
         } => {
-            if let Some(a) = answer {
-                let mut out = std::io::stdout().lock();
-                for line in a.lines() {
-                    let _ = writeln!(out, "{}", clean(line));
+            match answer {
+                // In a planning flow each step's answer is a line of progress, not the result.
+                Some(a) if in_flow => sayln!("   {}", short(a, 300)),
+                Some(a) => {
+                    let mut out = std::io::stdout().lock();
+                    for line in a.lines() {
+                        let _ = writeln!(out, "{}", clean(line));
+                    }
+                    let _ = out.flush();
                 }
-                let _ = out.flush();
+                None => {}
             }
             sayln!(
                 "── {} · {steps} steps · {prompt_tokens} prompt + {completion_tokens} completion tokens · {:.1}s",
@@ -206,7 +219,7 @@ fn show(ev: &Event) {
 }
 
 /// One line, at most `max` characters, safe to print.
-fn short(text: &str, max: usize) -> String {
+pub fn short(text: &str, max: usize) -> String {
     let line = clean(text);
     if line.chars().count() <= max {
         return line;

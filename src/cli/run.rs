@@ -17,6 +17,7 @@ use anyhow::Context as _;
 use sandboxd::agent::{
     FinishReason, History, RunContext, RunRequest, SessionLease, new_run_id, run_in_session,
 };
+use sandboxd::flow::FlowStatus;
 use sandboxd::llm::{LlmClient, LlmError};
 use sandboxd::tools::ask_human::{Asker, NoHuman, TerminalAsker};
 use sandboxd::tools::session::SessionTools;
@@ -40,6 +41,10 @@ pub struct RunArgs {
     /// exist yet or be empty.
     #[arg(long)]
     pub output: Option<PathBuf>,
+    /// Run the task as a plan: one LLM call writes the steps, each step is its own agent
+    /// run in the same sandbox, a summary closes it ([flow] in the config).
+    #[arg(long)]
+    pub plan: bool,
     /// Keep the sandbox after the run; its session id is printed (continue it with --session).
     #[arg(long)]
     pub keep: bool,
@@ -124,11 +129,23 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         } else {
             History::Session
         },
+        shape: Default::default(),
     };
     let run_ctx = RunContext::new(llm, ctx.config.clone());
     let terminal = TerminalSink::start(args.json);
     let result = if cancel.is_cancelled() {
         None
+    } else if args.plan {
+        let flow = super::plan::run_flow(
+            &run_ctx,
+            lease.session(),
+            request,
+            asker,
+            terminal.clone(),
+            cancel.clone(),
+        )
+        .await;
+        Some(Ok(Ended::Flow(Box::new(flow))))
     } else {
         Some(
             run_in_session(
@@ -139,7 +156,8 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
                 terminal.clone(),
                 cancel.clone(),
             )
-            .await,
+            .await
+            .map(Ended::Run),
         )
     };
     terminal.finish().await;
@@ -172,22 +190,35 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         );
     }
     watcher.abort();
-    let outcome = match result {
-        Some(Ok(outcome)) => Some(outcome),
+    let ended = match result {
+        Some(Ok(ended)) => Some(ended),
         Some(Err(e)) => return Err(e).context("the run did not start"),
         None => None,
     };
-    if let Some(path) = outcome.as_ref().and_then(|o| o.transcript.as_ref()) {
+    if let Some(Ended::Run(o)) = &ended
+        && let Some(path) = &o.transcript
+    {
         sayln!("sandboxd: transcript {}", path.display());
     }
-    Ok(match outcome.map(|o| o.reason) {
-        Some(r) if r.is_success() => ExitCode::SUCCESS,
-        Some(FinishReason::Cancelled) | None => {
-            let status = CANCELLED_BY.load(Ordering::SeqCst);
-            ExitCode::from(if status > 0 { status } else { 130 })
-        }
-        Some(_) => ExitCode::FAILURE,
+    let (success, cancelled) = match &ended {
+        Some(Ended::Run(o)) => (o.reason.is_success(), o.reason == FinishReason::Cancelled),
+        Some(Ended::Flow(f)) => (f.status.is_success(), f.status == FlowStatus::Cancelled),
+        None => (false, true),
+    };
+    Ok(if success {
+        ExitCode::SUCCESS
+    } else if cancelled {
+        let status = CANCELLED_BY.load(Ordering::SeqCst);
+        ExitCode::from(if status > 0 { status } else { 130 })
+    } else {
+        ExitCode::FAILURE
     })
+}
+
+/// How `run` ended: one agent run, or a planning flow (`--plan`).
+enum Ended {
+    Run(sandboxd::agent::RunOutcome),
+    Flow(Box<sandboxd::flow::FlowOutcome>),
 }
 
 /// Cancels `cancel` on the first Ctrl-C, SIGTERM or SIGHUP (what `timeout`, systemd, CI

@@ -8,6 +8,7 @@ pub mod bash;
 pub mod browser;
 pub mod editor;
 pub mod files;
+pub mod planning;
 pub mod python;
 pub mod registry;
 pub mod session;

@@ -1,0 +1,97 @@
+//! `sandboxd run --plan` as a user runs it: the real binary, engine and image, the LLM faked
+//! at the HTTP boundary. The live checklist on stderr, the summary on stdout, the files.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::json;
+use support::fake_llm::{FakeLlm, Reply};
+
+fn sandboxd(cwd: &Path, llm: &FakeLlm) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+    cmd.current_dir(cwd);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OPENAI_") || k.starts_with("SANDBOXD_") || k.starts_with("AZURE_OPENAI_")
+        {
+            cmd.env_remove(k);
+        }
+    }
+    if let Ok(image) = std::env::var("SANDBOXD_DOCKER_IMAGE") {
+        cmd.env("SANDBOXD_DOCKER_IMAGE", image);
+    }
+    cmd.env("SANDBOXD_DATA_DIR", cwd.join("data"))
+        .env("SANDBOXD_LLM_BASE_URL", llm.base_url())
+        .env("SANDBOXD_LLM_MODEL", "fake-model");
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_plan_shows_the_checklist_and_prints_the_summary() {
+    let llm = FakeLlm::start(vec![
+        Reply::tool(
+            "planning",
+            json!({"command": "create", "title": "Report", "steps": ["Write the data", "Write the report"]}),
+        ),
+        Reply::tool("bash", json!({"command": "seq 3 > /workspace/data.txt"})),
+        Reply::tool("terminate", json!({"status": "success", "answer": "data.txt has 1..3"})),
+        Reply::tool(
+            "terminate",
+            json!({"status": "failure", "answer": "cannot write the report"}),
+        ),
+        Reply::tool(
+            "terminate",
+            json!({"status": "failure", "answer": "still cannot"}),
+        ),
+        Reply::text("The data is in data.txt; the report is missing."),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let mut cmd = sandboxd(dir.path(), &llm);
+    cmd.args([
+        "run",
+        "--plan",
+        "--no-input",
+        "--prompt",
+        "Make a report",
+        "--output",
+    ])
+    .arg(&out_dir);
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a blocked step is not a success\n{stderr}"
+    );
+    for needle in [
+        "📋 plan plan-1 · Report · 2 steps",
+        "▶ step 1: Write the data",
+        "✓ step 1: data.txt has 1..3",
+        "▶ step 2 (attempt 2): Write the report",
+        "✗ step 2: blocked after 2 attempt(s)",
+        "   ✓ 1. Write the data",
+        "   ✗ 2. Write the report",
+        "── flow partial: step 2 is blocked",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} missing:\n{stderr}");
+    }
+    assert!(
+        stdout.starts_with("Partial result: step 2 of 2 (\"Write the report\") is blocked"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("The data is in data.txt; the report is missing."));
+    assert!(
+        !stdout.contains("data.txt has 1..3"),
+        "step answers are progress, on stderr"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("data.txt")).unwrap(),
+        "1\n2\n3\n"
+    );
+}
