@@ -7,5 +7,6 @@ pub mod config;
 pub mod flow;
 pub mod llm;
 pub mod mcp;
+pub mod research;
 pub mod sandbox;
 pub mod tools;
