@@ -36,6 +36,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// The planning flow (`sandboxd run --plan`).
     pub flow: crate::flow::config::FlowConfig,
+    /// Host-side web_search and web_fetch (src/research/config.rs).
+    pub research: crate::research::ResearchConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
 }
@@ -371,7 +373,7 @@ impl Config {
 }
 
 const SECTIONS: &[&str] = &[
-    "docker", "limits", "sessions", "llm", "agent", "mcp", "flow",
+    "docker", "limits", "sessions", "llm", "agent", "mcp", "flow", "research",
 ];
 
 fn apply_env(

@@ -24,7 +24,10 @@ pub fn own_networks() -> Vec<(IpNet, String)> {
         let ip: IpAddr = iface.ip();
         out.push((
             IpNet::from(ip),
-            format!("one of this host's own addresses (interface {})", iface.name),
+            format!(
+                "one of this host's own addresses (interface {})",
+                iface.name
+            ),
         ));
         if BRIDGE_PREFIXES.iter().any(|p| iface.name.starts_with(p)) {
             let prefix = match &iface.addr {

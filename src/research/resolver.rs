@@ -81,6 +81,8 @@ pub struct CheckedResolve {
     pub policy: Arc<Policy>,
     pub resolver: Arc<dyn NameResolver>,
     pub timeout: Duration,
+    /// The configured proxy's host name: the one name resolved without the checks.
+    pub exempt: Option<String>,
 }
 
 impl reqwest::dns::Resolve for CheckedResolve {
@@ -89,8 +91,16 @@ impl reqwest::dns::Resolve for CheckedResolve {
         let resolver = self.resolver.clone();
         let timeout = self.timeout;
         let host = name.as_str().to_string();
+        let exempt = self.exempt.as_deref() == Some(host.to_ascii_lowercase().as_str());
         Box::pin(async move {
-            let addrs = resolve_checked(resolver.as_ref(), &policy, &host, timeout).await?;
+            let addrs = if exempt {
+                match tokio::time::timeout(timeout, resolver.lookup(&host)).await {
+                    Ok(r) => r?,
+                    Err(_) => return Err(format!("resolving the proxy {host} timed out").into()),
+                }
+            } else {
+                resolve_checked(resolver.as_ref(), &policy, &host, timeout).await?
+            };
             tracing::debug!(host = %host, addrs = ?addrs, "research: resolved and checked");
             let out: reqwest::dns::Addrs =
                 Box::new(addrs.into_iter().map(|ip| SocketAddr::new(ip, 0)));

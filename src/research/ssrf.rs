@@ -83,9 +83,11 @@ impl Entry {
     fn matches_name(&self, host: &str) -> bool {
         match self {
             Entry::Name(n) => n == host,
-            Entry::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_str()) && {
-                host.as_bytes()[host.len() - s.len() - 1] == b'.'
-            },
+            Entry::Suffix(s) => {
+                host.len() > s.len() && host.ends_with(s.as_str()) && {
+                    host.as_bytes()[host.len() - s.len() - 1] == b'.'
+                }
+            }
             Entry::Net(_) => false,
         }
     }
@@ -139,13 +141,6 @@ impl Policy {
         })
     }
 
-    /// Admits one more host as if the admin had listed it in `allow` (the configured proxy).
-    pub fn also_allow(&mut self, host: &str) {
-        if let Ok(e) = Entry::parse("allow", host) {
-            self.allow.push(e);
-        }
-    }
-
     /// The URL rules: scheme, userinfo, port, literal addresses, denied names, `only`.
     pub fn check_url(&self, url: &Url, origin: Origin) -> Result<Target, Refusal> {
         if !matches!(url.scheme(), "http" | "https") {
@@ -166,7 +161,10 @@ impl Policy {
         if !self.ports.contains(&port) {
             return Err(Refusal::new(
                 "port",
-                format!("port {port} is not one of the allowed ports {:?}", self.ports),
+                format!(
+                    "port {port} is not one of the allowed ports {:?}",
+                    self.ports
+                ),
                 format!("the admin can add {port} to [research] ports"),
             ));
         }
@@ -180,9 +178,7 @@ impl Policy {
             }
             Some(Host::Ipv4(v4)) => Target::Ip(IpAddr::V4(v4)),
             Some(Host::Ipv6(v6)) => Target::Ip(IpAddr::V6(v6)),
-            Some(Host::Domain(d)) => {
-                Target::Name(d.trim_end_matches('.').to_ascii_lowercase())
-            }
+            Some(Host::Domain(d)) => Target::Name(d.trim_end_matches('.').to_ascii_lowercase()),
         };
         match &target {
             Target::Ip(ip) => {
@@ -224,9 +220,10 @@ impl Policy {
 
     fn only_admits(&self, name: Option<&str>, ip: IpAddr) -> bool {
         self.only.is_empty()
-            || self.only.iter().any(|e| {
-                e.matches_ip(canonical(ip)) || name.is_some_and(|n| e.matches_name(n))
-            })
+            || self
+                .only
+                .iter()
+                .any(|e| e.matches_ip(canonical(ip)) || name.is_some_and(|n| e.matches_name(n)))
     }
 
     fn only_refusal(&self, what: &str) -> Refusal {
@@ -240,9 +237,10 @@ impl Policy {
     /// One address (a literal host, or one answer of a name `name`).
     pub fn check_ip(&self, ip: IpAddr, name: Option<&str>) -> Result<(), Refusal> {
         let ip = canonical(ip);
-        let allowed = self.allow.iter().any(|e| {
-            e.matches_ip(ip) || name.is_some_and(|n| e.matches_name(n))
-        });
+        let allowed = self
+            .allow
+            .iter()
+            .any(|e| e.matches_ip(ip) || name.is_some_and(|n| e.matches_name(n)));
         if allowed {
             return Ok(());
         }
@@ -332,21 +330,39 @@ pub fn builtin_denied(ip: IpAddr) -> Option<&'static str> {
 
 fn v4_denied(ip: Ipv4Addr) -> Option<&'static str> {
     const RANGES: &[(&str, &str)] = &[
-        ("0.0.0.0/8", "an unspecified/\"this network\" address (0.0.0.0/8)"),
+        (
+            "0.0.0.0/8",
+            "an unspecified/\"this network\" address (0.0.0.0/8)",
+        ),
         ("10.0.0.0/8", "a private address (10.0.0.0/8)"),
-        ("100.64.0.0/10", "a carrier-grade NAT address (100.64.0.0/10)"),
+        (
+            "100.64.0.0/10",
+            "a carrier-grade NAT address (100.64.0.0/10)",
+        ),
         ("127.0.0.0/8", "a loopback address (127.0.0.0/8)"),
-        ("169.254.0.0/16", "a link-local address, where cloud metadata lives (169.254.0.0/16)"),
-        ("172.16.0.0/12", "a private address, where Docker's bridge networks live (172.16.0.0/12)"),
+        (
+            "169.254.0.0/16",
+            "a link-local address, where cloud metadata lives (169.254.0.0/16)",
+        ),
+        (
+            "172.16.0.0/12",
+            "a private address, where Docker's bridge networks live (172.16.0.0/12)",
+        ),
         ("192.0.0.0/24", "an IETF protocol assignment (192.0.0.0/24)"),
         ("192.0.2.0/24", "a documentation address (192.0.2.0/24)"),
         ("192.88.99.0/24", "a 6to4 relay address (192.88.99.0/24)"),
         ("192.168.0.0/16", "a private address (192.168.0.0/16)"),
         ("198.18.0.0/15", "a benchmarking address (198.18.0.0/15)"),
-        ("198.51.100.0/24", "a documentation address (198.51.100.0/24)"),
+        (
+            "198.51.100.0/24",
+            "a documentation address (198.51.100.0/24)",
+        ),
         ("203.0.113.0/24", "a documentation address (203.0.113.0/24)"),
         ("224.0.0.0/4", "a multicast address (224.0.0.0/4)"),
-        ("240.0.0.0/4", "a reserved or broadcast address (240.0.0.0/4)"),
+        (
+            "240.0.0.0/4",
+            "a reserved or broadcast address (240.0.0.0/4)",
+        ),
     ];
     RANGES.iter().find_map(|(net, label)| {
         net.parse::<ipnet::Ipv4Net>()
@@ -361,15 +377,27 @@ fn v6_denied(ip: Ipv6Addr) -> Option<&'static str> {
         ("::/128", "the unspecified address (::)"),
         ("::1/128", "the loopback address (::1)"),
         ("::/96", "a deprecated IPv4-compatible address (::/96)"),
-        ("64:ff9b:1::/48", "a local-use NAT64 address (64:ff9b:1::/48)"),
+        (
+            "64:ff9b:1::/48",
+            "a local-use NAT64 address (64:ff9b:1::/48)",
+        ),
         ("100::/64", "a discard-only address (100::/64)"),
-        ("2001::/32", "a Teredo tunnel address, which can reach any IPv4 (2001::/32)"),
+        (
+            "2001::/32",
+            "a Teredo tunnel address, which can reach any IPv4 (2001::/32)",
+        ),
         ("2001:2::/48", "a benchmarking address (2001:2::/48)"),
         ("2001:db8::/32", "a documentation address (2001:db8::/32)"),
-        ("2002::/16", "a 6to4 address, which can reach any IPv4 (2002::/16)"),
+        (
+            "2002::/16",
+            "a 6to4 address, which can reach any IPv4 (2002::/16)",
+        ),
         ("3fff::/20", "a documentation address (3fff::/20)"),
         ("5f00::/16", "an SRv6 SID address (5f00::/16)"),
-        ("fc00::/7", "a unique-local address, where the AWS IPv6 metadata lives (fc00::/7)"),
+        (
+            "fc00::/7",
+            "a unique-local address, where the AWS IPv6 metadata lives (fc00::/7)",
+        ),
         ("fe80::/10", "a link-local address (fe80::/10)"),
         ("fec0::/10", "a deprecated site-local address (fec0::/10)"),
         ("ff00::/8", "a multicast address (ff00::/8)"),

@@ -13,6 +13,7 @@ pub mod python;
 pub mod registry;
 pub mod session;
 pub mod terminate;
+pub mod web;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,10 @@ pub struct ToolResult {
     pub base64_image: Option<String>,
     /// A note from sandboxd itself (e.g. "the shell was restarted").
     pub system: Option<String>,
+    /// Structured facts for sandboxd, never shown to the model (the research tools'
+    /// `{"fetches": [...]}` audit records); events and the API can pick them up here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
 }
 
 impl ToolResult {
@@ -57,6 +62,11 @@ impl ToolResult {
 
     pub fn with_system(mut self, note: impl Into<String>) -> Self {
         self.system = Some(note.into());
+        self
+    }
+
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(data);
         self
     }
 

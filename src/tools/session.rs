@@ -12,6 +12,7 @@ use super::editor::StrReplaceEditor;
 use super::files::{ListDir, ReadFile, WriteFile};
 use super::python::Python;
 use super::terminate::Terminate;
+use super::web::research_tools;
 use super::{Tool, ToolRegistry};
 use crate::config::{Config, Limits};
 use crate::sandbox::Sandbox;
@@ -27,6 +28,10 @@ pub struct SessionTools {
     pub python: Arc<Python>,
     pub editor: Arc<StrReplaceEditor>,
     pub browser: Arc<BrowserUse>,
+    /// What each run's web_search/web_fetch are built from (fresh per registry, so the
+    /// per-run quotas are per run), and who their per-user quotas are charged to.
+    research: Option<(Arc<dyn Sandbox>, crate::research::ResearchConfig)>,
+    owner: String,
 }
 
 impl SessionTools {
@@ -51,6 +56,8 @@ impl SessionTools {
                 sandbox.clone(),
                 limits.max_file_bytes(),
             )),
+            research: Some((sandbox.clone(), config.research.clone())),
+            owner: config.sessions.default_owner.clone(),
             browser: Arc::new(BrowserUse::new(sandbox)),
         }
     }
@@ -68,6 +75,9 @@ impl SessionTools {
     /// The agent's registry over these tools: the four, ask_human with `asker`, terminate.
     pub fn agent_registry(&self, asker: Arc<dyn Asker>) -> ToolRegistry {
         let mut tools = self.tools();
+        if let Some((sandbox, research)) = &self.research {
+            tools.extend(research_tools(sandbox.clone(), research, &self.owner));
+        }
         tools.push(Arc::new(AskHuman::new(asker)));
         tools.push(Arc::new(Terminate));
         registry_of(tools)
@@ -97,7 +107,9 @@ impl SessionTools {
     /// `session`'s tools: made on first use, then the same for every run of the session.
     pub fn of(session: &Session, config: &Config) -> Arc<SessionTools> {
         session.slots.get_or_insert_with(|| {
-            SessionTools::new(session.sandbox.clone(), &session.limits, config)
+            let mut tools = SessionTools::new(session.sandbox.clone(), &session.limits, config);
+            tools.owner = session.owner.as_str().to_string();
+            tools
         })
     }
 }
@@ -107,7 +119,8 @@ pub fn session_tools(session: &Session, config: &Config, asker: Arc<dyn Asker>) 
     SessionTools::of(session, config).agent_registry(asker)
 }
 
-/// The agent's tools on any sandbox handle (a lazy one lists them without a container).
+/// The agent's tools on any sandbox handle (a lazy one lists them without a container),
+/// research quotas charged to `[sessions] default_owner`.
 pub fn agent_tools(
     sandbox: Arc<dyn Sandbox>,
     limits: &Limits,
@@ -115,7 +128,21 @@ pub fn agent_tools(
     asker: Arc<dyn Asker>,
     extractor: Option<Arc<dyn Extractor>>,
 ) -> AgentTools {
-    let (mut tools, browser) = sandbox_tools(sandbox, limits, config, extractor);
+    let owner = config.sessions.default_owner.clone();
+    agent_tools_of(&owner, sandbox, limits, config, asker, extractor)
+}
+
+/// The agent's tools, research quotas charged to `owner`.
+pub fn agent_tools_of(
+    owner: &str,
+    sandbox: Arc<dyn Sandbox>,
+    limits: &Limits,
+    config: &Config,
+    asker: Arc<dyn Asker>,
+    extractor: Option<Arc<dyn Extractor>>,
+) -> AgentTools {
+    let (mut tools, browser) = sandbox_tools(sandbox.clone(), limits, config, extractor);
+    tools.extend(research_tools(sandbox, &config.research, owner));
     tools.push(Arc::new(AskHuman::new(asker)));
     tools.push(Arc::new(Terminate));
     AgentTools {
@@ -124,9 +151,14 @@ pub fn agent_tools(
     }
 }
 
-/// What the MCP server offers: the sandbox tools plus plain file access.
+/// What the MCP server offers: the sandbox tools plus plain file access, and the research
+/// tools only when `[research] mcp = true`.
 pub fn server_tools(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config) -> ToolRegistry {
     let (mut tools, _) = sandbox_tools(sandbox.clone(), limits, config, None);
+    if config.research.mcp {
+        let owner = &config.sessions.default_owner;
+        tools.extend(research_tools(sandbox.clone(), &config.research, owner));
+    }
     tools.push(Arc::new(ReadFile::new(
         sandbox.clone(),
         limits.output_cap(),
