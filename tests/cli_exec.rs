@@ -76,8 +76,15 @@ fn kept_sessions_are_listed_and_removed() {
 
 #[test]
 fn doctor_reports_docker_and_the_limits() {
-    let out = sandboxd(&["doctor"]);
+    // Research off: doctor would otherwise ask the default search engine on the internet.
+    let out = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .arg("doctor")
+        .env("SANDBOXD_RESEARCH_ENABLED", "false")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sandboxd");
     let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("research: off"), "{text}");
     assert!(text.contains("ok    Docker engine reachable"), "{text}");
     assert!(
         text.contains("limits per session: 1024 MiB memory"),

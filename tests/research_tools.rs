@@ -64,7 +64,11 @@ async fn searxng_results_are_normalised_saved_and_read_by_python() {
     let web = FakeWeb::start().await;
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    let reg = session_tools(&s, &config_with(research(&web, &["searxng"])), Arc::new(NoHuman));
+    let reg = session_tools(
+        &s,
+        &config_with(research(&web, &["searxng"])),
+        Arc::new(NoHuman),
+    );
     let r = call(
         &reg,
         "web_search",
@@ -76,8 +80,15 @@ async fn searxng_results_are_normalised_saved_and_read_by_python() {
     assert!(r.output.starts_with("2 results for \"kyoto rain\" (from searxng), saved to /workspace/research/search-1.json"), "{}", r.output);
     assert!(r.output.contains(&web.url("/article/alpha")) && r.output.contains("Beta snippet"));
     // Language and region reached the engine.
-    let (_, q) = web.hits().into_iter().find(|(p, _)| p == "/searx/search").unwrap();
-    assert!(q.contains("format=json") && q.contains("language=de-CH"), "{q}");
+    let (_, q) = web
+        .hits()
+        .into_iter()
+        .find(|(p, _)| p == "/searx/search")
+        .unwrap();
+    assert!(
+        q.contains("format=json") && q.contains("language=de-CH"),
+        "{q}"
+    );
     assert_eq!(fetched_urls(&r).len(), 1);
     let out = python(
         &reg,
@@ -101,23 +112,51 @@ async fn a_duckduckgo_captcha_cools_it_down_and_the_next_engine_answers() {
         &config_with(research(&web, &["duckduckgo", "searxng"])),
         Arc::new(NoHuman),
     );
-    let r = call(&reg, "web_search", json!({"query": "kyoto", "region": "jp"})).await;
+    let r = call(
+        &reg,
+        "web_search",
+        json!({"query": "kyoto", "region": "jp"}),
+    )
+    .await;
     assert!(r.output.contains("(from duckduckgo)"), "{}", r.output);
-    assert!(r.output.contains("https://ddg-one.example/page"), "uddg decoded: {}", r.output);
-    let form = web.hits().into_iter().find(|(p, _)| p == "/ddg/").unwrap().1;
-    assert!(form.contains("q=kyoto") && form.contains("kl=jp-jp"), "{form}");
+    assert!(
+        r.output.contains("https://ddg-one.example/page"),
+        "uddg decoded: {}",
+        r.output
+    );
+    let form = web
+        .hits()
+        .into_iter()
+        .find(|(p, _)| p == "/ddg/")
+        .unwrap()
+        .1;
+    assert!(
+        form.contains("q=kyoto") && form.contains("kl=jp-jp"),
+        "{form}"
+    );
 
     web.set_captcha(true);
     let r = call(&reg, "web_search", json!({"query": "kyoto"})).await;
     assert!(!r.is_error(), "{}", r.render());
     assert!(r.output.contains("(from searxng)"), "{}", r.output);
-    assert!(r.output.contains("- duckduckgo: blocked: a CAPTCHA page"), "{}", r.output);
+    assert!(
+        r.output.contains("- duckduckgo: blocked: a CAPTCHA page"),
+        "{}",
+        r.output
+    );
 
     // Cooling down: DuckDuckGo is not even asked now.
     let asked = web.hits().iter().filter(|(p, _)| p == "/ddg/").count();
     let r = call(&reg, "web_search", json!({"query": "kyoto"})).await;
-    assert!(r.output.contains("- duckduckgo: cooling down for"), "{}", r.output);
-    assert_eq!(web.hits().iter().filter(|(p, _)| p == "/ddg/").count(), asked);
+    assert!(
+        r.output.contains("- duckduckgo: cooling down for"),
+        "{}",
+        r.output
+    );
+    assert_eq!(
+        web.hits().iter().filter(|(p, _)| p == "/ddg/").count(),
+        asked
+    );
 }
 
 #[tokio::test]
@@ -136,7 +175,11 @@ async fn empty_results_fall_through_and_no_results_is_an_answer() {
     web.set_captcha(true);
     let r = call(&reg, "web_search", json!({"query": "nothing"})).await;
     assert!(!r.is_error(), "no results is an answer: {}", r.render());
-    assert!(r.output.starts_with("No results for \"nothing\""), "{}", r.output);
+    assert!(
+        r.output.starts_with("No results for \"nothing\""),
+        "{}",
+        r.output
+    );
     let out = python(
         &reg,
         "import json\nd = json.load(open('/workspace/research/search-2.json'))\nprint(d['results'], len(d['failed_engines']))",
@@ -156,14 +199,22 @@ async fn an_article_becomes_markdown_with_absolute_links_that_python_reads() {
     let web = FakeWeb::start().await;
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    let reg = session_tools(&s, &config_with(research(&web, &["searxng"])), Arc::new(NoHuman));
+    let reg = session_tools(
+        &s,
+        &config_with(research(&web, &["searxng"])),
+        Arc::new(NoHuman),
+    );
     let url = web.url("/article/alpha");
     let r = call(&reg, "web_fetch", json!({"url": url, "save_raw": true})).await;
     assert!(!r.is_error(), "{}", r.render());
     let path = "/workspace/research/127-0-0-1-article-alpha.md";
     assert!(r.output.contains(&format!("→ {path}")), "{}", r.output);
     assert!(r.output.contains("Title: Article alpha") && r.output.contains("readability"));
-    assert!(r.output.contains("wettest month"), "a preview: {}", r.output);
+    assert!(
+        r.output.contains("wettest month"),
+        "a preview: {}",
+        r.output
+    );
     let record = &r.data.as_ref().unwrap()["fetches"][0];
     assert_eq!(record["status"], 200);
     assert_eq!(record["final_url"], json!(url));
@@ -182,7 +233,11 @@ async fn an_article_becomes_markdown_with_absolute_links_that_python_reads() {
     assert_eq!(out.trim(), "True True True\nTrue True False\nTrue", "{out}");
     // A second fetch of the same page does not overwrite the first.
     let r = call(&reg, "web_fetch", json!({"url": url})).await;
-    assert!(r.output.contains("127-0-0-1-article-alpha-2.md"), "{}", r.output);
+    assert!(
+        r.output.contains("127-0-0-1-article-alpha-2.md"),
+        "{}",
+        r.output
+    );
 }
 
 #[tokio::test]
@@ -190,20 +245,44 @@ async fn pdfs_and_text_are_saved_as_they_are_and_errors_save_nothing() {
     let web = FakeWeb::start().await;
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    let reg = session_tools(&s, &config_with(research(&web, &["searxng"])), Arc::new(NoHuman));
+    let reg = session_tools(
+        &s,
+        &config_with(research(&web, &["searxng"])),
+        Arc::new(NoHuman),
+    );
     let r = call(&reg, "web_fetch", json!({"url": web.url("/paper.pdf")})).await;
-    assert!(r.output.contains("127-0-0-1-paper-pdf.pdf") && r.output.contains("pypdf"), "{}", r.output);
-    let bytes = s.sandbox.read_file("/workspace/research/127-0-0-1-paper-pdf.pdf").await.unwrap();
+    assert!(
+        r.output.contains("127-0-0-1-paper-pdf.pdf") && r.output.contains("pypdf"),
+        "{}",
+        r.output
+    );
+    let bytes = s
+        .sandbox
+        .read_file("/workspace/research/127-0-0-1-paper-pdf.pdf")
+        .await
+        .unwrap();
     assert_eq!(bytes, support::fake_web::PDF);
     let r = call(&reg, "web_fetch", json!({"url": web.url("/notes.txt")})).await;
     assert!(r.output.contains("plain notes"), "{}", r.output);
-    let text = s.sandbox.read_file("/workspace/research/127-0-0-1-notes-txt.txt").await.unwrap();
+    let text = s
+        .sandbox
+        .read_file("/workspace/research/127-0-0-1-notes-txt.txt")
+        .await
+        .unwrap();
     assert_eq!(text, b"plain notes\nline 2\n");
     let r = call(&reg, "web_fetch", json!({"url": web.url("/missing")})).await;
-    assert!(r.is_error() && r.render().contains("HTTP 404"), "{}", r.render());
+    assert!(
+        r.is_error() && r.render().contains("HTTP 404"),
+        "{}",
+        r.render()
+    );
     let r = call(&reg, "web_fetch", json!({"url": web.url("/binary")})).await;
     assert!(r.render().contains("`content-type` rule"), "{}", r.render());
-    let listing = python(&reg, "import os\nprint(sorted(os.listdir('/workspace/research')))").await;
+    let listing = python(
+        &reg,
+        "import os\nprint(sorted(os.listdir('/workspace/research')))",
+    )
+    .await;
     assert_eq!(
         listing.trim(),
         "['127-0-0-1-notes-txt.txt', '127-0-0-1-paper-pdf.pdf']",
@@ -219,12 +298,26 @@ async fn a_model_url_cannot_reach_loopback_without_the_allow_list() {
     let mut rc = research(&web, &["searxng"]);
     rc.allow.clear();
     let reg = session_tools(&s, &config_with(rc), Arc::new(NoHuman));
-    let r = call(&reg, "web_fetch", json!({"url": web.url("/article/secret")})).await;
+    let r = call(
+        &reg,
+        "web_fetch",
+        json!({"url": web.url("/article/secret")}),
+    )
+    .await;
     assert!(r.is_error(), "{}", r.render());
     let text = r.render();
-    assert!(text.contains("`denied-address` rule") && text.contains("loopback"), "{text}");
-    assert!(text.contains("[research] allow"), "says what the admin could do: {text}");
-    assert_eq!(r.data.as_ref().unwrap()["fetches"][0]["refused"], "denied-address");
+    assert!(
+        text.contains("`denied-address` rule") && text.contains("loopback"),
+        "{text}"
+    );
+    assert!(
+        text.contains("[research] allow"),
+        "says what the admin could do: {text}"
+    );
+    assert_eq!(
+        r.data.as_ref().unwrap()["fetches"][0]["refused"],
+        "denied-address"
+    );
     // Nothing the model sends can widen the rules: there is no such argument.
     let r = call(
         &reg,
@@ -232,8 +325,16 @@ async fn a_model_url_cannot_reach_loopback_without_the_allow_list() {
         json!({"url": web.url("/article/secret"), "allow": ["127.0.0.1"]}),
     )
     .await;
-    assert!(r.render().contains("unknown parameter \"allow\""), "{}", r.render());
-    assert!(web.hits().is_empty(), "the server was reached: {:?}", web.hits());
+    assert!(
+        r.render().contains("unknown parameter \"allow\""),
+        "{}",
+        r.render()
+    );
+    assert!(
+        web.hits().is_empty(),
+        "the server was reached: {:?}",
+        web.hits()
+    );
 }
 
 #[tokio::test]
@@ -245,9 +346,18 @@ async fn quotas_stop_a_run_with_a_readable_error() {
     rc.fetches_per_run = 1;
     rc.searches_per_run = 0;
     let reg = session_tools(&s, &config_with(rc), Arc::new(NoHuman));
-    assert!(!call(&reg, "web_fetch", json!({"url": web.url("/notes.txt")})).await.is_error());
+    assert!(
+        !call(&reg, "web_fetch", json!({"url": web.url("/notes.txt")}))
+            .await
+            .is_error()
+    );
     let r = call(&reg, "web_fetch", json!({"url": web.url("/notes.txt")})).await;
-    assert!(r.render().contains("quota reached: 1 of 1 fetches in this run"), "{}", r.render());
+    assert!(
+        r.render()
+            .contains("quota reached: 1 of 1 fetches in this run"),
+        "{}",
+        r.render()
+    );
     let r = call(&reg, "web_search", json!({"query": "x"})).await;
     assert!(r.render().contains("searches_per_run"), "{}", r.render());
 }
@@ -256,19 +366,33 @@ async fn quotas_stop_a_run_with_a_readable_error() {
 async fn research_is_on_by_default_off_by_switch_and_on_mcp_only_when_asked() {
     let m = support::manager().await;
     let lazy = LazySandbox::new(m.clone(), "test");
-    let names = |c: &Config| agent_tools(lazy.clone(), &c.limits, c, Arc::new(NoHuman), None).registry.names();
+    let names = |c: &Config| {
+        agent_tools(lazy.clone(), &c.limits, c, Arc::new(NoHuman), None)
+            .registry
+            .names()
+    };
     let default = Config::load_with_env(None, &[]).unwrap();
     let n = names(&default);
-    assert!(n.contains(&"web_fetch".into()) && n.contains(&"web_search".into()), "{n:?}");
+    assert!(
+        n.contains(&"web_fetch".into()) && n.contains(&"web_search".into()),
+        "{n:?}"
+    );
     // Without any engine web_search is left out, web_fetch stays.
     let mut no_engines = default.clone();
     no_engines.research.engines = vec!["brave".into()];
     no_engines.research.brave_api_key.clear();
     if std::env::var("BRAVE_API_KEY").is_err() {
         let n = names(&no_engines);
-        assert!(n.contains(&"web_fetch".into()) && !n.contains(&"web_search".into()), "{n:?}");
+        assert!(
+            n.contains(&"web_fetch".into()) && !n.contains(&"web_search".into()),
+            "{n:?}"
+        );
     }
-    let off = Config::load_with_env(None, &[("SANDBOXD_RESEARCH_ENABLED".into(), "false".into())]).unwrap();
+    let off = Config::load_with_env(
+        None,
+        &[("SANDBOXD_RESEARCH_ENABLED".into(), "false".into())],
+    )
+    .unwrap();
     let n = names(&off);
     assert!(!n.iter().any(|t| t.starts_with("web_")), "{n:?}");
     let server = |c: &Config| server_tools(lazy.clone(), &c.limits, c).names();

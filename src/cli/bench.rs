@@ -14,7 +14,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -114,11 +114,14 @@ pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if all || args.group == "mcp" {
         mcp(manager.clone(), &ctx, args.iterations).await?;
     }
-    if !["all", "runtime", "tools", "agent", "flow", "browser", "mcp"]
+    if all || args.group == "research" {
+        research(&manager, args.iterations.min(50)).await?;
+    }
+    if !["all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research"]
         .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research or all",
             args.group
         );
     }
@@ -514,6 +517,36 @@ async fn mcp(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Resul
         &mut [],
         "p50 ≤ 3 ms",
     );
+    println!();
+    Ok(())
+}
+
+async fn research(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
+    section("Research (a local 1 MiB article; the page server on loopback)");
+    let s = manager
+        .create("bench", &LimitRequest::default(), false)
+        .await?;
+    let mut b = sandboxd::tools::web::bench::bench_fetch(s.sandbox.clone(), n.max(10))
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    row(
+        &format!(
+            "web_fetch of {} KiB: checked fetch + readability + Markdown + write",
+            b.page_bytes / 1024
+        ),
+        &mut b.web_fetch,
+        "plain reqwest GET",
+        &mut b.plain_get,
+        "p50 ≤ 50 ms",
+    );
+    row(
+        "of which readability + Markdown alone",
+        &mut b.convert,
+        "",
+        &mut [],
+        "—",
+    );
+    manager.remove(&s.id).await?;
     println!();
     Ok(())
 }

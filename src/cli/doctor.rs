@@ -73,9 +73,61 @@ pub async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         ),
         Err(e) => check(false, "LLM not configured".into(), &format!("{e}")),
     }
+    research(&ctx.config.research, &mut check).await;
     Ok(if failures == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Research: off, or web_fetch on and which engines answer. One engine that does not
+/// answer is a warning; none answering means web_search cannot work, a failure.
+async fn research(
+    config: &sandboxd::research::ResearchConfig,
+    check: &mut impl FnMut(bool, String, &str),
+) {
+    use sandboxd::research::probe::{EngineState, probe_engines};
+    if !config.enabled {
+        println!("  info  research: off ([research] enabled = false): no web_search, no web_fetch");
+        return;
+    }
+    let allow = if config.allow.is_empty() {
+        "no private addresses allowed".to_string()
+    } else {
+        format!("allow-list {:?}", config.allow)
+    };
+    println!(
+        "  info  research: web_fetch on (ports {:?}, {allow}); MCP server {}",
+        config.ports,
+        if config.mcp {
+            "offers them"
+        } else {
+            "does not offer them ([research] mcp = false)"
+        }
+    );
+    let mut answering = 0;
+    for (name, state) in probe_engines(config).await {
+        match state {
+            EngineState::Answers(n) => {
+                answering += 1;
+                check(
+                    true,
+                    format!("search engine {name} answers ({n} results)"),
+                    "",
+                );
+            }
+            EngineState::Fails(why) => println!(
+                "  warn  search engine {name} does not answer: {why}\n        → check the endpoint, or drop it from [research] engines"
+            ),
+            EngineState::Unconfigured(why) => {
+                println!("  info  search engine {name} not configured: {why}")
+            }
+        }
+    }
+    check(
+        answering > 0,
+        format!("web_search: {answering} engine(s) answer"),
+        "configure a SearXNG instance ([research] searxng_url) or a Brave/Tavily key, or check the network",
+    );
 }

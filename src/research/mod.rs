@@ -13,6 +13,7 @@ pub mod engines;
 pub mod fetcher;
 pub mod markdown;
 mod own_addrs;
+pub mod probe;
 pub mod quota;
 pub mod resolver;
 pub mod ssrf;

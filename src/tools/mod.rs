@@ -36,8 +36,9 @@ pub struct ToolResult {
     pub system: Option<String>,
     /// Structured facts for sandboxd, never shown to the model (the research tools'
     /// `{"fetches": [...]}` audit records); events and the API can pick them up here.
+    /// Boxed: most results carry none, and ToolResult travels in `Result`s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<Value>,
+    pub data: Option<Box<Value>>,
 }
 
 impl ToolResult {
@@ -66,7 +67,7 @@ impl ToolResult {
     }
 
     pub fn with_data(mut self, data: Value) -> Self {
-        self.data = Some(data);
+        self.data = Some(Box::new(data));
         self
     }
 

@@ -2,6 +2,7 @@
 //! no network), go through `research::Research` (one Fetcher, the engines, the quotas) and
 //! write what they bring back into /workspace/research through the Sandbox trait.
 
+pub mod bench;
 mod fetch;
 mod search;
 

@@ -98,7 +98,7 @@ pub fn parse(html: &str) -> Result<Vec<RawHit>, EngineError> {
     }
     let mut out = Vec::new();
     for node in doc.select("div.result, div.web-result").nodes() {
-        let result = dom_query::Selection::from(node.clone());
+        let result = dom_query::Selection::from(*node);
         if result.has_class("result--ad") {
             continue;
         }

@@ -141,8 +141,11 @@ fn retry_after(resp: &FetchResponse) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
+/// (engine name, why it is not used).
+pub type Skipped = Vec<(String, String)>;
+
 /// Engines that are configured, in order; the others with the reason they are not.
-pub fn engines(config: &ResearchConfig) -> (Vec<Arc<dyn Engine>>, Vec<(String, String)>) {
+pub fn engines(config: &ResearchConfig) -> (Vec<Arc<dyn Engine>>, Skipped) {
     let mut usable: Vec<Arc<dyn Engine>> = Vec::new();
     let mut skipped = Vec::new();
     for name in &config.engines {
