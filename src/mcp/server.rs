@@ -62,7 +62,7 @@ pub fn instructions(config: &Config) -> String {
          middle), {} MB per file read or write. Each MCP session gets its own container, created on \
          its first tool call and removed when the session closes or has been idle for {} s; files \
          do not survive it. Stateless (2026-07-28) clients call sandbox_create first and pass the \
-         returned sandbox_id to every tool.",
+         returned sandbox_id to every tool.{}",
         l.workspace_mb,
         l.tmp_mb,
         l.memory_mb,
@@ -72,6 +72,12 @@ pub fn instructions(config: &Config) -> String {
         l.output_cap_kb,
         l.max_file_mb,
         config.sessions.idle_timeout_secs,
+        if config.research.enabled && config.research.mcp {
+            " web_search and web_fetch run on the sandboxd host (not in the container) and save \
+             what they find under /workspace/research; private and local addresses are refused."
+        } else {
+            ""
+        },
     )
 }
 

@@ -56,7 +56,12 @@ pub async fn bench_fetch(sandbox: Arc<dyn Sandbox>, n: usize) -> Result<FetchBen
         "/page/{i}",
         get(move || {
             let p = served.clone();
-            async move { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], p.to_string()) }
+            async move {
+                (
+                    [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                    p.to_string(),
+                )
+            }
         }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
