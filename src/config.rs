@@ -354,6 +354,10 @@ impl Config {
             })?;
         config.limits.validate()?;
         config.flow.validate()?;
+        config
+            .research
+            .validate()
+            .map_err(|(key, message)| ConfigError::Invalid { key, message })?;
         Ok(config)
     }
 
@@ -491,6 +495,34 @@ mod tests {
                 .to_string();
             assert!(err.contains("limits."), "{var}={value}: {err}");
         }
+    }
+
+    #[test]
+    fn bad_research_lists_are_named_at_load() {
+        let err = Config::load_with_env(
+            None,
+            &env(&[("SANDBOXD_RESEARCH_ALLOW", "[\"10.0.0.0/33\"]")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("research.allow") && err.contains("10.0.0.0/33"),
+            "{err}"
+        );
+        let err =
+            Config::load_with_env(None, &env(&[("SANDBOXD_RESEARCH_ENGINES", "[\"google\"]")]))
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("unknown engine \"google\""), "{err}");
+        let ok = Config::load_with_env(
+            None,
+            &env(&[(
+                "SANDBOXD_RESEARCH_ALLOW",
+                "[\"wiki.lan\", \"*.corp.example\", \"10.1.2.0/24\", \"::1\"]",
+            )]),
+        )
+        .unwrap();
+        assert_eq!(ok.research.allow.len(), 4);
     }
 
     #[test]

@@ -109,6 +109,38 @@ impl Default for ResearchConfig {
 }
 
 impl ResearchConfig {
+    /// Refuses entries that would otherwise fail only at the first fetch: a malformed
+    /// allow/deny/only entry, an unknown engine, a zero cap.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        super::ssrf::Policy::check_lists(self)?;
+        for e in &self.engines {
+            if !["searxng", "duckduckgo", "brave", "tavily"]
+                .contains(&e.to_ascii_lowercase().as_str())
+            {
+                return Err((
+                    "research.engines".into(),
+                    format!("unknown engine {e:?}; known: searxng, duckduckgo, brave, tavily"),
+                ));
+            }
+        }
+        for (key, v) in [
+            ("timeout_secs", self.timeout_secs),
+            ("connect_timeout_secs", self.connect_timeout_secs),
+            ("max_body_kb", self.max_body_kb),
+        ] {
+            if v == 0 {
+                return Err((format!("research.{key}"), "must be at least 1".into()));
+            }
+        }
+        if self.ports.is_empty() {
+            return Err((
+                "research.ports".into(),
+                "lists no port; the default is [80, 443]".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The Brave key from the config, else from BRAVE_API_KEY.
     pub fn brave_key(&self) -> Option<String> {
         key_or_env(&self.brave_api_key, "BRAVE_API_KEY")

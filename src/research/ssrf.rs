@@ -141,6 +141,16 @@ impl Policy {
         })
     }
 
+    /// Parses the three lists without reading the host's interfaces: (key, message) on error.
+    pub fn check_lists(c: &ResearchConfig) -> Result<(), (String, String)> {
+        for (key, list) in [("allow", &c.allow), ("deny", &c.deny), ("only", &c.only)] {
+            for raw in list {
+                Entry::parse(key, raw).map_err(|m| (format!("research.{key}"), m))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The URL rules: scheme, userinfo, port, literal addresses, denied names, `only`.
     pub fn check_url(&self, url: &Url, origin: Origin) -> Result<Target, Refusal> {
         if !matches!(url.scheme(), "http" | "https") {
