@@ -540,6 +540,13 @@ async fn research(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         "p50 ≤ 50 ms",
     );
     row(
+        "of which the checked fetch alone (SSRF rules, capped body)",
+        &mut b.checked_get,
+        "plain reqwest GET",
+        &mut b.plain_get.clone(),
+        "—",
+    );
+    row(
         "of which readability + Markdown alone",
         &mut b.convert,
         "",

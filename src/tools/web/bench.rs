@@ -24,6 +24,8 @@ pub struct FetchBench {
     pub web_fetch: Vec<Duration>,
     /// reqwest GET + body of the same page.
     pub plain_get: Vec<Duration>,
+    /// The checked fetch alone (SSRF rules, checked connection, capped body).
+    pub checked_get: Vec<Duration>,
     /// Readability + Markdown of the page alone (no network, no sandbox).
     pub convert: Vec<Duration>,
     pub page_bytes: usize,
@@ -84,7 +86,7 @@ pub async fn bench_fetch(sandbox: Arc<dyn Sandbox>, n: usize) -> Result<FetchBen
         Arc::new(SystemResolver),
         Arc::new(UserBook::default()),
     );
-    let tool = WebFetch::new(sandbox, research);
+    let tool = WebFetch::new(sandbox, research.clone());
     let ctx = ToolContext::default();
     let url = |i: usize| format!("http://127.0.0.1:{port}/page/{i}");
     // One warm-up call: the TLS-free client, the connection and the file helper.
@@ -124,6 +126,23 @@ pub async fn bench_fetch(sandbox: Arc<dyn Sandbox>, n: usize) -> Result<FetchBen
             return Err("the plain GET lost bytes".into());
         }
     }
+    let fetcher = research.fetcher().map_err(|e| e.to_string())?;
+    let mut checked_get = Vec::with_capacity(n);
+    for i in 0..n {
+        let u = url::Url::parse(&url(i)).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        let r = fetcher
+            .fetch(crate::research::fetcher::FetchRequest::get(
+                u,
+                crate::research::ssrf::Origin::Model,
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
+        checked_get.push(t.elapsed());
+        if r.body.len() != page_bytes {
+            return Err("the checked GET lost bytes".into());
+        }
+    }
     server.abort();
     let base = url::Url::parse(&url(0)).map_err(|e| e.to_string())?;
     let mut convert = Vec::with_capacity(n);
@@ -138,6 +157,7 @@ pub async fn bench_fetch(sandbox: Arc<dyn Sandbox>, n: usize) -> Result<FetchBen
     Ok(FetchBench {
         web_fetch,
         plain_get,
+        checked_get,
         convert,
         page_bytes,
     })
