@@ -19,6 +19,114 @@ const MAX_ELEMENTS: usize = 200_000;
 /// Less readable text than this and the whole-body conversion is used instead.
 const MIN_ARTICLE_CHARS: usize = 200;
 
+/// Deeper element nesting than this (estimated from the tags) is not walked by the
+/// recursive converters at all: the page becomes plain text instead.
+const MAX_NESTING: usize = 2000;
+
+/// The conversion thread's stack: room for MAX_NESTING levels of recursion in readability
+/// and htmd (reserved, not committed, until used).
+const CONVERT_STACK: usize = 512 << 20;
+
+/// Converts on a thread of its own, off the async runtime (a 1 MiB page is CPU work) and
+/// with a stack sized for hostile nesting.
+pub async fn html_to_markdown_off_thread(html: String, base: Url) -> Page {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let fallback = base.clone();
+    let spawned = std::thread::Builder::new()
+        .name("sandboxd-html".into())
+        .stack_size(CONVERT_STACK)
+        .spawn(move || {
+            let _ = tx.send(html_to_markdown(&html, &base));
+        });
+    match spawned {
+        Ok(_) => rx.await.unwrap_or_else(|_| Page {
+            title: None,
+            markdown: String::new(),
+            method: "failed",
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, url = %fallback, "cannot start the HTML conversion thread");
+            Page {
+                title: None,
+                markdown: String::new(),
+                method: "failed",
+            }
+        }
+    }
+}
+
+/// An upper bound of the element nesting: opening tags minus closing ones, void elements
+/// and self-closing tags not counted. Implicitly closed tags (`<p>` without `</p>`) make it
+/// overestimate, never underestimate, which only errs towards the plain-text path.
+fn nesting_estimate(html: &str) -> usize {
+    const VOID: &[&str] = &[
+        "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+        "track", "wbr", "p", "li", "option", "td", "tr", "th",
+    ];
+    let bytes = html.as_bytes();
+    // Open elements per tag name: a closing tag only counts against an element of its own
+    // name that is open, as html5ever ignores stray end tags.
+    let mut open: std::collections::HashMap<String, usize> = Default::default();
+    let (mut depth, mut max) = (0usize, 0usize);
+    let mut i = 0;
+    while let Some(off) = memchr_lt(&bytes[i..]) {
+        let at = i + off + 1;
+        i = at;
+        let closing = bytes.get(at) == Some(&b'/');
+        let start = if closing { at + 1 } else { at };
+        let end = bytes[start..]
+            .iter()
+            .position(|b| !b.is_ascii_alphanumeric())
+            .map_or(bytes.len(), |p| start + p);
+        if end == start {
+            continue;
+        }
+        let name = html[start..end].to_ascii_lowercase();
+        if VOID.contains(&name.as_str()) {
+            continue;
+        }
+        if closing {
+            if let Some(n) = open.get_mut(&name).filter(|n| **n > 0) {
+                *n -= 1;
+                depth = depth.saturating_sub(1);
+            }
+            continue;
+        }
+        let self_closing = bytes[end..]
+            .iter()
+            .position(|b| *b == b'>')
+            .is_some_and(|p| p > 0 && bytes[end + p - 1] == b'/');
+        if !self_closing {
+            *open.entry(name).or_default() += 1;
+            depth += 1;
+            max = max.max(depth);
+        }
+    }
+    max
+}
+
+fn memchr_lt(b: &[u8]) -> Option<usize> {
+    b.iter().position(|c| *c == b'<')
+}
+
+/// Tags stripped without building a tree: the path for pages nested too deep to walk.
+fn plain_text(html: &str) -> String {
+    let mut out = String::with_capacity(html.len() / 2);
+    let mut in_tag = false;
+    for c in html.chars() {
+        match (in_tag, c) {
+            (false, '<') => in_tag = true,
+            (true, '>') => {
+                in_tag = false;
+                out.push(' ');
+            }
+            (false, c) => out.push(c),
+            _ => {}
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Page {
     pub title: Option<String>,
@@ -27,8 +135,16 @@ pub struct Page {
     pub method: &'static str,
 }
 
-/// Converts `html` (already decoded) fetched from `base`.
+/// Converts `html` (already decoded) fetched from `base`. Call it on a thread with a large
+/// stack (`html_to_markdown_off_thread`) for hostile input.
 pub fn html_to_markdown(html: &str, base: &Url) -> Page {
+    if nesting_estimate(html) > MAX_NESTING {
+        return Page {
+            title: None,
+            markdown: plain_text(html),
+            method: "plain text (the page nests too deep to convert)",
+        };
+    }
     let cfg = dom_smoothie::Config {
         text_mode: dom_smoothie::TextMode::Markdown,
         max_elements_to_parse: MAX_ELEMENTS,
@@ -237,6 +353,51 @@ mod tests {
             page.markdown
         );
         assert!(!page.markdown.contains("javascript:") && !page.markdown.contains("evil"));
+    }
+
+    #[test]
+    fn hostile_nesting_becomes_plain_text_and_deep_but_sane_nesting_converts() {
+        let base = Url::parse("http://h.example/").unwrap();
+        let deep = format!(
+            "{}words{}",
+            "<div>".repeat(200_000),
+            "</div>".repeat(200_000)
+        );
+        let page = html_to_markdown(&deep, &base);
+        assert!(page.method.starts_with("plain text"), "{}", page.method);
+        assert_eq!(page.markdown, "words");
+        // Nested below the limit: converted on the big-stack thread without overflowing.
+        let sane = format!(
+            "<html><body>{}<b>deep</b>{}</body></html>",
+            "<div>".repeat(1900),
+            "</div>".repeat(1900)
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let page = rt.block_on(html_to_markdown_off_thread(sane, base));
+        assert!(page.markdown.contains("**deep**"), "{page:?}");
+        // Implicitly closed paragraphs do not count as nesting; stray end tags do not hide it.
+        assert!(nesting_estimate(&"<p>x".repeat(10_000)) < 5);
+        assert!(nesting_estimate(&"<div></span></p>".repeat(10_000)) >= 10_000);
+        // The big stack holds far more real nesting than the limit lets through.
+        let real = format!(
+            "<html><body>{}<b>deep</b></body></html>",
+            "<div><table></div>".repeat(12_000)
+        );
+        let page = std::thread::Builder::new()
+            .stack_size(CONVERT_STACK)
+            .spawn(move || {
+                let base = Url::parse("http://h.example/").unwrap();
+                (
+                    whole_body(&real, &base),
+                    html_to_markdown(&real, &base).method,
+                )
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(page.1.starts_with("plain text"), "{}", page.1);
     }
 
     #[test]

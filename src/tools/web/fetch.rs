@@ -12,7 +12,9 @@ use url::Url;
 use super::{free_path, with_records};
 use crate::research::audit::FetchRecord;
 use crate::research::fetcher::{FetchRequest, FetchResponse};
-use crate::research::markdown::{cap_chars, decode_text, front_matter, html_to_markdown, slug};
+use crate::research::markdown::{
+    cap_chars, decode_text, front_matter, html_to_markdown_off_thread, slug,
+};
 use crate::research::quota::Kind;
 use crate::research::ssrf::Origin;
 use crate::research::{Research, now_rfc3339};
@@ -148,7 +150,7 @@ impl WebFetch {
         let ct = resp.content_type.as_str();
         if ct == "text/html" || ct == "application/xhtml+xml" {
             let html = decode_text(&resp.body, resp.charset.as_deref(), ct);
-            let page = html_to_markdown(&html, &resp.final_url);
+            let page = html_to_markdown_off_thread(html, resp.final_url.clone()).await;
             let (markdown, _) = cap_chars(page.markdown, self.research.config.max_markdown_chars);
             let title = page.title.clone().unwrap_or_default();
             let mut doc = front_matter(&[
