@@ -198,6 +198,8 @@ fn the_tool_command_runs_one_call_and_lists_the_tools() {
             "python",
             "str_replace_editor",
             "browser_use",
+            "web_search",
+            "web_fetch",
             "ask_human",
             "terminate"
         ]
