@@ -365,7 +365,7 @@ async fn quotas_stop_a_run_with_a_readable_error() {
 #[tokio::test]
 async fn research_is_on_by_default_off_by_switch_and_on_mcp_only_when_asked() {
     let m = support::manager().await;
-    let lazy = LazySandbox::new(m.clone(), "test");
+    let lazy = LazySandbox::new(m.clone(), sandboxd::sandbox::Owner::new("test").unwrap());
     let names = |c: &Config| {
         agent_tools(lazy.clone(), &c.limits, c, Arc::new(NoHuman), None)
             .registry

@@ -524,7 +524,11 @@ async fn mcp(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Resul
 async fn research(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     section("Research (a local 1 MiB article; the page server on loopback)");
     let s = manager
-        .create("bench", &LimitRequest::default(), false)
+        .create(
+            &bench_owner()?,
+            &LimitRequest::default(),
+            CreateOptions::default(),
+        )
         .await?;
     let mut b = sandboxd::tools::web::bench::bench_fetch(s.sandbox.clone(), n.max(10))
         .await
@@ -553,7 +557,7 @@ async fn research(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         &mut [],
         "—",
     );
-    manager.remove(&s.id).await?;
+    manager.remove(&s.owner, &s.id).await?;
     println!();
     Ok(())
 }
