@@ -117,8 +117,10 @@ pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if all || args.group == "research" {
         research(&manager, args.iterations.min(50)).await?;
     }
-    if !["all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research"]
-        .contains(&args.group.as_str())
+    if ![
+        "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research",
+    ]
+    .contains(&args.group.as_str())
     {
         anyhow::bail!(
             "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research or all",
