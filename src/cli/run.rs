@@ -23,7 +23,7 @@ use sandboxd::tools::session::SessionTools;
 use tokio_util::sync::CancellationToken;
 
 use super::Ctx;
-use super::copy_out::{check_output_dir, copy_out};
+use super::copy_out::{COPY_INCOMPLETE, check_output_dir, copy_out};
 use super::exec::{LimitFlags, open_session};
 use super::render::{TerminalSink, sayln};
 use super::signals::StopSignals;
@@ -151,14 +151,7 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         .browser
         .shutdown()
         .await;
-    match copy_out(session.sandbox.as_ref(), &output).await {
-        Ok(0) => sayln!("sandboxd: /workspace was empty; nothing copied"),
-        Ok(n) => sayln!(
-            "sandboxd: /workspace copied to {} ({n} entries)",
-            output.display()
-        ),
-        Err(e) => sayln!("sandboxd: could not copy /workspace out: {e:#}"),
-    }
+    let copied = copy_out(session.sandbox.as_ref(), &session.limits, &output).await;
     if lease.kept() {
         sayln!(
             "sandboxd: session {id} kept (continue it with `sandboxd run --session {id} --prompt …`, remove it with `sandboxd sessions rm {id}`)",
@@ -181,6 +174,8 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         sayln!("sandboxd: transcript {}", path.display());
     }
     Ok(match outcome.map(|o| o.reason) {
+        // The agent succeeded but the user's deliverables did not all arrive.
+        Some(r) if r.is_success() && !copied => ExitCode::from(COPY_INCOMPLETE),
         Some(r) if r.is_success() => ExitCode::SUCCESS,
         Some(FinishReason::Cancelled) | None => {
             let status = CANCELLED_BY.load(Ordering::SeqCst);

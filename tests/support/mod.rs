@@ -4,6 +4,7 @@
 
 pub mod fake_llm;
 pub mod fake_runtime;
+pub mod rss;
 
 use std::sync::Arc;
 
