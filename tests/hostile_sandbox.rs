@@ -307,7 +307,8 @@ async fn one_venv_hard_link_or_fifo_no_longer_costs_every_deliverable() {
         "cd /workspace && mkdir -p .venv/bin results && ln -s /usr/bin/python3 .venv/bin/python3 && \
          ln -s python3 .venv/bin/python && echo '# Report' > report.md && echo 'a,b' > results/table.csv && \
          echo original > results/a.txt && ln results/a.txt results/b.txt && mkfifo pipe && \
-         ln -s ../../../etc/passwd results/escape && chmod u+s report.md 2>/dev/null; true",
+         ln -s ../../../etc/passwd results/escape && echo s > locked.txt && chmod 000 locked.txt && \
+         chmod u+s report.md 2>/dev/null; true",
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -355,6 +356,14 @@ async fn one_venv_hard_link_or_fifo_no_longer_costs_every_deliverable() {
     assert!(has("./pipe", "FIFOs are not allowed"), "{reasons:#?}");
     assert!(has("./results/escape", "escapes the root"), "{reasons:#?}");
     assert_eq!(reasons.len(), 4, "{reasons:#?}");
+    // A file tar cannot read costs only itself, and is reported.
+    assert!(report.tar_incomplete, "{}", report.warnings);
+    assert!(
+        report.warnings.contains("locked.txt"),
+        "{}",
+        report.warnings
+    );
+    assert!(!out.join("locked.txt").exists());
     assert!(report.is_partial());
     // Nothing outside the output directory.
     let beside: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();

@@ -59,6 +59,11 @@ pub async fn copy_out(sandbox: &dyn Sandbox, limits: &Limits, dest: &Path) -> bo
     if !report.warnings.is_empty() {
         sayln!("sandboxd: tar said: {}", report.warnings.escape_debug());
     }
+    if report.tar_incomplete {
+        sayln!(
+            "sandboxd: the copy is INCOMPLETE: tar could not read some files inside the sandbox (see what it said above)"
+        );
+    }
     let skipped = &report.summary.skipped;
     if !skipped.is_empty() {
         sayln!(

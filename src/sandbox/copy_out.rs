@@ -34,6 +34,8 @@ pub struct ArchiveFile {
     pub len: u64,
     /// tar's warnings (capped), e.g. "socket ignored"; empty when it had none.
     pub warnings: String,
+    /// tar reported files it could not read (status 2): the archive is whole but lacks them.
+    pub incomplete: bool,
 }
 
 /// What a copy-out did.
@@ -42,12 +44,14 @@ pub struct CopyReport {
     pub summary: LenientSummary,
     /// tar's own warnings inside the sandbox (capped).
     pub warnings: String,
+    /// tar could not read some files (its warnings name them), so they are not in the copy.
+    pub tar_incomplete: bool,
 }
 
 impl CopyReport {
     /// Whether something the user would expect is missing from the copy.
     pub fn is_partial(&self) -> bool {
-        !self.summary.skipped.is_empty()
+        !self.summary.skipped.is_empty() || self.tar_incomplete
     }
 }
 
@@ -111,9 +115,10 @@ pub async fn tar_to_file(
     let warnings = String::from_utf8_lossy(&stderr.finish().0)
         .trim()
         .to_string();
-    // GNU tar: 1 = some files changed while being read (the archive is still whole; the
-    // validator checks that), 2 = fatal.
-    if !matches!(exit, Some(0) | Some(1)) {
+    // GNU tar: 1 = some files changed while being read, 2 = some could not be read at all
+    // (a chmod 000 file) — in both cases it still writes a whole archive of the rest, which
+    // the validator checks; one unreadable file must not cost the user everything else.
+    if !matches!(exit, Some(0..=2)) {
         return Err(SandboxError::FileOp {
             operation: "download",
             path: dir,
@@ -126,6 +131,7 @@ pub async fn tar_to_file(
         file,
         len,
         warnings,
+        incomplete: exit == Some(2),
     })
 }
 
@@ -155,6 +161,7 @@ pub async fn copy_dir_out(
         file,
         len,
         warnings,
+        incomplete,
     } = archive;
     let summary =
         tokio::task::spawn_blocking(move || tar_safety::extract_lenient(file, len, &dest, &limits))
@@ -162,5 +169,9 @@ pub async fn copy_dir_out(
             .map_err(|e| {
                 SandboxError::InvalidRequest(format!("the copy-out task failed: {e}"))
             })??;
-    Ok(CopyReport { summary, warnings })
+    Ok(CopyReport {
+        summary,
+        warnings,
+        tar_incomplete: incomplete,
+    })
 }
