@@ -24,7 +24,7 @@ use sandboxd::tools::session::SessionTools;
 use tokio_util::sync::CancellationToken;
 
 use super::Ctx;
-use super::copy_out::{check_output_dir, copy_out};
+use super::copy_out::{COPY_INCOMPLETE, check_output_dir, copy_out};
 use super::exec::{LimitFlags, open_session};
 use super::render::{TerminalSink, sayln};
 use super::signals::StopSignals;
@@ -169,14 +169,7 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         .browser
         .shutdown()
         .await;
-    match copy_out(session.sandbox.as_ref(), &output).await {
-        Ok(0) => sayln!("sandboxd: /workspace was empty; nothing copied"),
-        Ok(n) => sayln!(
-            "sandboxd: /workspace copied to {} ({n} entries)",
-            output.display()
-        ),
-        Err(e) => sayln!("sandboxd: could not copy /workspace out: {e:#}"),
-    }
+    let copied = copy_out(session.sandbox.as_ref(), &session.limits, &output).await;
     if lease.kept() {
         sayln!(
             "sandboxd: session {id} kept (continue it with `sandboxd run --session {id} --prompt …`, remove it with `sandboxd sessions rm {id}`)",
@@ -205,7 +198,10 @@ pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(Ended::Flow(f)) => (f.status.is_success(), f.status == FlowStatus::Cancelled),
         None => (false, true),
     };
-    Ok(if success {
+    Ok(if success && !copied {
+        // The agent succeeded but the user's deliverables did not all arrive.
+        ExitCode::from(COPY_INCOMPLETE)
+    } else if success {
         ExitCode::SUCCESS
     } else if cancelled {
         let status = CANCELLED_BY.load(Ordering::SeqCst);

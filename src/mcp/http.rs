@@ -74,7 +74,13 @@ struct Auth {
     token: Arc<String>,
 }
 
-async fn require_bearer(State(auth): State<Auth>, req: Request, next: Next) -> Response {
+/// Who a request is, once its bearer token is verified: a digest of the token itself, never of
+/// the raw header (`Bearer T`, `bearer T` and `Bearer  T` are one client, not three, so the
+/// per-client sandbox cap cannot be multiplied by spelling the header differently).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VerifiedClient(pub [u8; 32]);
+
+async fn require_bearer(State(auth): State<Auth>, mut req: Request, next: Next) -> Response {
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -85,7 +91,11 @@ async fn require_bearer(State(auth): State<Auth>, req: Request, next: Next) -> R
         })
         .map(str::trim);
     match given {
-        Some(t) if token_matches(t.as_bytes(), auth.token.as_bytes()) => next.run(req).await,
+        Some(t) if token_matches(t.as_bytes(), auth.token.as_bytes()) => {
+            let client = VerifiedClient(Sha256::digest(auth.token.as_bytes()).into());
+            req.extensions_mut().insert(client);
+            next.run(req).await
+        }
         _ => {
             let mut resp = (
                 StatusCode::UNAUTHORIZED,
@@ -175,6 +185,45 @@ impl HttpServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Bearer T`, `bearer T` and `Bearer  T` are one client: the owner is the verified token.
+    #[tokio::test]
+    async fn the_client_is_the_verified_token_not_the_header_spelling() {
+        let auth = Auth {
+            token: Arc::new("0123456789abcdef0123".into()),
+        };
+        let app = axum::Router::new()
+            .route(
+                "/",
+                axum::routing::get(|req: Request| async move {
+                    let client = req.extensions().get::<VerifiedClient>().copied();
+                    format!("{:?}", client.map(|c| c.0))
+                }),
+            )
+            .layer(axum::middleware::from_fn_with_state(auth, require_bearer));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let http = reqwest::Client::new();
+        let mut seen = Vec::new();
+        for header in [
+            "Bearer 0123456789abcdef0123",
+            "bearer 0123456789abcdef0123",
+            "Bearer  0123456789abcdef0123",
+        ] {
+            let resp = http
+                .get(format!("http://{addr}/"))
+                .header("authorization", header)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "{header}");
+            seen.push(resp.text().await.unwrap());
+        }
+        assert!(seen[0].starts_with("Some("), "{seen:?}");
+        assert!(seen.iter().all(|s| *s == seen[0]), "{seen:?}");
+        server.abort();
+    }
 
     #[test]
     fn tokens() {

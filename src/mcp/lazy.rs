@@ -149,6 +149,10 @@ impl Sandbox for LazySandbox {
         self.sb().await?.write_file(path, data).await
     }
 
+    async fn read_head(&self, path: &str, max: usize) -> Result<(Vec<u8>, u64), SandboxError> {
+        self.sb().await?.read_head(path, max).await
+    }
+
     async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
         self.sb().await?.list_dir(path).await
     }

@@ -82,8 +82,8 @@ pub fn from_call_result(result: &CallToolResult) -> ToolResult {
 
 /// Characters of text kept from one remote tool result.
 const MAX_REMOTE_TEXT: usize = 1 << 20;
-/// Largest image (base64 characters) taken from one remote tool result.
-const MAX_REMOTE_IMAGE: usize = 8 << 20;
+/// Largest image (base64 characters) taken from one remote tool result: the shared image cap.
+const MAX_REMOTE_IMAGE: usize = crate::tools::MAX_IMAGE_BYTES / 3 * 4 + 4;
 
 /// One remote tool as a registry tool.
 pub struct McpTool {

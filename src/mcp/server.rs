@@ -171,12 +171,10 @@ fn stateless_owner(ctx: &RequestContext<RoleServer>) -> Option<Owner> {
     if parts.headers.contains_key("mcp-session-id") {
         return None;
     }
-    let auth = parts
-        .headers
-        .get(axum::http::header::AUTHORIZATION)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
-    Some(token_owner(auth))
+    // Set by the bearer check from the verified token (never from the raw header, whose
+    // spelling a client controls); without auth every stateless client is the same one.
+    let client = parts.extensions.get::<super::http::VerifiedClient>();
+    Some(token_owner(client.map(|c| &c.0[..]).unwrap_or_default()))
 }
 
 fn to_mcp_tool(spec: &ToolSpec) -> McpTool {

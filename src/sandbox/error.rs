@@ -67,6 +67,11 @@ pub enum SandboxError {
     #[error("the in-sandbox helper {helper} broke its protocol: {message}")]
     Protocol { helper: String, message: String },
 
+    #[error(
+        "could not confirm that {what} was killed: {detail}; its processes may still be running in the sandbox (restart the session if it misbehaves)"
+    )]
+    KillUnconfirmed { what: String, detail: String },
+
     /// The backend answered but refused; `backend` names it ("Docker").
     #[error("{backend} refused to {operation}: {message}")]
     Backend {

@@ -25,11 +25,11 @@ impl<B: ExecBackend> ExecSandbox<B> {
         for attempt in 0..2 {
             if guard.as_ref().is_none_or(|(f, _)| !f.is_usable()) {
                 let tag = format!("{:032x}", rand::random::<u128>());
-                let req = SpawnRequest::new([
-                    "python3".to_string(),
-                    format!("{}/sandboxd_fs.py", super::HELPERS_DIR),
-                ])
-                .env("SANDBOXD_TAG", tag.clone());
+                let mut req = SpawnRequest::new(super::helpers::argv("sandboxd_fs.py", &[]));
+                for (k, v) in super::helpers::env() {
+                    req = req.env(k, v);
+                }
+                let req = req.env("SANDBOXD_TAG", tag.clone());
                 let process = self.backend.spawn(&req, true).await?;
                 let mut framed = FramedProcess::new("sandboxd_fs", process, max_body);
                 match tokio::time::timeout(FS_TIMEOUT, framed.recv()).await {

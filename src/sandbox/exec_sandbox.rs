@@ -135,6 +135,26 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         }
     }
 
+    async fn read_head(&self, path: &str, max: usize) -> Result<(Vec<u8>, u64), SandboxError> {
+        let path = resolve_path(path)?;
+        let limit = self.limits.max_file_bytes();
+        let head = (max as u64).min(limit);
+        let (resp, body) = self
+            .fs_call(
+                json!({"op": "read", "path": path, "limit": limit, "head": head}),
+                &[],
+            )
+            .await?;
+        if resp["ok"] != true {
+            return Err(fs_error("read", &path, &resp, limit));
+        }
+        // The helper is hostile too: never keep more than was asked for.
+        let mut data = body.to_vec();
+        data.truncate(max);
+        let size = resp["size"].as_u64().unwrap_or(0).max(data.len() as u64);
+        Ok((data, size))
+    }
+
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), SandboxError> {
         let path = resolve_path(path)?;
         let limit = self.limits.max_file_bytes();
@@ -236,45 +256,55 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
     }
 
     async fn download_tar(&self, dir: &str) -> Result<Vec<u8>, SandboxError> {
-        let dir = resolve_path(dir)?;
-        let cap = (self.limits.workspace_mb as usize)
-            .saturating_mul(1 << 20)
-            .saturating_add(1 << 20);
-        let out = self
-            .exec(
-                ExecRequest::new(["tar", "-C", &dir, "-cf", "-", "."])
-                    .output_cap(cap)
-                    .timeout(Duration::from_secs(self.limits.max_timeout_secs)),
-            )
-            .await?;
-        if out.stdout_truncated {
-            return Err(SandboxError::FileTooLarge {
-                path: dir,
-                size: out.stdout.len() as u64,
-                limit: cap as u64,
-            });
-        }
-        if !out.success() {
-            return Err(SandboxError::FileOp {
+        // Streamed through a bounded temp file with tar's stderr capped (copy_out.rs); only
+        // the finished archive is read into memory, once.
+        let cap = self.limits.workspace_mb.saturating_mul(1 << 20) + (1 << 20);
+        let timeout = Duration::from_secs(self.limits.max_timeout_secs);
+        let mut archive = super::copy_out::tar_to_file(self, dir, cap, timeout).await?;
+        let mut bytes = Vec::with_capacity(archive.len as usize);
+        std::io::Read::read_to_end(&mut archive.file, &mut bytes).map_err(|e| {
+            SandboxError::FileOp {
                 operation: "download",
-                path: dir,
-                message: out.stderr_lossy().trim().to_string(),
-            });
-        }
-        Ok(out.stdout)
+                path: dir.to_string(),
+                message: e.to_string(),
+            }
+        })?;
+        Ok(bytes)
     }
 
     async fn kill_tagged(&self, tag: &str) -> Result<(), SandboxError> {
-        let req = SpawnRequest::new([
-            "python3".to_string(),
-            format!("{}/killtree.py", super::HELPERS_DIR),
-            "--tag".into(),
-            tag.into(),
-        ]);
+        let mut req = SpawnRequest::new(super::helpers::argv("killtree.py", &["--tag", tag]));
+        for (k, v) in super::helpers::env() {
+            req = req.env(k, v);
+        }
         let mut process = self.backend.spawn(&req, false).await?;
-        let drain = async { while process.output.next().await.is_some() {} };
-        let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
-        Ok(())
+        let mut stderr = super::output::CappedBuffer::new(1024);
+        let drain = async {
+            while let Some(Ok(chunk)) = process.output.next().await {
+                if let super::OutputChunk::Stderr(b) = chunk {
+                    stderr.push(&b);
+                }
+            }
+        };
+        let drained = tokio::time::timeout(Duration::from_secs(10), drain).await;
+        let exit = match drained {
+            Ok(()) => (process.exit_code)().await,
+            Err(_) => None,
+        };
+        if super::helpers::kill_confirmed(exit) {
+            return Ok(());
+        }
+        let detail = String::from_utf8_lossy(&stderr.finish().0)
+            .trim()
+            .to_string();
+        Err(SandboxError::KillUnconfirmed {
+            what: format!("the processes tagged {tag}"),
+            detail: if detail.is_empty() {
+                format!("killtree ended with status {exit:?}")
+            } else {
+                detail
+            },
+        })
     }
 
     async fn is_alive(&self) -> bool {

@@ -6,6 +6,7 @@
 //! spawn a process, say whether it lives); files, archives, the shell and timeouts are
 //! built on that once. Only `docker*.rs` in this folder import bollard.
 
+pub mod copy_out;
 pub mod docker;
 mod docker_exec;
 pub mod docker_image;
@@ -13,6 +14,7 @@ mod exec_ops;
 pub mod exec_sandbox;
 pub mod framed;
 pub mod fs_client;
+pub mod helpers;
 pub mod host;
 pub mod manager;
 mod output;
@@ -22,6 +24,7 @@ pub mod shell;
 pub mod slots;
 pub mod tar_safety;
 pub mod tunnel;
+pub mod ws_guard;
 
 mod error;
 mod types;
@@ -54,6 +57,15 @@ pub trait Sandbox: Send + Sync {
     async fn restart_shell(&self) -> Result<(), SandboxError>;
 
     async fn read_file(&self, path: &str) -> Result<Vec<u8>, SandboxError>;
+
+    /// At most the first `max` bytes of a regular file, and the file's size: for callers that
+    /// use only a bounded part, so the host never holds a whole 100 MB file for a 4 MB answer.
+    async fn read_head(&self, path: &str, max: usize) -> Result<(Vec<u8>, u64), SandboxError> {
+        let mut data = self.read_file(path).await?;
+        let size = data.len() as u64;
+        data.truncate(max);
+        Ok((data, size))
+    }
     async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), SandboxError>;
     async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError>;
     async fn stat(&self, path: &str) -> Result<FileStat, SandboxError>;

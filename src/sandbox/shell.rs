@@ -119,17 +119,26 @@ impl PersistentShell {
 
         if matches!(outcome, Outcome::TimedOut) {
             let pid = running.pid;
-            killtree(host, "--descendants", pid).await;
+            let mut killed = killtree(host, "--descendants", pid).await;
             let grace = tokio::time::Instant::now() + KILL_GRACE;
             match read_until_done(&mut running.process, &mut out, &mut err, grace).await {
-                Outcome::Done(_) => outcome = Outcome::TimedOut,
-                Outcome::TimedOut => {
-                    // The command is a shell builtin looping in bash itself: replace the shell.
-                    killtree(host, "--tree", pid).await;
+                Outcome::Done(_) if killed.is_ok() => outcome = Outcome::TimedOut,
+                Outcome::Done(_) | Outcome::TimedOut => {
+                    // A builtin looping in bash itself, or descendants that would not die:
+                    // replace the whole shell, and verify that too.
+                    killed = killtree(host, "--tree", pid).await;
                     *guard = None;
                     self.set_note("the previous command timed out inside the shell itself, so the shell was restarted: the working directory and variables were reset".into());
                 }
                 Outcome::Died(why) => outcome = Outcome::Died(why),
+            }
+            // Never claim a kill that did not happen.
+            if let Err(detail) = killed {
+                *guard = None;
+                return Err(SandboxError::KillUnconfirmed {
+                    what: "the timed-out command".into(),
+                    detail,
+                });
             }
         }
         // The shell's own exit status, when the command ended it (`exit 4`).
@@ -189,7 +198,7 @@ impl PersistentShell {
     pub async fn restart(&self, host: &dyn Sandbox) {
         let mut guard = self.inner.lock().await;
         if let Some(running) = guard.take() {
-            killtree(host, "--tree", running.pid).await;
+            let _ = killtree(host, "--tree", running.pid).await;
         }
         if let Ok(mut n) = self.pending_note.lock() {
             *n = None;
@@ -208,13 +217,31 @@ impl PersistentShell {
     }
 }
 
-/// Kills a process tree inside the sandbox with the image's killtree helper.
-async fn killtree(host: &dyn Sandbox, mode: &str, pid: u32) {
-    let script = format!("{}/killtree.py", super::HELPERS_DIR);
-    let req = super::ExecRequest::new(["python3", script.as_str(), mode, &pid.to_string()])
-        .timeout(Duration::from_secs(10));
-    if let Err(e) = host.exec(req).await {
-        tracing::warn!(pid, error = %e, "could not kill a process tree in the sandbox");
+/// Kills a process tree inside the sandbox with the image's killtree helper. `Ok` only when
+/// killtree's final scan found nothing of the tree alive; `Err` says what survived.
+async fn killtree(host: &dyn Sandbox, mode: &str, pid: u32) -> Result<(), String> {
+    let mut req = super::ExecRequest::new(super::helpers::argv(
+        "killtree.py",
+        &[mode, &pid.to_string()],
+    ))
+    .timeout(Duration::from_secs(10))
+    .output_cap(4096);
+    req.env = super::helpers::env();
+    match host.exec(req).await {
+        Ok(out) if super::helpers::kill_confirmed(out.exit_code) => Ok(()),
+        Ok(out) => {
+            let detail = out.stderr_lossy().trim().to_string();
+            tracing::warn!(pid, %detail, "a process tree in the sandbox survived killtree");
+            Err(if detail.is_empty() {
+                format!("killtree ended with status {:?}", out.exit_code)
+            } else {
+                detail
+            })
+        }
+        Err(e) => {
+            tracing::warn!(pid, error = %e, "could not kill a process tree in the sandbox");
+            Err(e.to_string())
+        }
     }
 }
 

@@ -20,7 +20,9 @@
 //! * No entry may go *through* an earlier symlink, even one pointing inside: a writer that
 //!   follows links is the bug class we are defending against, so we never depend on one.
 //! * Only regular files, directories and symlinks: devices, FIFOs and sparse/unknown types have
-//!   side effects on open or differ between parsers. Setuid/setgid (and sticky on files) are
+//!   side effects on open or differ between parsers. A sparse file is never expanded (1000 MB
+//!   of holes costs the sandbox nothing and would cost the host 1000 MB): it is refused with
+//!   its apparent size. Setuid/setgid (and sticky on files) are
 //!   refused rather than silently dropped so the caller notices.
 //! * Entry count and total declared size are bounded (checked before any data is read) against
 //!   tar bombs; duplicates are refused because "last one wins" is how overwrites sneak in;
@@ -35,6 +37,10 @@
 //!   re-validates its own output so we never emit what we would refuse to accept. A file swapped
 //!   for a link between `lstat` and `open` is caught by comparing device and inode before reading;
 //!   a swap to a FIFO could still block the open, so the same "no concurrent writer" rule applies.
+//! * `extract_lenient` (the copy of /workspace to the host) reads the archive from a file and
+//!   skips, and lists, each entry the rules refuse instead of refusing the whole archive: one
+//!   venv symlink must not cost the user every deliverable. The rules themselves are the same,
+//!   nothing refused is written, and a damaged archive or a broken bound still stops it all.
 
 use std::io;
 use std::path::Path;
@@ -44,7 +50,7 @@ mod extract;
 mod validate;
 
 pub use build::archive_dir;
-pub use extract::extract_archive;
+pub use extract::{LenientSummary, Skipped, extract_archive, extract_lenient};
 pub use validate::validate_archive;
 
 const DIR_MODE: u32 = 0o755;
@@ -95,6 +101,11 @@ pub enum TarError {
     SymlinkEscape { path: String, target: String },
     #[error("entry `{path}`: {kind} device nodes are not allowed; {ALLOWED}")]
     DeviceNode { path: String, kind: &'static str },
+    #[error(
+        "entry `{path}`: a sparse file of {apparent_size} bytes (apparent size); sparse files \
+         are not expanded onto the host"
+    )]
+    Sparse { path: String, apparent_size: u64 },
     #[error("entry `{path}`: FIFOs are not allowed; {ALLOWED}")]
     Fifo { path: String },
     #[error("entry `{path}`: entry type {kind} is not supported; {ALLOWED}")]
@@ -140,12 +151,100 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> TarError + '_ {
     }
 }
 
-/// A validated entry, ready to be written; file data is a range of the input bytes.
+impl TarError {
+    /// The entry the error is about, when it is about one.
+    pub fn entry_path(&self) -> Option<&str> {
+        use TarError::*;
+        match self {
+            AbsolutePath { path }
+            | ParentComponent { path }
+            | HardLink { path, .. }
+            | SymlinkAbsolute { path, .. }
+            | SymlinkEscape { path, .. }
+            | DeviceNode { path, .. }
+            | Sparse { path, .. }
+            | Fifo { path }
+            | UnsupportedType { path, .. }
+            | PrivilegedMode { path, .. }
+            | TooManyEntries { path, .. }
+            | EntryTooLarge { path, .. }
+            | TotalTooLarge { path, .. }
+            | ThroughSymlink { path, .. }
+            | ParentNotDirectory { path, .. }
+            | Duplicate { path }
+            | GlobalPaxOverride { path, .. }
+            | Corrupt { path, .. }
+            | DestSymlink { path }
+            | DestExists { path } => Some(path),
+            EmptyName { .. } | NotADirectory { .. } | Io { .. } => None,
+        }
+    }
+}
+
+/// Where an archive's bytes are: the bounds check and the end-of-archive marker need them.
+pub(crate) trait Source {
+    fn len(&self) -> u64;
+    /// Whether a full block of zeros starts at `offset`.
+    fn zero_block_at(&self, offset: u64) -> bool;
+    /// Copies `start..end` of the archive into `out`.
+    fn copy_range(&self, start: u64, end: u64, out: &mut dyn io::Write) -> io::Result<()>;
+}
+
+impl Source for &[u8] {
+    fn len(&self) -> u64 {
+        <[u8]>::len(self) as u64
+    }
+
+    fn zero_block_at(&self, offset: u64) -> bool {
+        let start = usize::try_from(offset).ok();
+        let block = start.and_then(|s| self.get(s..s.checked_add(512)?));
+        block.is_some_and(|b| b.iter().all(|x| *x == 0))
+    }
+
+    fn copy_range(&self, start: u64, end: u64, out: &mut dyn io::Write) -> io::Result<()> {
+        let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
+        let data = range.and_then(|(s, e)| self.get(s..e));
+        out.write_all(data.ok_or_else(|| io::Error::other("range outside the archive"))?)
+    }
+}
+
+/// An archive in a file, read with positioned reads (the file is never mapped or loaded).
+pub(crate) struct FileSource {
+    pub file: std::fs::File,
+    pub len: u64,
+}
+
+impl Source for FileSource {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn zero_block_at(&self, offset: u64) -> bool {
+        use std::os::unix::fs::FileExt;
+        let mut block = [0u8; 512];
+        self.file.read_exact_at(&mut block, offset).is_ok() && block.iter().all(|b| *b == 0)
+    }
+
+    fn copy_range(&self, start: u64, end: u64, out: &mut dyn io::Write) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut at = start;
+        while at < end {
+            let n = ((end - at) as usize).min(buf.len());
+            self.file.read_exact_at(&mut buf[..n], at)?;
+            out.write_all(&buf[..n])?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// A validated entry, ready to be written; file data is a range of the archive.
 enum Action {
     Dir,
     File {
-        start: usize,
-        end: usize,
+        start: u64,
+        end: u64,
         executable: bool,
     },
     Symlink {

@@ -7,9 +7,13 @@
 //! Linux, the accepted connection must come from a socket this very process owns; anything
 //! else is dropped and the tunnel fails. The tunnel uses only the `Sandbox` trait, so it
 //! works for any backend.
+//!
+//! `open_websocket` also runs both directions through a `WsGuard`: the far end runs as the
+//! sandbox user, so its frames are hostile, and a frame or message over the caps cuts the
+//! connection before the host client buffers it (see ws_guard.rs).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -18,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::ws_guard::{WsGuard, WsLimits};
 use super::{OutputChunk, Sandbox, SandboxError, SpawnRequest};
 
 /// How long the listener waits for the one connection it exists for.
@@ -29,6 +34,8 @@ pub struct Tunnel {
     addr: SocketAddr,
     task: JoinHandle<()>,
     closed: CancellationToken,
+    /// Why the guard cut the connection, if it did.
+    refused: Arc<Mutex<Option<String>>>,
 }
 
 impl Tunnel {
@@ -38,6 +45,26 @@ impl Tunnel {
         sandbox: Arc<dyn Sandbox>,
         port: u16,
         tag: &str,
+    ) -> Result<Tunnel, SandboxError> {
+        Self::start(sandbox, port, tag, None).await
+    }
+
+    /// Like `open`, for a websocket: every frame and message in either direction is checked
+    /// against `limits`, and the first violation closes the tunnel (see `refusal`).
+    pub async fn open_websocket(
+        sandbox: Arc<dyn Sandbox>,
+        port: u16,
+        tag: &str,
+        limits: WsLimits,
+    ) -> Result<Tunnel, SandboxError> {
+        Self::start(sandbox, port, tag, Some(limits)).await
+    }
+
+    async fn start(
+        sandbox: Arc<dyn Sandbox>,
+        port: u16,
+        tag: &str,
+        limits: Option<WsLimits>,
     ) -> Result<Tunnel, SandboxError> {
         let listener = TcpListener::bind(("127.0.0.1", 0))
             .await
@@ -53,6 +80,8 @@ impl Tunnel {
             .await?;
         let closed = CancellationToken::new();
         let on_end = closed.clone().drop_guard();
+        let refused = Arc::new(Mutex::new(None));
+        let refusal = refused.clone();
         let task = tokio::spawn(async move {
             // Cancelled however the task ends: finished, failed or aborted.
             let _on_end = on_end;
@@ -73,9 +102,16 @@ impl Tunnel {
                 }
                 Err(_) => return,
             };
-            bridge(stream, process).await;
+            let guards =
+                limits.map(|l| (WsGuard::client_to_server(l), WsGuard::server_to_client(l)));
+            bridge(stream, process, guards, &refusal).await;
         });
-        Ok(Tunnel { addr, task, closed })
+        Ok(Tunnel {
+            addr,
+            task,
+            closed,
+            refused,
+        })
     }
 
     /// Where the one connection must go.
@@ -92,6 +128,16 @@ impl Tunnel {
     pub fn closed_token(&self) -> CancellationToken {
         self.closed.clone()
     }
+
+    /// Why the websocket guard cut the connection, if it did.
+    pub fn refusal(&self) -> Option<String> {
+        self.refused.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// A handle that reads the refusal later, after the tunnel itself is gone.
+    pub fn refusal_slot(&self) -> Arc<Mutex<Option<String>>> {
+        self.refused.clone()
+    }
 }
 
 impl Drop for Tunnel {
@@ -100,18 +146,41 @@ impl Drop for Tunnel {
     }
 }
 
-/// Copies bytes both ways until either side closes.
-async fn bridge(stream: TcpStream, process: super::AttachedProcess) {
+/// Copies bytes both ways until either side closes. With guards (client → server,
+/// server → client), every chunk is checked before it is forwarded; a violation ends the
+/// bridge, its reason stored in `refused` before either side is closed (so whoever sees the
+/// close can already read why).
+async fn bridge(
+    stream: TcpStream,
+    process: super::AttachedProcess,
+    guards: Option<(WsGuard, WsGuard)>,
+    refused: &Mutex<Option<String>>,
+) {
+    let refuse = |why: String| {
+        tracing::warn!(%why, "tunnel: the connection was cut");
+        if let Ok(mut slot) = refused.lock() {
+            *slot = Some(why);
+        }
+    };
     let _ = stream.set_nodelay(true);
     let (mut tcp_read, mut tcp_write) = stream.into_split();
     let mut stdin = process.stdin;
     let mut output = process.output;
+    let (mut up_guard, mut down_guard) = match guards {
+        Some((up, down)) => (Some(up), Some(down)),
+        None => (None, None),
+    };
     let upstream = async {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             match tcp_read.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    if let Some(guard) = up_guard.as_mut()
+                        && let Err(v) = guard.check(&buf[..n])
+                    {
+                        break refuse(v.to_string());
+                    }
                     if stdin.write_all(&buf[..n]).await.is_err() || stdin.flush().await.is_err() {
                         break;
                     }
@@ -121,17 +190,24 @@ async fn bridge(stream: TcpStream, process: super::AttachedProcess) {
         let _ = stdin.shutdown().await;
     };
     let downstream = async {
-        while let Some(chunk) = output.next().await {
-            match chunk {
-                Ok(OutputChunk::Stdout(bytes)) => {
+        loop {
+            match output.next().await {
+                Some(Ok(OutputChunk::Stdout(bytes))) => {
+                    if let Some(guard) = down_guard.as_mut()
+                        && let Err(v) = guard.check(&bytes)
+                    {
+                        break refuse(v.to_string());
+                    }
                     if tcp_write.write_all(&bytes).await.is_err() {
                         break;
                     }
                 }
-                Ok(OutputChunk::Stderr(bytes)) => {
-                    tracing::debug!(stderr = %String::from_utf8_lossy(&bytes), "tunnel relay");
+                Some(Ok(OutputChunk::Stderr(bytes))) => {
+                    // Capped: the relay's stderr is the sandbox's to fill.
+                    let shown: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
+                    tracing::debug!(stderr = %shown, "tunnel relay");
                 }
-                Err(_) => break,
+                Some(Err(_)) | None => break,
             }
         }
         let _ = tcp_write.shutdown().await;

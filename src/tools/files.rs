@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use super::{Tool, ToolContext, ToolError, ToolResult, arg_str};
+use super::{MAX_IMAGE_BYTES, Tool, ToolContext, ToolError, ToolResult, arg_str};
 use crate::sandbox::{FileKind, Sandbox};
 
 /// Bytes of text returned by one read before the rest is cut.
@@ -69,28 +69,42 @@ impl Tool for ReadFile {
 
     async fn execute(&self, args: Value, _ctx: &ToolContext) -> Result<ToolResult, ToolError> {
         let path = arg_str(&args, "path").unwrap_or_default();
-        let data = self.sandbox.read_file(path).await?;
+        // Only as much as an answer can use comes to the host: a 100 MB file costs the host
+        // the shared image cap at most, not 100 MB per call.
+        let want = self.cap.max(MAX_IMAGE_BYTES) + 1;
+        let (data, size) = self.sandbox.read_head(path, want).await?;
+        let whole = size <= data.len() as u64;
         if image_mime(&data).is_some() {
+            if !whole || data.len() > MAX_IMAGE_BYTES {
+                return Ok(ToolResult::error(format!(
+                    "{path} is an image of {size} bytes, over the {MAX_IMAGE_BYTES}-byte cap for images; \
+                     make a smaller copy (e.g. with PIL: im.thumbnail((1600, 1600)); im.save(...)) and read that"
+                )));
+            }
             let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
-            return Ok(
-                ToolResult::ok(format!("{path}: an image of {} bytes", data.len())).with_image(b64),
-            );
+            return Ok(ToolResult::ok(format!("{path}: an image of {size} bytes")).with_image(b64));
         }
-        match std::str::from_utf8(&data) {
-            Ok(text) if text.len() <= self.cap => Ok(ToolResult::ok(text)),
-            Ok(text) => {
-                let mut end = self.cap;
+        // A read cut inside a multi-byte character is still text.
+        let text = match std::str::from_utf8(&data) {
+            Ok(text) => Some(text),
+            Err(e) if !whole && data.len() - e.valid_up_to() < 4 && e.error_len().is_none() => {
+                std::str::from_utf8(&data[..e.valid_up_to()]).ok()
+            }
+            Err(_) => None,
+        };
+        match text {
+            Some(text) if whole && text.len() <= self.cap => Ok(ToolResult::ok(text)),
+            Some(text) => {
+                let mut end = self.cap.min(text.len());
                 while !text.is_char_boundary(end) {
                     end -= 1;
                 }
                 Ok(ToolResult::ok(&text[..end]).with_system(format!(
-                    "the file is {} bytes; only the first {end} are shown: read the rest with bash (sed -n, tail)",
-                    text.len()
+                    "the file is {size} bytes; only the first {end} are shown: read the rest with bash (sed -n, tail)"
                 )))
             }
-            Err(_) => Ok(ToolResult::ok(format!(
-                "{path} is a binary file of {} bytes; inspect it with bash (file, xxd | head)",
-                data.len()
+            None => Ok(ToolResult::ok(format!(
+                "{path} is a binary file of {size} bytes; inspect it with bash (file, xxd | head)"
             ))),
         }
     }
@@ -197,7 +211,7 @@ impl Tool for ListDir {
         let mut result = ToolResult::ok(out.trim_end().to_string());
         if entries.len() > MAX_ENTRIES {
             result = result.with_system(format!(
-                "{} entries; only the first {MAX_ENTRIES} are shown (use bash: ls | grep)",
+                "at least {} entries (listings are cut to fit the file helper's frame); only the first {MAX_ENTRIES} are shown (use bash: ls | grep)",
                 entries.len()
             ));
         }

@@ -24,6 +24,11 @@ use crate::sandbox::SandboxError;
 
 pub use registry::{RegistryError, ToolRegistry, ToolSpec};
 
+/// The largest image (decoded bytes) any tool returns: plots, screenshots, read_file and
+/// remote MCP tools alike. A 4 MiB PNG is far more than a model needs to see, and it bounds
+/// what one call costs the host (about 4/3 of it again as base64, per copy).
+pub const MAX_IMAGE_BYTES: usize = 4 << 20;
+
 /// What a tool call produced, as the model will see it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToolResult {
@@ -56,7 +61,15 @@ impl ToolResult {
         }
     }
 
+    /// Attaches an image, unless it is over `MAX_IMAGE_BYTES`: then a note says why it is
+    /// missing. Every tool returns images through here, so one cap holds for all of them.
     pub fn with_image(mut self, base64: String) -> Self {
+        let bytes = base64.len() / 4 * 3;
+        if bytes > MAX_IMAGE_BYTES {
+            return self.with_system(format!(
+                "an image of about {bytes} bytes was not returned: images are capped at {MAX_IMAGE_BYTES} bytes"
+            ));
+        }
         self.base64_image = Some(base64);
         self
     }

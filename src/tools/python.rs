@@ -53,7 +53,7 @@ impl Python {
 
     /// The largest reply the driver may send: four capped text parts and one image.
     fn max_body(&self) -> usize {
-        4 * (self.output_cap + 1024) + (4 << 20)
+        4 * (self.output_cap + 1024) + crate::tools::MAX_IMAGE_BYTES
     }
 
     /// Makes sure the slot holds an idle interpreter; returns notes for the model.
@@ -65,7 +65,7 @@ impl Python {
                 Ok(true) => {}
                 Ok(false) => {
                     if let Some(d) = slot.driver.take() {
-                        d.kill(&*self.sandbox).await;
+                        let _ = d.kill(&*self.sandbox).await;
                     }
                     slot.lost = Some(
                         "the cell of a cancelled call did not stop, so the interpreter was killed"
@@ -134,7 +134,7 @@ impl Tool for Python {
         if reset {
             if let Some(d) = slot.driver.take() {
                 if d.has_cell_in_flight() {
-                    d.kill(&*self.sandbox).await;
+                    let _ = d.kill(&*self.sandbox).await;
                 } else {
                     d.exit().await;
                 }
@@ -169,15 +169,23 @@ impl Tool for Python {
                 )),
             ),
             CellEnd::TimedOut(None) => {
-                if let Some(d) = slot.driver.take() {
-                    d.kill(&*self.sandbox).await;
-                }
+                let killed = match slot.driver.take() {
+                    Some(d) => d.kill(&*self.sandbox).await,
+                    None => Ok(()),
+                };
                 slot.lost = Some(format!(
                     "the previous one was killed after a {secs}s timeout"
                 ));
+                let what = match killed {
+                    Ok(()) => "so the python interpreter was killed".to_string(),
+                    Err(e) => format!(
+                        "so sandboxd tried to kill the python interpreter, but could not confirm \
+                         it is gone ({e}); its processes may still run"
+                    ),
+                };
                 ToolResult::error(format!(
                     "the cell timed out after {secs}s and did not stop within {}s of KeyboardInterrupt \
-                     (stuck in native code or ignoring SIGINT), so the python interpreter was killed; \
+                     (stuck in native code or ignoring SIGINT), {what}; \
                      its variables are lost; the next call starts a fresh one",
                     GRACE.as_secs()
                 ))

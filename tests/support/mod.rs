@@ -5,6 +5,7 @@
 pub mod fake_llm;
 pub mod fake_runtime;
 pub mod fake_web;
+pub mod rss;
 
 use std::sync::Arc;
 

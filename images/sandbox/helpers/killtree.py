@@ -5,14 +5,22 @@
     killtree.py --tree PID           PID and all its descendants
 
 Processes are stopped first, then killed, and the scan repeats until nothing matches, so
-a process that forks while being killed does not escape.
+a process that forks while being killed does not escape. Zombies are already dead and are
+not counted. The exit status is the host's proof: 0 only when a final scan finds no live
+target left (3 otherwise, with the survivors' pids on stderr), so the host never reports a
+kill that did not happen.
+
+The host starts this as `python3 -I` with a fixed PATH: nothing sandboxed code can write
+(~/.local site-packages, usercustomize, PYTHON* variables) is imported or read.
 """
 import os
 import signal
 import sys
+import time
 
 
 def processes():
+    """pid -> (ppid, state) for every process visible in /proc."""
     table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -20,8 +28,8 @@ def processes():
         try:
             with open("/proc/%s/stat" % name, "rb") as f:
                 data = f.read()
-            ppid = int(data[data.rindex(b")") + 2:].split()[1])
-            table[int(name)] = ppid
+            fields = data[data.rindex(b")") + 2:].split()
+            table[int(name)] = (int(fields[1]), fields[0])
         except (OSError, ValueError, IndexError):
             pass
     return table
@@ -37,7 +45,7 @@ def has_tag(pid, needle):
 
 def closure(table, roots):
     children = {}
-    for pid, ppid in table.items():
+    for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
     out, stack = set(), list(roots)
     while stack:
@@ -62,7 +70,8 @@ def targets(mode, arg):
         found = {int(arg)} | closure(table, {int(arg)})
     found.discard(me)
     found.discard(1)
-    return found
+    # A zombie is dead already; it only waits for its parent to reap it.
+    return {p for p in found if p in table and table[p][1] != b"Z"}
 
 
 def main():
@@ -86,7 +95,17 @@ def main():
                 killed += 1
             except OSError:
                 pass
+    # Proof, not hope: the last round may have killed something; look again after a moment.
+    survivors = set()
+    for _ in range(40):
+        survivors = targets(mode, arg)
+        if not survivors:
+            break
+        time.sleep(0.05)
     print(killed)
+    if survivors:
+        sys.stderr.write("still running: %s\n" % " ".join(map(str, sorted(survivors))))
+        return 3
     return 0
 
 

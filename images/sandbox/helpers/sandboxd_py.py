@@ -309,6 +309,28 @@ class Cell:
         return header, b"".join(parts)
 
 
+USER_SITE_ENABLED = False
+
+
+def enable_user_site():
+    """The host starts the driver with `python3 -I`, so nothing under ~/.local (a planted
+    usercustomize.py or .pth) runs before the protocol is up. User code still expects
+    `pip install --user` packages to import, so the user site is added right before the first
+    cell runs: from then on the process runs the user's code anyway."""
+    global USER_SITE_ENABLED
+    if USER_SITE_ENABLED:
+        return
+    USER_SITE_ENABLED = True
+    import site
+
+    try:
+        user_site = site.getusersitepackages()
+        if os.path.isdir(user_site):
+            site.addsitedir(user_site)
+    except Exception:  # a broken .pth must not break the cell that follows
+        pass
+
+
 def main():
     reader, writer = proto.claim_channel()
     saved_stderr = os.dup(2)
@@ -352,6 +374,7 @@ def main():
             if op == "exit":
                 os._exit(0)
             if op == "execute":
+                enable_user_site()
                 try:
                     header, out = cell.run(req, body)
                 except Exception as exc:  # a driver bug must not take the session's variables

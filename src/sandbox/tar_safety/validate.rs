@@ -1,10 +1,15 @@
-//! Reads a whole archive in memory and turns it into a list of safe write actions, or refuses.
+//! Reads a whole archive (in memory, or streamed from a file) and turns it into a list of safe
+//! write actions, or refuses. In lenient mode (the copy of /workspace to the host) an entry the
+//! rules refuse is skipped and recorded instead, and only damage to the archive itself is fatal.
 
 use std::collections::{HashMap, HashSet};
+use std::io::Read;
 
 use tar::{Archive, Entry, EntryType};
 
-use super::{Action, ArchiveSummary, Planned, TarError, TarLimits, join, lossy, resolve_link};
+use super::{
+    Action, ArchiveSummary, Planned, Source, TarError, TarLimits, join, lossy, resolve_link,
+};
 
 const BLOCK: u64 = 512;
 
@@ -21,6 +26,8 @@ struct PendingLink {
     path: String,
     target: String,
     popped: Vec<Vec<u8>>,
+    /// Its action's index in `planned`.
+    planned: usize,
 }
 
 /// Names a PAX header gave the next entry, so they can be compared with what the crate used.
@@ -56,7 +63,7 @@ fn check_name(raw: &[u8], index: usize) -> Result<Vec<Vec<u8>>, TarError> {
         .collect())
 }
 
-fn read_pax(entry: &mut Entry<'_, &[u8]>, path: &str) -> Result<PaxNames, TarError> {
+fn read_pax<R: Read>(entry: &mut Entry<'_, R>, path: &str) -> Result<PaxNames, TarError> {
     let global = entry.header().entry_type() == EntryType::XGlobalHeader;
     let mut names = PaxNames::default();
     let Some(pax) = entry.pax_extensions().map_err(|e| corrupt(path, e))? else {
@@ -124,7 +131,9 @@ fn check_type(kind: EntryType, mode: u32, path: &str, target: &[u8]) -> Result<(
 }
 
 struct Validator<'a> {
-    bytes: &'a [u8],
+    source: &'a dyn Source,
+    /// Lenient mode: refused entries are recorded here instead of failing the archive.
+    skipped: Option<Vec<TarError>>,
     limits: &'a TarLimits,
     nodes: HashMap<Vec<u8>, Node>,
     links: Vec<PendingLink>,
@@ -135,7 +144,7 @@ struct Validator<'a> {
 
 impl Validator<'_> {
     /// Applies the limits before any data is looked at; returns the entry's data range.
-    fn account(&mut self, path: &str, start: u64, size: u64) -> Result<(usize, usize), TarError> {
+    fn account(&mut self, path: &str, start: u64, size: u64) -> Result<(u64, u64), TarError> {
         let (path, max) = (path.to_owned(), self.limits.max_total_bytes);
         self.summary.entries += 1;
         if self.summary.entries > self.limits.max_entries {
@@ -152,11 +161,10 @@ impl Validator<'_> {
         }
         let end = start
             .checked_add(size)
-            .filter(|end| *end <= self.bytes.len() as u64);
+            .filter(|end| *end <= self.source.len());
         let end = end.ok_or_else(|| corrupt(&path, "entry data runs past the end"))?;
         self.end_of_data = end.div_ceil(BLOCK) * BLOCK;
-        // Both fit in usize: they are bounded by the length of an in-memory slice.
-        Ok((start as usize, end as usize))
+        Ok((start, end))
     }
 
     /// Records `components` as a `node`, refusing duplicates and paths through links or files.
@@ -192,9 +200,9 @@ impl Validator<'_> {
         Ok(())
     }
 
-    fn symlink(
+    fn symlink<R: Read>(
         &mut self,
-        entry: &Entry<'_, &[u8]>,
+        entry: &Entry<'_, R>,
         components: &[Vec<u8>],
         path: &str,
         pax: &PaxNames,
@@ -237,13 +245,26 @@ impl Validator<'_> {
             path,
             target: shown,
             popped,
+            planned: self.planned.len(),
         });
         Ok(Action::Symlink { target })
     }
 
-    fn entry(&mut self, index: usize, entry: &mut Entry<'_, &[u8]>) -> Result<(), TarError> {
+    fn entry<R: Read>(&mut self, index: usize, entry: &mut Entry<'_, R>) -> Result<(), TarError> {
         let resolved = entry.path_bytes().into_owned();
         let path = lossy(&resolved);
+        // A sparse entry's size() is its apparent size; only the stored data is in the archive.
+        // Its holes are never expanded onto the host: the entry is refused, saying how big it
+        // would have become.
+        if entry.header().entry_type().is_gnu_sparse() {
+            let stored = entry.header().entry_size().map_err(|e| corrupt(&path, e))?;
+            self.account(&path, entry.raw_file_position(), stored)?;
+            let apparent_size = entry.size();
+            return Err(TarError::Sparse {
+                path,
+                apparent_size,
+            });
+        }
         let (start, end) = self.account(&path, entry.raw_file_position(), entry.size())?;
         let pax = read_pax(entry, &path)?;
         let kind = entry.header().entry_type();
@@ -255,7 +276,12 @@ impl Validator<'_> {
         }
         let components = check_name(&resolved, index)?;
         check_name(&entry.header().path_bytes(), index)?;
-        let mode = entry.header().mode().map_err(|e| corrupt(&path, e))?;
+        let mut mode = entry.header().mode().map_err(|e| corrupt(&path, e))?;
+        if self.skipped.is_some() {
+            // The copy-out sets every mode itself (0o755/0o644), so setuid/setgid/sticky bits
+            // are dropped there rather than costing the user the file.
+            mode &= 0o777;
+        }
         let target = entry.link_name_bytes().unwrap_or_default();
         check_type(kind, mode, &path, &target)?;
         // Old tars mark directories only by the trailing slash.
@@ -286,36 +312,84 @@ impl Validator<'_> {
         Ok(())
     }
 
-    fn finish(self, last: &str) -> Result<(Vec<Planned>, ArchiveSummary), TarError> {
-        let marker = usize::try_from(self.end_of_data).ok();
-        let marker = marker.and_then(|s| self.bytes.get(s..s + BLOCK as usize));
+    fn finish(mut self, last: &str) -> Result<Plan, TarError> {
         // Without the marker, a cut exactly at a block boundary would look complete.
-        if !marker.is_some_and(|block| block.iter().all(|b| *b == 0)) {
+        if !self.source.zero_block_at(self.end_of_data) {
             return Err(corrupt(last, "missing end-of-archive marker"));
         }
-        for link in self.links {
+        let mut dropped = vec![false; self.planned.len()];
+        for link in std::mem::take(&mut self.links) {
             let only_dirs = link
                 .popped
                 .iter()
                 .all(|p| matches!(self.nodes.get(p), Some(Node::Dir | Node::ImplicitDir)));
             if !only_dirs {
                 let (path, target) = (link.path, link.target);
-                return Err(TarError::SymlinkEscape { path, target });
+                let refused = TarError::SymlinkEscape { path, target };
+                match self.skipped.as_mut() {
+                    Some(skipped) => {
+                        skipped.push(refused);
+                        dropped[link.planned] = true;
+                    }
+                    None => return Err(refused),
+                }
             }
         }
-        Ok((self.planned, self.summary))
+        let planned = self
+            .planned
+            .into_iter()
+            .zip(dropped)
+            .filter_map(|(p, drop)| (!drop).then_some(p))
+            .collect();
+        Ok(Plan {
+            planned,
+            summary: self.summary,
+            skipped: self.skipped.unwrap_or_default(),
+        })
     }
 }
 
+/// What an archive asks to be written, and (lenient mode) what was refused.
+pub(super) struct Plan {
+    pub planned: Vec<Planned>,
+    pub summary: ArchiveSummary,
+    pub skipped: Vec<TarError>,
+}
+
+/// Refusals that concern one entry only: in lenient mode the entry is skipped and the rest
+/// of the archive still counts. Everything else (a corrupt archive, the count and size
+/// bounds, names no honest tar writes) stops the whole archive.
+fn skippable(e: &TarError) -> bool {
+    matches!(
+        e,
+        TarError::HardLink { .. }
+            | TarError::SymlinkAbsolute { .. }
+            | TarError::SymlinkEscape { .. }
+            | TarError::DeviceNode { .. }
+            | TarError::Fifo { .. }
+            | TarError::UnsupportedType { .. }
+            | TarError::Sparse { .. }
+            | TarError::EntryTooLarge { .. }
+            | TarError::PrivilegedMode { .. }
+            | TarError::ThroughSymlink { .. }
+            | TarError::ParentNotDirectory { .. }
+            | TarError::Duplicate { .. }
+    )
+}
+
 /// Validates the whole archive and returns what to write, without touching the filesystem.
-pub(super) fn plan(
-    bytes: &[u8],
+/// `lenient` skips (and lists) entries the rules refuse instead of refusing the archive.
+pub(super) fn plan_from<R: Read>(
+    reader: R,
+    source: &dyn Source,
     limits: &TarLimits,
-) -> Result<(Vec<Planned>, ArchiveSummary), TarError> {
-    let mut archive = Archive::new(bytes);
+    lenient: bool,
+) -> Result<Plan, TarError> {
+    let mut archive = Archive::new(reader);
     let entries = archive.entries().map_err(|e| corrupt("(start)", e))?;
     let mut validator = Validator {
-        bytes,
+        source,
+        skipped: lenient.then(Vec::new),
         limits,
         nodes: HashMap::new(),
         links: Vec::new(),
@@ -327,9 +401,35 @@ pub(super) fn plan(
     for (index, entry) in entries.enumerate() {
         let mut entry = entry.map_err(|e| corrupt(&last, e))?;
         last = lossy(&entry.path_bytes());
-        validator.entry(index, &mut entry)?;
+        match validator.entry(index, &mut entry) {
+            Ok(()) => {}
+            Err(e) if lenient && skippable(&e) => {
+                // Nothing may later be written *under* a skipped non-directory (a refused
+                // symlink to / must not become a real directory of that name).
+                let is_dir = entry.header().entry_type() == EntryType::Directory;
+                if !is_dir && let Ok(components) = check_name(&entry.path_bytes(), index) {
+                    let key = join(&components);
+                    if !key.is_empty() {
+                        validator.nodes.entry(key).or_insert(Node::File);
+                    }
+                }
+                if let Some(skipped) = validator.skipped.as_mut() {
+                    skipped.push(e);
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
     validator.finish(&last)
+}
+
+/// The strict plan of an in-memory archive.
+pub(super) fn plan(
+    bytes: &[u8],
+    limits: &TarLimits,
+) -> Result<(Vec<Planned>, ArchiveSummary), TarError> {
+    let plan = plan_from(bytes, &bytes, limits, false)?;
+    Ok((plan.planned, plan.summary))
 }
 
 /// Reads and checks the whole archive; nothing is written anywhere.

@@ -2,9 +2,16 @@
 //!
 //! Chromium runs as the sandbox user through `Sandbox::spawn`, with remote debugging bound to
 //! the container's own 127.0.0.1 on a port it picks itself (port 0: nothing the model started
-//! can be in the way). It writes the port and the browser's websocket path to
-//! DevToolsActivePort in its user-data-dir; we read that file through the file helper, open a
-//! one-connection `Tunnel` to the port and hand chromiumoxide a ws:// URL on the host side.
+//! can be in the way). The endpoint is learnt from Chromium's own announcement,
+//! "DevTools listening on ws://127.0.0.1:<port>/devtools/browser/<id>", on the stderr of the
+//! exec the host started — never from DevToolsActivePort, a file in /tmp that sandboxed code
+//! can write first and point at a server of its own. We open a one-connection websocket
+//! `Tunnel` to the port and hand chromiumoxide a ws:// URL on the host side.
+//!
+//! Chromium itself runs as the sandbox user, so a hostile sandbox can still take it over (or
+//! write into its stderr through /proc): the endpoint is defence in depth, not the guarantee.
+//! The guarantee is the tunnel's `WsGuard`, which cuts any frame or message over
+//! `DEVTOOLS_LIMITS` before chromiumoxide (which disables tungstenite's limits) buffers it.
 //!
 //! `--no-sandbox`: Chromium's own sandbox needs user namespaces or a setuid helper, which the
 //! hardened container denies (no capabilities, no-new-privileges, Docker's seccomp profile).
@@ -25,13 +32,14 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::sandbox::tunnel::Tunnel;
+use crate::sandbox::ws_guard::DEVTOOLS_LIMITS;
 use crate::sandbox::{OutputChunk, Sandbox, SandboxError, SpawnRequest};
 
 /// The viewport every page is emulated at; screenshots and "pixels below" refer to it.
 pub const VIEWPORT_WIDTH: u32 = 1280;
 pub const VIEWPORT_HEIGHT: u32 = 720;
 
-/// How long Chromium gets to write DevToolsActivePort.
+/// How long Chromium gets to announce its DevTools endpoint.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How much of Chromium's stderr is kept to explain a failed start.
 const LOG_TAIL: usize = 4096;
@@ -74,6 +82,21 @@ pub struct Running {
 impl Running {
     pub fn is_dead(&self) -> bool {
         self.dead.is_cancelled()
+    }
+
+    /// Why the host cut the DevTools connection (a frame or message over the caps), if it did.
+    pub fn cut_reason(&self) -> Option<String> {
+        self._tunnel.refusal()
+    }
+
+    /// The note for the model when this browser is found dead and replaced.
+    pub fn restart_note(&self) -> String {
+        match self.cut_reason() {
+            Some(why) => format!(
+                "sandboxd cut the connection to Chromium ({why}) and restarted it: tabs and page state were lost"
+            ),
+            None => "Chromium had stopped (it crashed or was killed) and was restarted: tabs and page state were lost".into(),
+        }
     }
 
     /// Kills Chromium and its relay inside the container and frees its profile in /tmp.
@@ -157,6 +180,7 @@ pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, Browser
     let mut process = sandbox.spawn(req).await?;
     let dead = CancellationToken::new();
     let log = Arc::new(Mutex::new(String::new()));
+    let (announce, mut announced) = tokio::sync::watch::channel(None::<(u16, String)>);
     // Chromium's output must be read or it blocks on a full pipe; its end means Chromium exited.
     let drain = {
         let dead = dead.clone();
@@ -164,9 +188,27 @@ pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, Browser
         tokio::spawn(async move {
             let _on_end = dead.drop_guard();
             drop(process.stdin);
+            // The current stderr line, bounded: only its start can hold the announcement.
+            let mut line: Vec<u8> = Vec::new();
             while let Some(chunk) = process.output.next().await {
                 let bytes = match chunk {
-                    Ok(OutputChunk::Stdout(b)) | Ok(OutputChunk::Stderr(b)) => b,
+                    Ok(OutputChunk::Stdout(b)) => b,
+                    Ok(OutputChunk::Stderr(b)) => {
+                        for &byte in b.iter() {
+                            if byte == b'\n' {
+                                if announce.borrow().is_none()
+                                    && let Some(found) =
+                                        parse_announcement(&String::from_utf8_lossy(&line))
+                                {
+                                    let _ = announce.send(Some(found));
+                                }
+                                line.clear();
+                            } else if line.len() < 512 {
+                                line.push(byte);
+                            }
+                        }
+                        b
+                    }
                     Err(_) => break,
                 };
                 if let Ok(mut log) = log.lock() {
@@ -199,25 +241,21 @@ pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, Browser
             format!("{why}; Chromium said:\n{tail}")
         })
     };
-    let active_port = format!("{user_data_dir}/DevToolsActivePort");
-    let (port, ws_path) = loop {
-        if dead.is_cancelled() {
+    let deadline = tokio::time::Instant::from_std(started + START_TIMEOUT);
+    let found = tokio::select! {
+        r = announced.wait_for(|a| a.is_some()) => r.ok().and_then(|a| a.clone()),
+        _ = dead.cancelled() => {
             drain.abort();
             return Err(fail("Chromium exited during start".into()));
         }
-        if started.elapsed() > START_TIMEOUT {
-            drain.abort();
-            let _ = sandbox.kill_tagged(&tag).await;
-            return Err(fail(format!(
-                "no DevTools endpoint after {START_TIMEOUT:?}"
-            )));
-        }
-        if let Ok(bytes) = sandbox.read_file(&active_port).await
-            && let Some(found) = parse_active_port(&String::from_utf8_lossy(&bytes))
-        {
-            break found;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        _ = tokio::time::sleep_until(deadline) => None,
+    };
+    let Some((port, ws_path)) = found else {
+        drain.abort();
+        let _ = sandbox.kill_tagged(&tag).await;
+        return Err(fail(format!(
+            "no DevTools endpoint after {START_TIMEOUT:?}"
+        )));
     };
     tracing::debug!(elapsed = ?started.elapsed(), "chromium: DevTools endpoint is up");
     let connected = connect(sandbox.clone(), port, &ws_path, &tag, dead.clone()).await;
@@ -247,7 +285,7 @@ async fn connect(
     tag: &str,
     dead: CancellationToken,
 ) -> Result<(Browser, JoinHandle<()>, Tunnel), BrowserError> {
-    let tunnel = Tunnel::open(sandbox, port, tag).await?;
+    let tunnel = Tunnel::open_websocket(sandbox, port, tag, DEVTOOLS_LIMITS).await?;
     let url = format!("ws://{}{}", tunnel.addr(), ws_path);
     let config = HandlerConfig {
         viewport: Some(Viewport {
@@ -291,12 +329,18 @@ async fn connect(
     Ok((browser, handler, tunnel))
 }
 
-/// DevToolsActivePort: the port on line 1, the browser's websocket path on line 2.
-fn parse_active_port(text: &str) -> Option<(u16, String)> {
-    let mut lines = text.lines();
-    let port: u16 = lines.next()?.trim().parse().ok()?;
-    let path = lines.next()?.trim();
-    (port != 0 && path.starts_with("/devtools/browser/")).then(|| (port, path.to_string()))
+/// Chromium's "DevTools listening on ws://127.0.0.1:<port>/devtools/browser/<id>" line.
+/// Only a loopback address, a real port and an id of UUID characters are accepted.
+fn parse_announcement(line: &str) -> Option<(u16, String)> {
+    let rest = line
+        .trim()
+        .strip_prefix("DevTools listening on ws://127.0.0.1:")?;
+    let (port, path) = rest.split_once('/')?;
+    let port: u16 = port.parse().ok()?;
+    let id = path.strip_prefix("devtools/browser/")?;
+    let id_ok =
+        !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+    (port != 0 && id_ok).then(|| (port, format!("/{path}")))
 }
 
 #[cfg(test)]
@@ -304,14 +348,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn active_port_file() {
+    fn announcement_line() {
         assert_eq!(
-            parse_active_port("40123\n/devtools/browser/abc-def\n"),
+            parse_announcement(
+                "DevTools listening on ws://127.0.0.1:40123/devtools/browser/abc-def\r"
+            ),
             Some((40123, "/devtools/browser/abc-def".to_string()))
         );
-        assert_eq!(parse_active_port("40123\n"), None);
-        assert_eq!(parse_active_port(""), None);
-        assert_eq!(parse_active_port("x\n/devtools/browser/a"), None);
+        for bad in [
+            "",
+            "DevTools listening on ws://10.0.0.1:40123/devtools/browser/abc",
+            "DevTools listening on ws://127.0.0.1:0/devtools/browser/abc",
+            "DevTools listening on ws://127.0.0.1:40123/devtools/page/abc",
+            "DevTools listening on ws://127.0.0.1:40123/devtools/browser/a b",
+            "DevTools listening on ws://127.0.0.1:40123/devtools/browser/",
+        ] {
+            assert_eq!(parse_announcement(bad), None, "{bad}");
+        }
     }
 
     #[test]

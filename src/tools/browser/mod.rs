@@ -49,8 +49,6 @@ const DESCRIPTION: &str = "Drive a headless Chromium inside the sandbox. The san
          for; switch_tab(tab_id); open_tab(url); close_tab(tab_id); screenshot. Indexes refer to \
          the latest state: after the page changes, use the new ones.";
 
-const RESTARTED: &str = "Chromium had stopped (it crashed or was killed) and was restarted: tabs and page state were lost";
-
 pub struct BrowserUse {
     sandbox: Arc<dyn Sandbox>,
     live: tokio::sync::Mutex<Option<Live>>,
@@ -130,8 +128,8 @@ impl BrowserUse {
         let mut notes = Vec::new();
         let mut guard = self.live.lock().await;
         if let Some(live) = guard.take_if(|l| l.running.is_dead()) {
+            notes.push(live.running.restart_note());
             live.running.shutdown().await;
-            notes.push(RESTARTED.to_string());
         }
         let mut retried = false;
         loop {
@@ -161,9 +159,9 @@ impl BrowserUse {
                     if live.running.is_dead() || dead_soon(&dead).await =>
                 {
                     if let Some(live) = guard.take() {
+                        notes.push(live.running.restart_note());
                         live.running.shutdown().await;
                     }
-                    notes.push(RESTARTED.to_string());
                     if retried || action.uses_index() {
                         *guard = Some(self.start().await.map_err(fatal_or_observation)?);
                         let state = self.capture(&mut guard, &mut notes).await;
@@ -198,10 +196,14 @@ impl BrowserUse {
                 Some(state)
             }
             Err(e) => {
+                let mut why = e.to_string();
                 if let Some(live) = guard.take() {
+                    if let Some(cut) = live.running.cut_reason() {
+                        why = format!("sandboxd cut the connection to Chromium: {cut}");
+                    }
                     live.running.shutdown().await;
                 }
-                notes.push(format!("the browser state could not be read ({e}); Chromium was stopped and the next action starts it again"));
+                notes.push(format!("the browser state could not be read ({why}); Chromium was stopped and the next action starts it again"));
                 None
             }
         }

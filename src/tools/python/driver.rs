@@ -13,7 +13,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::sandbox::framed::FramedProcess;
-use crate::sandbox::{ExecRequest, HELPERS_DIR, Sandbox, SandboxError, SpawnRequest, WORKSPACE};
+use crate::sandbox::{ExecRequest, Sandbox, SandboxError, SpawnRequest, WORKSPACE, helpers};
 
 /// How long an interrupted cell gets to come back before the interpreter is killed.
 pub const GRACE: Duration = Duration::from_secs(2);
@@ -21,7 +21,7 @@ pub const GRACE: Duration = Duration::from_secs(2);
 const INTERRUPT_EVERY: Duration = Duration::from_millis(500);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(20);
 /// The largest figure the driver sends back (it checks too).
-const IMAGE_LIMIT: usize = 4 << 20;
+const IMAGE_LIMIT: usize = crate::tools::MAX_IMAGE_BYTES;
 
 /// What one cell produced.
 #[derive(Debug, Default)]
@@ -64,14 +64,17 @@ pub struct Driver {
 impl Driver {
     /// Starts an interpreter and waits for its hello.
     pub async fn start(sandbox: &dyn Sandbox, max_body: usize) -> Result<Self, SandboxError> {
-        let req = SpawnRequest::new([
-            "python3".to_string(),
-            format!("{HELPERS_DIR}/sandboxd_py.py"),
-        ])
-        .cwd(WORKSPACE)
-        .env("MPLBACKEND", "Agg")
-        .env("MPLCONFIGDIR", "/tmp/matplotlib")
-        .env("PYTHONUNBUFFERED", "1");
+        // -u: -I ignores PYTHONUNBUFFERED, and cell output must reach its files unbuffered.
+        let mut req = SpawnRequest::new(helpers::argv("sandboxd_py.py", &[]));
+        req.argv.insert(2, "-u".into());
+        for (k, v) in helpers::env() {
+            req = req.env(k, v);
+        }
+        let req = req
+            .cwd(WORKSPACE)
+            .env("MPLBACKEND", "Agg")
+            .env("MPLCONFIGDIR", "/tmp/matplotlib")
+            .env("PYTHONUNBUFFERED", "1");
         let process = sandbox.spawn(req).await?;
         let mut framed = FramedProcess::new("sandboxd_py", process, max_body);
         let hello = match timeout(HELLO_TIMEOUT, framed.recv()).await {
@@ -192,7 +195,7 @@ impl Driver {
             Some(code) => describe_exit(code),
             None => {
                 // Still running: its channel was corrupted (a cell wrote on it). Make sure it is gone.
-                kill_tree(sandbox, pid).await;
+                let _ = kill_tree(sandbox, pid).await;
                 format!(
                     "its channel to sandboxd was corrupted ({}), so it was killed",
                     tail_chars(&what_happened, 200)
@@ -206,9 +209,9 @@ impl Driver {
         (cause, words)
     }
 
-    /// Kills the interpreter and every process it started.
-    pub async fn kill(self, sandbox: &dyn Sandbox) {
-        kill_tree(sandbox, self.pid).await;
+    /// Kills the interpreter and every process it started; `Err` when that is not confirmed.
+    pub async fn kill(self, sandbox: &dyn Sandbox) -> Result<(), String> {
+        kill_tree(sandbox, self.pid).await
     }
 
     /// Asks an idle interpreter to leave (processes it started keep running).
@@ -217,17 +220,22 @@ impl Driver {
     }
 }
 
-async fn kill_tree(sandbox: &dyn Sandbox, pid: u32) {
-    let req = ExecRequest::new([
-        "python3".to_string(),
-        format!("{HELPERS_DIR}/killtree.py"),
-        "--tree".into(),
-        pid.to_string(),
-    ])
-    .timeout(Duration::from_secs(10));
-    if let Err(e) = sandbox.exec(req).await {
+/// Kills the interpreter's tree; `Err` (with killtree's words) when it could not confirm
+/// that nothing of the tree is left.
+async fn kill_tree(sandbox: &dyn Sandbox, pid: u32) -> Result<(), String> {
+    let mut req = ExecRequest::new(helpers::argv("killtree.py", &["--tree", &pid.to_string()]))
+        .timeout(Duration::from_secs(10))
+        .output_cap(4096);
+    req.env = helpers::env();
+    let outcome = match sandbox.exec(req).await {
+        Ok(out) if helpers::kill_confirmed(out.exit_code) => Ok(()),
+        Ok(out) => Err(out.stderr_lossy().trim().to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = &outcome {
         tracing::warn!(session = sandbox.session_id(), pid, error = %e, "could not kill the python interpreter");
     }
+    outcome
 }
 
 fn describe_exit(code: i64) -> String {
