@@ -235,7 +235,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if path == "." || path.is_empty() {
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::invalid(format!("the body is not valid JSON: {inner}"))
+        } else if path == "." || path.is_empty() {
             ApiError::invalid(format!("the JSON body is invalid: {inner}"))
         } else {
             ApiError::invalid(format!("field `{path}`: {inner}"))

@@ -4,8 +4,10 @@
 //! At start: a stored session whose container still runs is re-attached with its stored
 //! limits; one whose container is gone, or that was still being created, is marked ended;
 //! containers of API sessions that no active stored session owns are removed, and so are
-//! unkept containers whose creating process is gone (the manager's own reconcile). Only one
-//! `serve` may use an engine: a second one would take the first one's containers as orphans.
+//! unkept containers whose creating process is gone (the manager's own reconcile). Only the
+//! containers of this store's users are considered (the owner label carries the user id,
+//! which is random per store), so several `serve`s with their own data directories can share
+//! an engine without taking each other's sessions for orphans.
 //!
 //! Then periodically: sessions idle past their timeout are ended and removed, live sessions
 //! whose row ended elsewhere (`sandboxd users rm`) are removed, last-use times are persisted,
@@ -58,8 +60,10 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
         st.store.end_session(&row.id, &reason, now_ms()).await?;
         out.ended.push(row.id);
     }
+    let ours: HashSet<String> = st.store.owner_ids().await?.into_iter().collect();
     for c in containers {
-        if c.owner.starts_with(OWNER_PREFIX) && !kept.contains(&c.session_id) {
+        let owner = c.owner.strip_prefix(OWNER_PREFIX);
+        if owner.is_some_and(|o| ours.contains(o)) && !kept.contains(&c.session_id) {
             st.backend.remove_runtime(&c.session_id).await?;
             out.removed_containers.push(c.session_id);
         }

@@ -214,6 +214,10 @@ pub trait Store: Send + Sync {
     /// Deletes a session row (DELETE in the API); its runs and events go with it.
     async fn delete_session(&self, id: &str) -> Result<bool, StoreError>;
 
+    /// Every user id this store knows: its users and the owners of its session rows (a
+    /// removed user's ended sessions included). The reconciler touches only their containers.
+    async fn owner_ids(&self) -> Result<Vec<String>, StoreError>;
+
     async fn usage(&self, owner: &str, now: i64) -> Result<Usage, StoreError>;
     /// Deletes ended sessions and finished runs (with their events) that ended before `cutoff`.
     async fn purge_before(&self, cutoff: i64) -> Result<u64, StoreError>;

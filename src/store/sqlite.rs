@@ -571,6 +571,17 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn owner_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.read(|c| {
+            let mut st = c
+                .prepare("SELECT id FROM users UNION SELECT DISTINCT owner FROM sessions")
+                .map_err(sql)?;
+            let rows = st.query_map([], |r| r.get::<_, String>(0)).map_err(sql)?;
+            rows.collect::<Result<_, _>>().map_err(sql)
+        })
+        .await
+    }
+
     async fn usage(&self, owner: &str, now: i64) -> Result<Usage, StoreError> {
         let owner = owner.to_string();
         let day = utc_day(now);
