@@ -189,11 +189,10 @@ impl From<SandboxError> for ApiError {
             ContainerGone { .. } => ErrorCode::Conflict,
             SessionNotFound { .. } | NotFound { .. } => ErrorCode::NotFound,
             TooManySessions { .. } => ErrorCode::CapacityUnavailable,
-            InvalidPath { .. }
-            | FileTooLarge { .. }
-            | FileOp { .. }
-            | Tar(_)
-            | InvalidRequest(_) => ErrorCode::InvalidRequest,
+            // The request was well-formed; the file system disagrees (a directory, a name
+            // too long, a file over the cap, permission denied).
+            FileTooLarge { .. } | FileOp { .. } => ErrorCode::Conflict,
+            InvalidPath { .. } | Tar(_) | InvalidRequest(_) => ErrorCode::InvalidRequest,
             Timeout { .. } => ErrorCode::Timeout,
             Protocol { .. } | Docker { .. } => return ApiError::internal(e),
         };

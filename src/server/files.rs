@@ -133,8 +133,9 @@ pub async fn upload_file(
 ) -> Result<Json<Written>, ApiError> {
     let path = workspace_path(&q.path)?;
     if path == WORKSPACE {
-        return Err(ApiError::invalid(
-            "parameter `path`: name a file inside /workspace, not /workspace itself",
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "parameter `path`: /workspace is a directory; name a file inside it",
         ));
     }
     let live = live_session(&st, &caller, &id).await?;

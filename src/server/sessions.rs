@@ -132,12 +132,12 @@ pub async fn create_session(
                 "field `idle_timeout`: must be at least 1",
             ));
         }
-        Some(s) if s > admin_idle => {
+        Some(s) if s > 31_536_000 => {
             return Err(ApiError::invalid(format!(
-                "field `idle_timeout`: {s} is above the maximum of {admin_idle} s"
+                "field `idle_timeout`: {s} is above the maximum of 31536000"
             )));
         }
-        Some(s) => s,
+        Some(s) => s.min(admin_idle),
     };
     let quota = Quota::resolve(&st.config.quotas, &caller.user.quota, &st.config.limits);
     let asked = LimitRequest::from(&body.limits);
@@ -315,12 +315,12 @@ pub async fn exec(
     let timeout = match body.timeout {
         None => st.config.agent.bash_timeout_secs.clamp(1, max),
         Some(0) => return Err(ApiError::invalid("field `timeout`: must be at least 1")),
-        Some(t) if t > max => {
+        Some(t) if t > 86_400 => {
             return Err(ApiError::invalid(format!(
-                "field `timeout`: {t} is above this session's max_timeout_secs of {max}"
+                "field `timeout`: {t} is above the maximum of 86400"
             )));
         }
-        Some(t) => t,
+        Some(t) => t.min(max),
     };
     let opts = ShellOptions {
         timeout: Duration::from_secs(timeout),

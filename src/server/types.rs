@@ -10,19 +10,49 @@ use utoipa::{IntoParams, ToSchema};
 use crate::config::{LimitRequest, Limits};
 use crate::store::{SessionRow, SessionState};
 
+/// An optional whole number; JSON Schema counts `5.0` as an integer, so it is accepted.
+fn integral<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let v: Option<f64> = Option::deserialize(d)?;
+    match v {
+        None => Ok(None),
+        Some(f) if f.fract() == 0.0 && (0.0..=9.0e15).contains(&f) => Ok(Some(f as u64)),
+        Some(f) => Err(serde::de::Error::custom(format!(
+            "{f} is not a whole number between 0 and 9e15"
+        ))),
+    }
+}
+
+/// serde accepts a struct written as a JSON array; the API takes objects only.
+fn object_only<'de, D: serde::Deserializer<'de>>(d: D) -> Result<LimitsRequest, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    if !v.is_object() {
+        return Err(serde::de::Error::custom("expected an object"));
+    }
+    serde_path_to_error::deserialize(v)
+        .map_err(|e| serde::de::Error::custom(format_args!("{}: {}", e.path(), e.inner())))
+}
+
+fn integral_i64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    Ok(integral(d)?.map(|v| v as i64))
+}
+
 /// Limits a new session asks for; each may only lower the user's ceiling.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
-    #[schema(minimum = 32)]
+    #[schema(minimum = 32, maximum = 1048576)]
+    #[serde(default, deserialize_with = "integral")]
     pub memory_mb: Option<u64>,
-    #[schema(minimum = 0.05)]
+    #[schema(minimum = 0.05, maximum = 1024)]
     pub cpus: Option<f64>,
-    #[schema(minimum = 16)]
+    #[schema(minimum = 16, maximum = 1048576)]
+    #[serde(default, deserialize_with = "integral_i64")]
     pub pids: Option<i64>,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 1048576)]
+    #[serde(default, deserialize_with = "integral")]
     pub workspace_mb: Option<u64>,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 1048576)]
+    #[serde(default, deserialize_with = "integral")]
     pub tmp_mb: Option<u64>,
 }
 
@@ -41,15 +71,35 @@ impl From<&LimitsRequest> for LimitRequest {
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_only")]
     pub limits: LimitsRequest,
     /// Up to 32 pairs; keys match `^[A-Za-z0-9_.-]{1,64}$`, values are at most 512 characters.
     #[serde(default)]
+    #[schema(schema_with = metadata_schema)]
     pub metadata: BTreeMap<String, String>,
-    /// Seconds unused after which the session is removed; at most the admin's
-    /// `[sessions] idle_timeout_secs`, which is also the default.
-    #[schema(minimum = 1)]
+    /// Seconds unused after which the session is removed; the admin's `[sessions]
+    /// idle_timeout_secs` is the default and the maximum (a larger value is lowered to it).
+    #[schema(minimum = 1, maximum = 31536000)]
+    #[serde(default, deserialize_with = "integral")]
     pub idle_timeout: Option<u64>,
+}
+
+fn metadata_schema() -> utoipa::openapi::Object {
+    use utoipa::openapi::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[A-Za-z0-9_.-]{1,64}$")),
+        ))
+        .additional_properties(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(512)),
+        ))
+        .max_properties(Some(32))
+        .build()
 }
 
 /// The limits a session runs with.
@@ -149,8 +199,10 @@ pub struct ListSessionsQuery {
     #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
+    #[param(pattern = "^([1-9][0-9]{0,17})?$")]
     pub cursor: Option<String>,
     /// Metadata filter, URL-encoded `key=value&key2=value2`: every pair must match.
+    #[param(pattern = "^([A-Za-z0-9_.-]{1,64}=[^&]*(&[A-Za-z0-9_.-]{1,64}=[^&]*)*)?$")]
     pub metadata: Option<String>,
     /// Include ended sessions (default false).
     pub include_ended: Option<bool>,
@@ -167,10 +219,13 @@ pub struct SessionList {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
+    /// A bash command line; not blank, no NUL bytes.
+    #[schema(pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
     pub command: String,
-    /// Seconds before the command's process tree is killed; default 120, at most the
-    /// session's `max_timeout_secs`.
-    #[schema(minimum = 1)]
+    /// Seconds before the command's process tree is killed; default 120; a value above the
+    /// session's `max_timeout_secs` is lowered to it.
+    #[schema(minimum = 1, maximum = 86400)]
+    #[serde(default, deserialize_with = "integral")]
     pub timeout: Option<u64>,
 }
 
@@ -215,6 +270,10 @@ pub struct ToolCallResult {
 #[into_params(parameter_in = Query)]
 pub struct PathQuery {
     /// A path inside /workspace, absolute or relative to it.
+    #[param(
+        pattern = "^(?!.*[^/]{256})(/workspace(/[^\\u0000-\\u001f\\u007f-\\u009f]*)?|[^/\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*)?$",
+        max_length = 4096
+    )]
     pub path: String,
 }
 
@@ -223,6 +282,10 @@ pub struct PathQuery {
 #[into_params(parameter_in = Query)]
 pub struct DirQuery {
     /// A directory inside /workspace (default /workspace).
+    #[param(
+        pattern = "^(?!.*[^/]{256})(/workspace(/[^\\u0000-\\u001f\\u007f-\\u009f]*)?|[^/\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*)?$",
+        max_length = 4096
+    )]
     pub path: Option<String>,
 }
 
