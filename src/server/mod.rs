@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod auth;
 pub mod backend;
+pub mod bench;
 pub mod error;
 pub mod files;
 pub mod health;
