@@ -1,11 +1,11 @@
 //! The server's thin adapter over the SessionManager: the live sandboxes of API sessions,
-//! by API session id. Everything `serve` asks of the runtime goes through here, so a change
-//! of the manager's API (typed owners) is absorbed in this one file.
+//! by API session id. Everything `serve` asks of the runtime goes through here.
 //!
 //! API sessions are created with `keep`, so their containers outlive this process (a
-//! restart re-attaches them); the container's owner label is `serve:<user id>`, which is how
-//! the reconciler tells them from CLI and MCP sessions. Ownership is checked by the callers
-//! against the store, never derived from the label.
+//! restart re-attaches them, with the limits the manager recorded on them); their manager
+//! owner is `serve:<user id>`, which is how the reconciler tells them from CLI and MCP
+//! sessions. Ownership is checked by the callers against the store first; the manager checks
+//! the typed owner again on every lookup and removal.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -15,7 +15,9 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 use crate::config::{Config, LimitRequest, Limits};
-use crate::sandbox::{Sandbox, SandboxError, SessionInfo, SessionManager};
+use crate::sandbox::{
+    CreateOptions, Owner, Sandbox, SandboxError, SessionInfo, SessionManager, Viewer,
+};
 use crate::store::{SessionRow, now_ms};
 use crate::tools::ToolRegistry;
 
@@ -30,6 +32,8 @@ pub struct Live {
     pub id: String,
     /// The owning user's id.
     pub owner: String,
+    /// The manager's owner of the session: `serve:<user id>`.
+    manager_owner: Owner,
     /// The runtime's session id (the container's `sandboxd.session` label).
     pub runtime_id: String,
     pub sandbox: Arc<dyn Sandbox>,
@@ -73,6 +77,11 @@ impl Backend {
         &self.manager
     }
 
+    /// The manager's owner of a user's API sessions.
+    pub fn owner_of(user_id: &str) -> Result<Owner, SandboxError> {
+        Owner::new(format!("{OWNER_PREFIX}{user_id}"))
+    }
+
     /// Makes the container of a reserved session; `request` is already within the user's
     /// ceilings and the manager lowers the admin's limits to it.
     pub async fn create(
@@ -80,11 +89,15 @@ impl Backend {
         row: &SessionRow,
         request: &LimitRequest,
     ) -> Result<Arc<Live>, SandboxError> {
-        let owner = format!("{OWNER_PREFIX}{}", row.owner);
-        let session = self.manager.create(&owner, request, true).await?;
+        let owner = Self::owner_of(&row.owner)?;
+        let session = self
+            .manager
+            .create(&owner, request, CreateOptions { keep: true })
+            .await?;
         let live = self
             .insert(
                 row,
+                owner,
                 session.id.clone(),
                 session.sandbox.clone(),
                 session.limits.clone(),
@@ -93,21 +106,22 @@ impl Backend {
         Ok(live)
     }
 
-    /// Re-attaches a stored session whose container `found` is still running.
+    /// Re-attaches a stored session whose container is still running, with the limits the
+    /// manager recorded on it.
     pub async fn reattach(
         &self,
         row: &SessionRow,
         runtime_id: &str,
     ) -> Result<Arc<Live>, SandboxError> {
-        let session = self.manager.get(runtime_id).await?;
-        // The container's cgroup limits were fixed when it was made; the host-side caps
-        // follow the stored limits.
+        let owner = Self::owner_of(&row.owner)?;
+        let session = self.manager.get(&owner, runtime_id).await?;
         Ok(self
             .insert(
                 row,
+                owner,
                 runtime_id.to_string(),
                 session.sandbox.clone(),
-                row.limits.clone(),
+                session.limits.clone(),
             )
             .await)
     }
@@ -115,6 +129,7 @@ impl Backend {
     async fn insert(
         &self,
         row: &SessionRow,
+        manager_owner: Owner,
         runtime_id: String,
         sandbox: Arc<dyn Sandbox>,
         limits: Limits,
@@ -122,6 +137,7 @@ impl Backend {
         let live = Arc::new(Live {
             id: row.id.clone(),
             owner: row.owner.clone(),
+            manager_owner,
             runtime_id,
             sandbox,
             limits,
@@ -142,18 +158,33 @@ impl Backend {
     pub async fn get(&self, id: &str) -> Option<Arc<Live>> {
         let live = self.live.lock().await.get(id).cloned()?;
         live.touch();
+        // Keeps the manager's idle clock in step (its reaper also watches API sessions).
+        if let Err(e) = self
+            .manager
+            .get(&live.manager_owner, &live.runtime_id)
+            .await
+        {
+            tracing::debug!(session = %id, error = %e, "the manager no longer holds the session");
+        }
         Some(live)
     }
 
     /// Removes the session's container; a missing one is not an error.
-    pub async fn remove(&self, id: &str, runtime_id: Option<&str>) -> Result<(), SandboxError> {
+    pub async fn remove(&self, id: &str, row: Option<&SessionRow>) -> Result<(), SandboxError> {
         let taken = self.live.lock().await.remove(id);
-        let runtime_id = taken
-            .as_ref()
-            .map(|l| l.runtime_id.clone())
-            .or(runtime_id.map(String::from));
-        match runtime_id {
-            Some(r) => self.manager.remove(&r).await,
+        let target = match (&taken, row) {
+            (Some(l), _) => Some((l.manager_owner.clone(), l.runtime_id.clone())),
+            (None, Some(r)) => match &r.runtime_id {
+                Some(rt) => Some((Self::owner_of(&r.owner)?, rt.clone())),
+                None => None,
+            },
+            (None, None) => None,
+        };
+        match target {
+            Some((owner, rt)) => match self.manager.remove(&owner, &rt).await {
+                Ok(()) | Err(SandboxError::SessionNotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            },
             None => Ok(()),
         }
     }
@@ -165,12 +196,15 @@ impl Backend {
 
     /// Every managed container on the engine.
     pub async fn containers(&self) -> Result<Vec<SessionInfo>, SandboxError> {
-        self.manager.list().await
+        self.manager.list(&Viewer::Admin).await
     }
 
     /// Removes a container by its runtime session id (reconciliation).
     pub async fn remove_runtime(&self, runtime_id: &str) -> Result<(), SandboxError> {
-        self.manager.remove(runtime_id).await
+        match self.manager.admin_remove(runtime_id).await {
+            Ok(()) | Err(SandboxError::SessionNotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The manager's own reconcile: containers whose creating process is gone and that
@@ -179,15 +213,9 @@ impl Backend {
         self.manager.reconcile().await
     }
 
-    /// Removes the containers of `/mcp` sessions (shutdown); API sessions stay for the
-    /// next start to re-attach.
+    /// Removes the containers of `/mcp` sessions (shutdown): every session not kept. API
+    /// sessions are kept, for the next start to re-attach.
     pub async fn remove_mcp_sessions(&self) {
-        for s in self.manager.live().await {
-            if s.owner.starts_with(MCP_OWNER_PREFIX)
-                && let Err(e) = self.manager.remove(&s.id).await
-            {
-                tracing::warn!(session = %s.id, error = %e, "could not remove an MCP sandbox");
-            }
-        }
+        self.manager.remove_all().await;
     }
 }

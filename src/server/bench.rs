@@ -50,7 +50,14 @@ pub async fn bench_exec(
         })
         .await?;
     let addr = "127.0.0.1:0".parse()?;
-    let server = Server::start(config, Arc::new(store), manager, Arc::new(AlwaysReady), addr).await?;
+    let server = Server::start(
+        config,
+        Arc::new(store),
+        manager,
+        Arc::new(AlwaysReady),
+        addr,
+    )
+    .await?;
     let base = format!("http://{}", server.addr);
     let state = server.state.clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -109,7 +116,8 @@ pub async fn bench_exec(
 }
 
 fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("sandboxd-bench-{}", uuid::Uuid::new_v4().simple()));
+    let dir =
+        std::env::temp_dir().join(format!("sandboxd-bench-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }

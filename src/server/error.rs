@@ -185,16 +185,23 @@ impl From<SandboxError> for ApiError {
     fn from(e: SandboxError) -> Self {
         use SandboxError::*;
         let code = match &e {
-            EngineUnavailable { .. } | ImageMissing { .. } => ErrorCode::SandboxUnavailable,
-            ContainerGone { .. } => ErrorCode::Conflict,
+            BackendUnavailable { .. } | ImageMissing { .. } => ErrorCode::SandboxUnavailable,
+            SandboxGone { .. } => ErrorCode::Conflict,
             SessionNotFound { .. } | NotFound { .. } => ErrorCode::NotFound,
             TooManySessions { .. } => ErrorCode::CapacityUnavailable,
+            TooManySessionsForOwner { limit, .. } => {
+                return ApiError::quota(
+                    "sessions",
+                    limit,
+                    format!("{e}; delete a session of yours or ask the admin"),
+                );
+            }
             // The request was well-formed; the file system disagrees (a directory, a name
             // too long, a file over the cap, permission denied).
             FileTooLarge { .. } | FileOp { .. } => ErrorCode::Conflict,
             InvalidPath { .. } | Tar(_) | InvalidRequest(_) => ErrorCode::InvalidRequest,
             Timeout { .. } => ErrorCode::Timeout,
-            Protocol { .. } | Docker { .. } => return ApiError::internal(e),
+            Protocol { .. } | Backend { .. } => return ApiError::internal(e),
         };
         ApiError::new(code, e.to_string())
     }

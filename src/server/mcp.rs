@@ -21,7 +21,7 @@ use super::auth::Caller;
 use super::backend::MCP_OWNER_PREFIX;
 use crate::config::Config;
 use crate::mcp::{SandboxServer, ServerState};
-use crate::sandbox::SessionManager;
+use crate::sandbox::{Owner, SessionManager};
 
 type Service = StreamableHttpService<SandboxServer, LocalSessionManager>;
 
@@ -30,7 +30,9 @@ struct UserMcp {
     service: Service,
 }
 
-/// The MCP servers of the users who have used /mcp since the start.
+/// The MCP servers of the users who have used /mcp since the start. Their sessions live in
+/// the one SessionManager (owner `serve-mcp-` + a hash of the user id; stateless clients'
+/// sessions are owned by their key's hash) and are reaped by its reaper.
 pub struct McpUsers {
     manager: Arc<SessionManager>,
     config: Config,
@@ -53,7 +55,7 @@ impl McpUsers {
         if let Some(u) = users.get(user_id) {
             return u.clone();
         }
-        let owner = format!("{MCP_OWNER_PREFIX}{user_id}");
+        let owner = Owner::from_secret(MCP_OWNER_PREFIX.trim_end_matches(':'), user_id.as_bytes());
         let state = ServerState::new(self.manager.clone(), self.config.clone(), owner);
         let mut sessions = LocalSessionManager::default();
         let idle = Duration::from_secs(self.config.sessions.idle_timeout_secs.max(1));
@@ -76,20 +78,11 @@ impl McpUsers {
         u
     }
 
-    /// Reaps idle stateless sandboxes of every user.
-    pub async fn reap_idle(&self) {
-        let idle = Duration::from_secs(self.config.sessions.idle_timeout_secs.max(1));
-        let all: Vec<Arc<UserMcp>> = self.users.lock().await.values().cloned().collect();
-        for u in all {
-            u.state.stateless.reap_idle(idle).await;
-        }
-    }
-
     /// Closes every stateless sandbox (shutdown); session handlers end with the token.
     pub async fn close_all(&self) {
         let all: Vec<Arc<UserMcp>> = self.users.lock().await.values().cloned().collect();
         for u in all {
-            u.state.stateless.close_all().await;
+            u.state.stateless.clear().await;
         }
     }
 }

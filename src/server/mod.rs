@@ -213,7 +213,8 @@ impl Server {
             return Err(ServeError::NoUsersOffLoopback { addr }.into());
         }
         let shutdown = CancellationToken::new();
-        let probe = crate::mcp::lazy::LazySandbox::new(manager.clone(), "serve-probe");
+        let probe_owner = crate::sandbox::Owner::new("serve-probe")?;
+        let probe = crate::mcp::lazy::LazySandbox::new(manager.clone(), probe_owner);
         let tool_specs = crate::tools::session::server_tools(probe, &config.limits, &config)
             .specs()
             .into_iter()
@@ -261,6 +262,9 @@ impl Server {
             on_stop.cancel();
         });
         let upkeep = reconcile::spawn_upkeep(state.clone());
+        // The manager's one reaper: idle /mcp sessions (API sessions have their own timeouts,
+        // kept by `upkeep`, and are touched in the manager on every use).
+        let reaper = state.backend.manager().spawn_reaper();
         let app = app(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
         let until = shutdown.clone();
         let server = axum::serve(self.listener, app)
@@ -275,6 +279,7 @@ impl Server {
             _ = bound => tracing::warn!(seconds = drain.as_secs(), "requests still open after the drain bound; closing them"),
         }
         upkeep.abort();
+        reaper.abort();
         state.mcp.close_all().await;
         state.backend.remove_mcp_sessions().await;
         Ok(())

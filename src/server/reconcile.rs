@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use super::AppState;
 use super::backend::OWNER_PREFIX;
+use crate::sandbox::SandboxState;
 use crate::store::{SessionState, now_ms};
 
 /// What the start-up reconcile did.
@@ -42,7 +43,7 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
                 .find(|c| c.session_id == r && c.owner == format!("{OWNER_PREFIX}{}", row.owner))
         });
         let reason = match (row.state, found) {
-            (SessionState::Running, Some(c)) if c.state == "running" => {
+            (SessionState::Running, Some(c)) if c.state == SandboxState::Running => {
                 match st.backend.reattach(&row, &c.session_id).await {
                     Ok(_) => {
                         kept.insert(c.session_id.clone());
@@ -113,7 +114,6 @@ pub async fn tick(st: &AppState) {
             }
         }
     }
-    st.mcp.reap_idle().await;
     let days = st.config.server.retention_days;
     if days > 0 {
         let cutoff = now - (days as i64).saturating_mul(86_400_000);

@@ -105,7 +105,7 @@ fn ended(row: &SessionRow) -> ApiError {
 
 /// Maps a sandbox failure; a lost container ends the session for good.
 pub async fn sandbox_failed(st: &AppState, live: &Live, e: SandboxError) -> ApiError {
-    if e.is_fatal_for_session() && matches!(e, SandboxError::ContainerGone { .. }) {
+    if matches!(e, SandboxError::SandboxGone { .. }) {
         let _ = st
             .store
             .end_session(&live.id, "its container is gone", now_ms())
@@ -289,7 +289,7 @@ pub async fn delete_session(
 ) -> Result<StatusCode, ApiError> {
     let row = owned_row(&st, &caller, &id).await?;
     st.store.end_session(&id, "deleted", now_ms()).await?;
-    st.backend.remove(&id, row.runtime_id.as_deref()).await?;
+    st.backend.remove(&id, Some(&row)).await?;
     st.store.delete_session(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -246,7 +246,8 @@ impl Store for SqliteStore {
     }
 
     async fn add_user(&self, user: NewUser) -> Result<User, StoreError> {
-        let id = format!("usr_{}", uuid::Uuid::new_v4().simple());
+        // No `_`: the id becomes part of a session owner, which allows only letters, digits, `._@:-`.
+        let id = format!("usr-{}", uuid::Uuid::new_v4().simple());
         let quota = to_json(&user.quota)?;
         let now = super::now_ms();
         let name = user.name.clone();
