@@ -553,3 +553,46 @@ async fn a_non_loopback_address_is_refused_while_no_user_exists() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn removing_or_rotating_a_user_revokes_the_key_and_ends_their_sessions() {
+    let env = Env::new("").await;
+    let kim = env.add_user("kim", &[]);
+    let lou = env.add_user("lou", &[]);
+    let serve = env.start();
+    let api = Api::new(&serve, &kim);
+    api.session().await;
+    let kim_id = env.user_ids()[0].clone();
+    assert_eq!(serve::containers_of(&format!("serve:{kim_id}")).len(), 1);
+
+    // Rotation: the old key stops working at once, the new one works.
+    let out = env.cmd().args(["users", "rotate", "lou"]).output().unwrap();
+    assert!(out.status.success());
+    let new_lou = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let (s, _) = Api::new(&serve, &lou)
+        .json(Method::GET, "/v1/me", None)
+        .await;
+    assert_eq!(s, 401);
+    let (s, me) = Api::new(&serve, &new_lou)
+        .json(Method::GET, "/v1/me", None)
+        .await;
+    assert_eq!((s, me["name"].as_str()), (200, Some("lou")));
+
+    // Removal while serve runs: 401 at once, the container goes within the upkeep interval.
+    let out = env.cmd().args(["users", "rm", "kim"]).output().unwrap();
+    assert!(out.status.success());
+    let (s, _) = api.json(Method::GET, "/v1/sessions", None).await;
+    assert_eq!(s, 401);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while !serve::containers_of(&format!("serve:{kim_id}")).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "kim's container is still there"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let list = env.cmd().args(["users", "list"]).output().unwrap();
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(text.contains("lou") && !text.contains("kim"), "{text}");
+    assert!(!text.contains(&new_lou), "keys are never listed");
+}
