@@ -563,6 +563,9 @@ async fn research(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         "—",
     );
     manager.remove(&s.owner, &s.id).await?;
+    println!();
+    Ok(())
+}
 
 async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     section("Service (`sandboxd serve`)");
