@@ -38,6 +38,10 @@ pub struct Config {
     pub flow: crate::flow::config::FlowConfig,
     /// Host-side web_search and web_fetch (src/research/config.rs).
     pub research: crate::research::ResearchConfig,
+    /// `sandboxd serve`: listener, limits of requests, retention.
+    pub server: crate::server::ServerConfig,
+    /// Per-user quota defaults of `sandboxd serve`.
+    pub quotas: crate::server::QuotasConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
 }
@@ -377,7 +381,7 @@ impl Config {
 }
 
 const SECTIONS: &[&str] = &[
-    "docker", "limits", "sessions", "llm", "agent", "mcp", "flow", "research",
+    "docker", "limits", "sessions", "llm", "agent", "mcp", "flow", "research", "server", "quotas",
 ];
 
 fn apply_env(

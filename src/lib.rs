@@ -9,4 +9,6 @@ pub mod llm;
 pub mod mcp;
 pub mod research;
 pub mod sandbox;
+pub mod server;
+pub mod store;
 pub mod tools;

@@ -42,13 +42,21 @@ enum Command {
     Sessions(cli::sessions::SessionsCommand),
     /// Check Docker, the image, the limits in force and the LLM configuration.
     Doctor,
+    /// Serve the multi-user HTTP API (and MCP at /mcp) for the users `users add` creates.
+    Serve(cli::serve::ServeArgs),
+    /// Add, list, remove users of `serve`; rotate their keys; set their quotas.
+    #[command(subcommand)]
+    Users(cli::users::UsersCommand),
     /// Measure sandboxd beside the plain docker CLI; prints tables for BENCHMARKS.md.
     Bench(cli::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    cli::init_tracing();
+    cli::init_tracing(match cli.command {
+        Command::Serve(_) => "warn,sandboxd::access=info,sandboxd::server=info",
+        _ => "warn",
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -70,6 +78,8 @@ fn main() -> ExitCode {
             Command::Image(cmd) => cli::image::main(ctx, cmd).await,
             Command::Sessions(cmd) => cli::sessions::main(ctx, cmd).await,
             Command::Doctor => cli::doctor::main(ctx).await,
+            Command::Serve(args) => cli::serve::main(ctx, args).await,
+            Command::Users(cmd) => cli::users::main(ctx, cmd).await,
             Command::Bench(args) => cli::bench::main(ctx, args).await,
         }
     });

@@ -14,7 +14,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, serve, or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -117,13 +117,16 @@ pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if all || args.group == "research" {
         research(&manager, args.iterations.min(50)).await?;
     }
+    if all || args.group == "serve" {
+        serve(manager.clone(), &ctx, args.iterations).await?;
+    }
     if ![
-        "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research",
+        "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "serve",
     ]
     .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, serve or all",
             args.group
         );
     }
@@ -560,6 +563,24 @@ async fn research(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         "—",
     );
     manager.remove(&s.owner, &s.id).await?;
+    println!();
+    Ok(())
+}
+
+async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
+    section("Service (`sandboxd serve`)");
+    let mut b = sandboxd::server::bench::bench_exec(manager, ctx.config.clone(), n).await?;
+    let (api50, _) = percentiles(&mut b.api);
+    let (lib50, _) = percentiles(&mut b.library);
+    row(
+        "`true` via POST /v1/sessions/{id}/exec (loopback, auth, JSON)",
+        &mut b.api,
+        "library shell",
+        &mut b.library,
+        "≤ 1 ms added at p50",
+    );
+    println!();
+    println!("API overhead at p50: {:.3} ms", api50 - lib50);
     println!();
     Ok(())
 }

@@ -12,9 +12,11 @@ pub mod mcp;
 pub mod plan;
 pub mod render;
 pub mod run;
+pub mod serve;
 pub mod sessions;
 pub mod signals;
 pub mod tool;
+pub mod users;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -99,9 +101,10 @@ impl Ctx {
     }
 }
 
-pub fn init_tracing() {
+/// `default` applies when SANDBOXD_LOG is unset (serve adds its access log).
+pub fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SANDBOXD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

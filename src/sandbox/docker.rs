@@ -72,6 +72,17 @@ impl DockerRuntime {
         ))
     }
 
+    /// Whether the engine has the image sessions are created from.
+    pub async fn image_present(&self) -> Result<bool, SandboxError> {
+        match self.docker.inspect_image(&self.image).await {
+            Ok(_) => Ok(true),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(false),
+            Err(e) => Err(engine_err(e)),
+        }
+    }
+
     /// Creates and starts a session container with every hardening default in place.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<Arc<DockerSandbox>, SandboxError> {
         let body = container_body(&self.image, self.oci_runtime.as_deref(), spec);

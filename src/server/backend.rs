@@ -1,0 +1,221 @@
+//! The server's thin adapter over the SessionManager: the live sandboxes of API sessions,
+//! by API session id. Everything `serve` asks of the runtime goes through here.
+//!
+//! API sessions are created with `keep`, so their containers outlive this process (a
+//! restart re-attaches them, with the limits the manager recorded on them); their manager
+//! owner is `serve:<user id>`, which is how the reconciler tells them from CLI and MCP
+//! sessions. Ownership is checked by the callers against the store first; the manager checks
+//! the typed owner again on every lookup and removal.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use crate::config::{Config, LimitRequest, Limits};
+use crate::sandbox::{
+    CreateOptions, Owner, Sandbox, SandboxError, SessionInfo, SessionManager, Viewer,
+};
+use crate::store::{SessionRow, now_ms};
+use crate::tools::ToolRegistry;
+
+/// The label prefix of containers that belong to API sessions.
+pub const OWNER_PREFIX: &str = "serve:";
+/// The label prefix of containers of `/mcp` sessions.
+pub const MCP_OWNER_PREFIX: &str = "serve-mcp:";
+
+/// One API session whose container is running.
+pub struct Live {
+    /// The API id (the store's key).
+    pub id: String,
+    /// The owning user's id.
+    pub owner: String,
+    /// The manager's owner of the session: `serve:<user id>`.
+    manager_owner: Owner,
+    /// The runtime's session id (the container's `sandboxd.session` label).
+    pub runtime_id: String,
+    pub sandbox: Arc<dyn Sandbox>,
+    pub limits: Limits,
+    pub idle_timeout: Duration,
+    last_used_ms: AtomicI64,
+    tools: OnceLock<ToolRegistry>,
+}
+
+impl Live {
+    pub fn touch(&self) {
+        self.last_used_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    pub fn last_used_ms(&self) -> i64 {
+        self.last_used_ms.load(Ordering::Relaxed)
+    }
+
+    /// The same tool registry the MCP server offers, bound to this session's sandbox.
+    pub fn tools(&self, config: &Config) -> &ToolRegistry {
+        self.tools.get_or_init(|| {
+            crate::tools::session::server_tools(self.sandbox.clone(), &self.limits, config)
+        })
+    }
+}
+
+pub struct Backend {
+    manager: Arc<SessionManager>,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+}
+
+impl Backend {
+    pub fn new(manager: Arc<SessionManager>) -> Self {
+        Self {
+            manager,
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn manager(&self) -> &Arc<SessionManager> {
+        &self.manager
+    }
+
+    /// The manager's owner of a user's API sessions.
+    pub fn owner_of(user_id: &str) -> Result<Owner, SandboxError> {
+        Owner::new(format!("{OWNER_PREFIX}{user_id}"))
+    }
+
+    /// Makes the container of a reserved session; `request` is already within the user's
+    /// ceilings and the manager lowers the admin's limits to it.
+    pub async fn create(
+        &self,
+        row: &SessionRow,
+        request: &LimitRequest,
+    ) -> Result<Arc<Live>, SandboxError> {
+        let owner = Self::owner_of(&row.owner)?;
+        let session = self
+            .manager
+            .create(&owner, request, CreateOptions { keep: true })
+            .await?;
+        let live = self
+            .insert(
+                row,
+                owner,
+                session.id.clone(),
+                session.sandbox.clone(),
+                session.limits.clone(),
+            )
+            .await;
+        Ok(live)
+    }
+
+    /// Re-attaches a stored session whose container is still running, with the limits the
+    /// manager recorded on it.
+    pub async fn reattach(
+        &self,
+        row: &SessionRow,
+        runtime_id: &str,
+    ) -> Result<Arc<Live>, SandboxError> {
+        let owner = Self::owner_of(&row.owner)?;
+        let session = self.manager.get(&owner, runtime_id).await?;
+        Ok(self
+            .insert(
+                row,
+                owner,
+                runtime_id.to_string(),
+                session.sandbox.clone(),
+                session.limits.clone(),
+            )
+            .await)
+    }
+
+    async fn insert(
+        &self,
+        row: &SessionRow,
+        manager_owner: Owner,
+        runtime_id: String,
+        sandbox: Arc<dyn Sandbox>,
+        limits: Limits,
+    ) -> Arc<Live> {
+        let live = Arc::new(Live {
+            id: row.id.clone(),
+            owner: row.owner.clone(),
+            manager_owner,
+            runtime_id,
+            sandbox,
+            limits,
+            idle_timeout: Duration::from_secs(row.idle_timeout_secs),
+            last_used_ms: AtomicI64::new(row.last_used_at),
+            tools: OnceLock::new(),
+        });
+        self.live.lock().await.insert(row.id.clone(), live.clone());
+        live
+    }
+
+    /// The container's name for a runtime session id (what the store records).
+    pub fn container_name(runtime_id: &str) -> String {
+        format!("sandboxd-{runtime_id}")
+    }
+
+    /// The live session, marked as used.
+    pub async fn get(&self, id: &str) -> Option<Arc<Live>> {
+        let live = self.live.lock().await.get(id).cloned()?;
+        live.touch();
+        // Keeps the manager's idle clock in step (its reaper also watches API sessions).
+        if let Err(e) = self
+            .manager
+            .get(&live.manager_owner, &live.runtime_id)
+            .await
+        {
+            tracing::debug!(session = %id, error = %e, "the manager no longer holds the session");
+        }
+        Some(live)
+    }
+
+    /// Removes the session's container; a missing one is not an error.
+    pub async fn remove(&self, id: &str, row: Option<&SessionRow>) -> Result<(), SandboxError> {
+        let taken = self.live.lock().await.remove(id);
+        let target = match (&taken, row) {
+            (Some(l), _) => Some((l.manager_owner.clone(), l.runtime_id.clone())),
+            (None, Some(r)) => match &r.runtime_id {
+                Some(rt) => Some((Self::owner_of(&r.owner)?, rt.clone())),
+                None => None,
+            },
+            (None, None) => None,
+        };
+        match target {
+            Some((owner, rt)) => match self.manager.remove(&owner, &rt).await {
+                Ok(()) | Err(SandboxError::SessionNotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            },
+            None => Ok(()),
+        }
+    }
+
+    /// Every live API session.
+    pub async fn all(&self) -> Vec<Arc<Live>> {
+        self.live.lock().await.values().cloned().collect()
+    }
+
+    /// Every managed container on the engine.
+    pub async fn containers(&self) -> Result<Vec<SessionInfo>, SandboxError> {
+        self.manager.list(&Viewer::Admin).await
+    }
+
+    /// Removes a container by its runtime session id (reconciliation).
+    pub async fn remove_runtime(&self, runtime_id: &str) -> Result<(), SandboxError> {
+        match self.manager.admin_remove(runtime_id).await {
+            Ok(()) | Err(SandboxError::SessionNotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The manager's own reconcile: containers whose creating process is gone and that
+    /// were not kept.
+    pub async fn reconcile_unkept(&self) -> Result<Vec<String>, SandboxError> {
+        self.manager.reconcile().await
+    }
+
+    /// Removes the containers of `/mcp` sessions (shutdown): every session not kept. API
+    /// sessions are kept, for the next start to re-attach.
+    pub async fn remove_mcp_sessions(&self) {
+        self.manager.remove_all().await;
+    }
+}

@@ -1,0 +1,340 @@
+//! The API's errors: `{"error": {"code": "...", "message": "..."}}` with a stable set of
+//! codes, and the extractors that turn malformed requests into them (naming the field).
+//!
+//! The codes are part of the API: clients branch on them, so one is never renamed or reused
+//! for another meaning; new ones may be added. README.md lists them.
+
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use utoipa::ToSchema;
+
+use crate::sandbox::SandboxError;
+use crate::store::StoreError;
+
+/// Every error code the API answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: the request is malformed; the message names the field.
+    InvalidRequest,
+    /// 400: the Host header is not in the allow-list.
+    HostNotAllowed,
+    /// 401: no valid API key.
+    Unauthorized,
+    /// 404: no such object, or it belongs to someone else.
+    NotFound,
+    /// 405
+    MethodNotAllowed,
+    /// 409: the object is not in a state that allows this (e.g. the session ended).
+    Conflict,
+    /// 413: the body is over the limit.
+    PayloadTooLarge,
+    /// 415: the body is not JSON where JSON is expected.
+    UnsupportedMediaType,
+    /// 429: a quota of the user; `quota` and `limit` say which.
+    QuotaExceeded,
+    /// 429: too many failed authentications from this address; retry later.
+    RateLimited,
+    /// 500
+    Internal,
+    /// 503: the server-wide session capacity is used up.
+    CapacityUnavailable,
+    /// 503: the container engine or the sandbox image is unavailable.
+    SandboxUnavailable,
+    /// 503: the server is shutting down.
+    ShuttingDown,
+    /// 504: the request took longer than its time limit.
+    Timeout,
+}
+
+impl ErrorCode {
+    pub fn status(self) -> StatusCode {
+        use ErrorCode::*;
+        match self {
+            InvalidRequest | HostNotAllowed => StatusCode::BAD_REQUEST,
+            Unauthorized => StatusCode::UNAUTHORIZED,
+            NotFound => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Conflict => StatusCode::CONFLICT,
+            PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            QuotaExceeded | RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            CapacityUnavailable | SandboxUnavailable | ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Timeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub code: ErrorCode,
+    /// What was wrong and what to do about it.
+    pub message: String,
+    /// For `quota_exceeded`: the quota that was hit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<String>,
+    /// For `quota_exceeded`: the quota's value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
+}
+
+/// The body of every error response.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub detail: ErrorDetail,
+    /// Seconds for Retry-After (429).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            detail: ErrorDetail {
+                code,
+                message: message.into(),
+                quota: None,
+                limit: None,
+            },
+            retry_after: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message)
+    }
+
+    pub fn not_found(what: &str, id: &str) -> Self {
+        Self::new(
+            ErrorCode::NotFound,
+            format!("no {what} {id:?}; list yours with GET /v1/{what}s"),
+        )
+    }
+
+    pub fn quota(name: &str, limit: impl ToString, message: impl Into<String>) -> Self {
+        let mut e = Self::new(ErrorCode::QuotaExceeded, message);
+        e.detail.quota = Some(name.into());
+        e.detail.limit = Some(limit.to_string());
+        e
+    }
+
+    pub fn internal(message: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %message, "internal error");
+        Self::new(ErrorCode::Internal, format!("sandboxd failed: {message}"))
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        self.detail.code
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.detail.code.status();
+        let mut resp = (
+            status,
+            axum::Json(ErrorBody {
+                error: self.detail.clone(),
+            }),
+        )
+            .into_response();
+        if let Some(s) = self.retry_after
+            && let Ok(v) = HeaderValue::from_str(&s.to_string())
+        {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"sandboxd\""),
+            );
+        }
+        resp
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::SessionQuota { limit, active } => ApiError::quota(
+                "sessions",
+                limit,
+                format!(
+                    "you have {active} sessions alive and your quota is {limit}; delete one (DELETE /v1/sessions/{{id}}) or ask the admin to raise it"
+                ),
+            ),
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+impl From<SandboxError> for ApiError {
+    fn from(e: SandboxError) -> Self {
+        use SandboxError::*;
+        let code = match &e {
+            BackendUnavailable { .. } | ImageMissing { .. } => ErrorCode::SandboxUnavailable,
+            SandboxGone { .. } => ErrorCode::Conflict,
+            SessionNotFound { .. } | NotFound { .. } => ErrorCode::NotFound,
+            TooManySessions { .. } => ErrorCode::CapacityUnavailable,
+            TooManySessionsForOwner { limit, .. } => {
+                return ApiError::quota(
+                    "sessions",
+                    limit,
+                    format!("{e}; delete a session of yours or ask the admin"),
+                );
+            }
+            // The request was well-formed; the file system disagrees (a directory, a name
+            // too long, a file over the cap, permission denied).
+            FileTooLarge { .. } | FileOp { .. } => ErrorCode::Conflict,
+            InvalidPath { .. } | Tar(_) | InvalidRequest(_) => ErrorCode::InvalidRequest,
+            Timeout { .. } => ErrorCode::Timeout,
+            Protocol { .. } | Backend { .. } => return ApiError::internal(e),
+        };
+        ApiError::new(code, e.to_string())
+    }
+}
+
+/// A JSON body, parsed so that an error names the field at fault. Unknown fields are
+/// refused by the target types (`deny_unknown_fields`).
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|m| {
+                let m = m.trim().to_ascii_lowercase();
+                m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+            });
+        if !is_json {
+            return Err(ApiError::new(
+                ErrorCode::UnsupportedMediaType,
+                "send the body as JSON with Content-Type: application/json",
+            ));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(body_error)?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses JSON and reports the path of the offending field.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::invalid(format!("the body is not valid JSON: {inner}"))
+        } else if path == "." || path.is_empty() {
+            ApiError::invalid(format!("the JSON body is invalid: {inner}"))
+        } else {
+            ApiError::invalid(format!("field `{path}`: {inner}"))
+        }
+    })
+}
+
+/// Maps a body-reading failure: over the limit is 413, anything else 400.
+pub fn body_error(e: BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            "the request body is over the limit ([server] body_limit_kb for JSON, upload_limit_mb for uploads)",
+        )
+    } else {
+        ApiError::invalid(format!("cannot read the request body: {}", e.body_text()))
+    }
+}
+
+/// A raw body (uploads), bounded by the route's body limit.
+pub struct ApiBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for ApiBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        Bytes::from_request(req, state)
+            .await
+            .map(ApiBody)
+            .map_err(body_error)
+    }
+}
+
+/// Query parameters, with errors naming the parameter.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| ApiQuery(q.0))
+            .map_err(|e: QueryRejection| {
+                ApiError::invalid(format!("bad query parameters: {}", e.body_text()))
+            })
+    }
+}
+
+/// Path parameters.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| ApiPath(p.0))
+            .map_err(|e: PathRejection| {
+                ApiError::invalid(format!("bad path parameter: {}", e.body_text()))
+            })
+    }
+}
+
+/// Every error status a route may answer with, for the OpenAPI document.
+#[derive(utoipa::IntoResponses)]
+pub enum ErrorResponses {
+    #[response(status = 400, description = "invalid_request or host_not_allowed")]
+    BadRequest(#[to_schema] ErrorBody),
+    #[response(status = 401, description = "unauthorized")]
+    Unauthorized(ErrorBody),
+    #[response(status = 404, description = "not_found")]
+    NotFound(ErrorBody),
+    #[response(status = 405, description = "method_not_allowed")]
+    MethodNotAllowed(ErrorBody),
+    #[response(status = 409, description = "conflict")]
+    Conflict(ErrorBody),
+    #[response(status = 413, description = "payload_too_large")]
+    PayloadTooLarge(ErrorBody),
+    #[response(status = 415, description = "unsupported_media_type")]
+    UnsupportedMediaType(ErrorBody),
+    #[response(status = 429, description = "quota_exceeded or rate_limited")]
+    TooManyRequests(ErrorBody),
+    #[response(status = 500, description = "internal")]
+    Internal(ErrorBody),
+    #[response(
+        status = 503,
+        description = "capacity_unavailable, sandbox_unavailable or shutting_down"
+    )]
+    Unavailable(ErrorBody),
+    #[response(status = 504, description = "timeout")]
+    Timeout(ErrorBody),
+}

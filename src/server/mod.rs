@@ -1,0 +1,287 @@
+//! `sandboxd serve`: the multi-user HTTP service. One axum server: the API under /v1, the
+//! MCP endpoint at /mcp (same users' keys), /healthz and /readyz.
+//!
+//! Layout: `error` (the error shape and extractors), `auth` (keys, bearer check, throttle),
+//! `http` (Host allow-list, time limits, access log), `backend` (the adapter over the
+//! SessionManager), `sessions`/`files`/`admin`/`health` (handlers), `mcp` (per-user MCP
+//! servers), `reconcile` (start-up and periodic agreement of store and engine), `openapi`.
+//!
+//! Shutdown: the token stops the listener from accepting, ends rmcp's streams (and, with
+//! runs, every event stream: each one selects on it, so an open stream cannot hold the
+//! drain), and requests in flight get `[server] drain_secs` before the server returns anyway.
+//! API sessions' containers are kept for the next start to re-attach; /mcp sandboxes go.
+
+pub mod admin;
+pub mod auth;
+pub mod backend;
+pub mod bench;
+pub mod error;
+pub mod files;
+pub mod health;
+pub mod http;
+pub mod mcp;
+pub mod openapi;
+pub mod reconcile;
+pub mod sessions;
+pub mod settings;
+pub mod types;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::routing::{any, get};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi as _;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+use utoipa_axum::routes;
+
+pub use settings::{QuotasConfig, ServerConfig};
+
+use crate::config::Config;
+use crate::sandbox::SessionManager;
+use crate::store::Store;
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub backend: backend::Backend,
+    pub config: Config,
+    pub throttle: auth::Throttle,
+    pub mcp: mcp::McpUsers,
+    pub ready: Arc<dyn health::Readiness>,
+    /// The tools every session offers (names, descriptions, schemas).
+    pub tool_specs: Vec<types::ToolInfo>,
+    /// Cancelled on SIGTERM: stop accepting, end streams.
+    pub shutdown: CancellationToken,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(
+        "refusing to listen on {addr}: no user exists yet, so nobody could authenticate and the address is reachable from other hosts. Create one with `sandboxd users add NAME --admin`, or listen on 127.0.0.1"
+    )]
+    NoUsersOffLoopback { addr: SocketAddr },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+type Shared = Arc<AppState>;
+
+/// Wraps one route's handlers in the layers of its group.
+#[derive(Clone, Copy)]
+enum Group {
+    /// Bookkeeping: a JSON body limit and the short time limit.
+    Short,
+    /// Runs commands or moves files: the command time limit on top.
+    Long,
+    /// Uploads: the upload body limit and the long time limit.
+    Upload,
+}
+
+fn layered(
+    config: &Config,
+    group: Group,
+    r: UtoipaMethodRouter<Shared>,
+) -> UtoipaMethodRouter<Shared> {
+    let s = &config.server;
+    let short = Duration::from_secs(s.request_timeout_secs.max(1));
+    let long = short + Duration::from_secs(config.limits.max_timeout_secs);
+    let (limit, time) = match group {
+        Group::Short => (s.body_limit_kb.saturating_mul(1024), short),
+        Group::Long => (s.body_limit_kb.saturating_mul(1024), long),
+        Group::Upload => (s.upload_limit_mb.saturating_mul(1 << 20), long),
+    };
+    let (schemas, paths, method) = r;
+    let method = method
+        .layer(DefaultBodyLimit::max(limit as usize))
+        .layer(from_fn_with_state(http::Deadline(time), http::deadline));
+    (schemas, paths, method)
+}
+
+/// The documented routes (without state, auth or global layers).
+pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
+    use Group::*;
+    let l = |g, r| layered(config, g, r);
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(l(
+            Short,
+            routes!(sessions::create_session, sessions::list_sessions),
+        ))
+        .routes(l(
+            Short,
+            routes!(sessions::get_session, sessions::delete_session),
+        ))
+        .routes(l(Long, routes!(sessions::exec)))
+        .routes(l(Short, routes!(sessions::list_tools)))
+        .routes(l(Long, routes!(sessions::call_tool)))
+        .routes(l(Short, routes!(files::list_dir)))
+        .routes(l(Long, routes!(files::download_file)))
+        .routes(l(Upload, routes!(files::upload_file)))
+        .routes(l(Long, routes!(files::download_archive)))
+        .routes(l(Upload, routes!(files::upload_archive)))
+        .routes(l(Short, routes!(admin::me)))
+        .routes(l(Short, routes!(admin::users)))
+}
+
+fn health_routes() -> OpenApiRouter<Shared> {
+    OpenApiRouter::new()
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+}
+
+async fn openapi_json() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        openapi::document_json(),
+    )
+        .into_response()
+}
+
+/// The whole application: API, MCP, health, and the global layers.
+pub fn app(state: Shared) -> Router {
+    let auth = from_fn_with_state(state.clone(), auth::require_user);
+    let (api, _) = routes(&state.config)
+        .route("/v1/openapi.json", get(openapi_json))
+        .route("/mcp", any(mcp::handle))
+        .split_for_parts();
+    let api = api.route_layer(auth);
+    let (health, _) = health_routes().split_for_parts();
+    let mut app = api
+        .merge(health)
+        .fallback(http::not_found)
+        .method_not_allowed_fallback(http::method_not_allowed)
+        .with_state(state.clone());
+    if let Some(cors) = cors_layer(&state.config.server.cors_origins) {
+        app = app.layer(cors);
+    }
+    app.layer(from_fn_with_state(
+        http::HostAllowList::new(&state.config.server.allowed_hosts),
+        http::check_host,
+    ))
+    .layer(from_fn(http::access_log))
+    .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+        http::panic_response,
+    ))
+}
+
+/// CORS only for configured origins, without credentials (keys travel in a header).
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{HeaderValue, Method, header};
+    let origins: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o.trim()).ok())
+        .collect();
+    if origins.is_empty() {
+        return None;
+    }
+    Some(
+        tower_http::cors::CorsLayer::new()
+            .allow_origin(origins)
+            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
+/// A bound server, reconciled with the engine, not yet serving.
+pub struct Server {
+    pub state: Shared,
+    listener: TcpListener,
+    pub addr: SocketAddr,
+    pub reconciled: reconcile::Reconciled,
+}
+
+impl Server {
+    /// Checks the address, reconciles the store with the engine, then binds.
+    pub async fn start(
+        config: Config,
+        store: Arc<dyn Store>,
+        manager: Arc<SessionManager>,
+        ready: Arc<dyn health::Readiness>,
+        addr: SocketAddr,
+    ) -> anyhow::Result<Server> {
+        if !addr.ip().is_loopback() && store.user_count().await? == 0 {
+            return Err(ServeError::NoUsersOffLoopback { addr }.into());
+        }
+        let shutdown = CancellationToken::new();
+        let probe_owner = crate::sandbox::Owner::new("serve-probe")?;
+        let probe = crate::mcp::lazy::LazySandbox::new(manager.clone(), probe_owner);
+        let tool_specs = crate::tools::session::server_tools(probe, &config.limits, &config)
+            .specs()
+            .into_iter()
+            .map(|s| types::ToolInfo {
+                name: s.name,
+                description: s.description,
+                parameters: s.parameters,
+            })
+            .collect();
+        let state = Arc::new(AppState {
+            store,
+            backend: backend::Backend::new(manager.clone()),
+            throttle: auth::Throttle::new(config.server.auth_failures_per_minute),
+            mcp: mcp::McpUsers::new(manager, config.clone(), shutdown.clone()),
+            ready,
+            tool_specs,
+            shutdown,
+            config,
+        });
+        let reconciled = reconcile::at_start(&state).await?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        Ok(Server {
+            state,
+            listener,
+            addr,
+            reconciled,
+        })
+    }
+
+    /// Serves until `stop` resolves, then drains for at most `[server] drain_secs`.
+    pub async fn serve(
+        self,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let state = self.state;
+        let shutdown = state.shutdown.clone();
+        let on_stop = shutdown.clone();
+        tokio::spawn(async move {
+            stop.await;
+            on_stop.cancel();
+        });
+        let upkeep = reconcile::spawn_upkeep(state.clone());
+        // The manager's one reaper: idle /mcp sessions (API sessions have their own timeouts,
+        // kept by `upkeep`, and are touched in the manager on every use).
+        let reaper = state.backend.manager().spawn_reaper();
+        let app = app(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
+        let until = shutdown.clone();
+        let server = axum::serve(self.listener, app)
+            .with_graceful_shutdown(async move { until.cancelled().await });
+        let drain = Duration::from_secs(state.config.server.drain_secs);
+        let bound = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(drain).await;
+        };
+        tokio::select! {
+            r = server => r?,
+            _ = bound => tracing::warn!(seconds = drain.as_secs(), "requests still open after the drain bound; closing them"),
+        }
+        upkeep.abort();
+        reaper.abort();
+        state.mcp.close_all().await;
+        state.backend.remove_mcp_sessions().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,140 @@
+//! Keeping the store and the engine in agreement: at start (also after `kill -9`) and then
+//! every `[sessions] reap_interval_secs`.
+//!
+//! At start: a stored session whose container still runs is re-attached with its stored
+//! limits; one whose container is gone, or that was still being created, is marked ended;
+//! containers of API sessions that no active stored session owns are removed, and so are
+//! unkept containers whose creating process is gone (the manager's own reconcile). Only the
+//! containers of this store's users are considered (the owner label carries the user id,
+//! which is random per store), so several `serve`s with their own data directories can share
+//! an engine without taking each other's sessions for orphans.
+//!
+//! Then periodically: sessions idle past their timeout are ended and removed, live sessions
+//! whose row ended elsewhere (`sandboxd users rm`) are removed, last-use times are persisted,
+//! and old rows past the retention are purged.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::AppState;
+use super::backend::OWNER_PREFIX;
+use crate::sandbox::SandboxState;
+use crate::store::{SessionState, now_ms};
+
+/// What the start-up reconcile did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reconciled {
+    pub reattached: Vec<String>,
+    pub ended: Vec<String>,
+    pub removed_containers: Vec<String>,
+}
+
+pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
+    let mut out = Reconciled::default();
+    let unkept = st.backend.reconcile_unkept().await?;
+    out.removed_containers.extend(unkept);
+    let containers = st.backend.containers().await?;
+    let mut kept: HashSet<String> = HashSet::new();
+    for row in st.store.active_sessions().await? {
+        let found = row.runtime_id.as_deref().and_then(|r| {
+            containers
+                .iter()
+                .find(|c| c.session_id == r && c.owner == format!("{OWNER_PREFIX}{}", row.owner))
+        });
+        let reason = match (row.state, found) {
+            (SessionState::Running, Some(c)) if c.state == SandboxState::Running => {
+                match st.backend.reattach(&row, &c.session_id).await {
+                    Ok(_) => {
+                        kept.insert(c.session_id.clone());
+                        out.reattached.push(row.id.clone());
+                        continue;
+                    }
+                    Err(e) => format!("its container could not be re-attached: {e}"),
+                }
+            }
+            (SessionState::Running, Some(c)) => format!("its container is {}", c.state),
+            (SessionState::Running, None) => "its container is gone".to_string(),
+            _ => "sandboxd stopped while its container was being created".to_string(),
+        };
+        tracing::info!(session = %row.id, %reason, "ending a stored session");
+        st.store.end_session(&row.id, &reason, now_ms()).await?;
+        out.ended.push(row.id);
+    }
+    let ours: HashSet<String> = st.store.owner_ids().await?.into_iter().collect();
+    for c in containers {
+        let owner = c.owner.strip_prefix(OWNER_PREFIX);
+        if owner.is_some_and(|o| ours.contains(o)) && !kept.contains(&c.session_id) {
+            st.backend.remove_runtime(&c.session_id).await?;
+            out.removed_containers.push(c.session_id);
+        }
+    }
+    Ok(out)
+}
+
+/// One pass of the periodic upkeep.
+pub async fn tick(st: &AppState) {
+    let now = now_ms();
+    for live in st.backend.all().await {
+        let row = match st.store.session(&live.id).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "the store failed during upkeep");
+                return;
+            }
+        };
+        let idle_ms = now - live.last_used_ms();
+        let reason = match &row {
+            None => Some("its row was deleted".to_string()),
+            Some(r) if r.state == SessionState::Ended => Some(
+                r.end_reason
+                    .clone()
+                    .unwrap_or_else(|| "ended elsewhere".into()),
+            ),
+            _ if idle_ms > live.idle_timeout.as_millis() as i64 => Some(format!(
+                "idle for more than {} s",
+                live.idle_timeout.as_secs()
+            )),
+            _ => None,
+        };
+        match reason {
+            Some(reason) => {
+                tracing::info!(session = %live.id, %reason, "removing a session");
+                let _ = st.store.end_session(&live.id, &reason, now).await;
+                if let Err(e) = st.backend.remove(&live.id, None).await {
+                    tracing::warn!(session = %live.id, error = %e, "could not remove a session's container");
+                }
+            }
+            None => {
+                if row.is_some_and(|r| r.last_used_at < live.last_used_ms())
+                    && let Err(e) = st.store.touch_session(&live.id, live.last_used_ms()).await
+                {
+                    tracing::warn!(error = %e, "could not record a session's last use");
+                }
+            }
+        }
+    }
+    let days = st.config.server.retention_days;
+    if days > 0 {
+        let cutoff = now - (days as i64).saturating_mul(86_400_000);
+        match st.store.purge_before(cutoff).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(rows = n, "purged rows past the retention"),
+            Err(e) => tracing::warn!(error = %e, "could not purge old rows"),
+        }
+    }
+}
+
+/// Runs `tick` every `[sessions] reap_interval_secs` until shutdown.
+pub fn spawn_upkeep(st: Arc<AppState>) -> tokio::task::JoinHandle<()> {
+    let every = Duration::from_secs(st.config.sessions.reap_interval_secs.max(1));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = st.shutdown.cancelled() => return,
+            }
+            tick(&st).await;
+        }
+    })
+}

@@ -1,0 +1,199 @@
+//! The `[server]` and `[quotas]` config sections of `sandboxd serve`, and how a user's
+//! quota is worked out from the defaults, their overrides and the admin's limits.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{LimitRequest, Limits};
+use crate::store::QuotaOverride;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address `sandboxd serve` listens on when --listen is not given.
+    pub listen: String,
+    /// Host names accepted in the Host header besides loopback names and the listen address
+    /// (the DNS-rebinding guard); add the name the service is reached by behind a proxy.
+    pub allowed_hosts: Vec<String>,
+    /// Origins allowed by CORS; empty means CORS is off (no Access-Control headers).
+    pub cors_origins: Vec<String>,
+    /// Largest JSON request body.
+    pub body_limit_kb: u64,
+    /// Largest file or tar upload.
+    pub upload_limit_mb: u64,
+    /// Time limit of a request that does not run a command; exec, tool and file routes get
+    /// `[limits] max_timeout_secs` plus this.
+    pub request_timeout_secs: u64,
+    /// How long shutdown waits for requests in flight before closing them.
+    pub drain_secs: u64,
+    /// Ended sessions and finished runs older than this are deleted; 0 keeps them forever.
+    pub retention_days: u64,
+    /// Failed authentications one source address may make per minute before it gets 429.
+    pub auth_failures_per_minute: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            allowed_hosts: Vec::new(),
+            cors_origins: Vec::new(),
+            body_limit_kb: 1024,
+            upload_limit_mb: 100,
+            request_timeout_secs: 30,
+            drain_secs: 5,
+            retention_days: 30,
+            auth_failures_per_minute: 20,
+        }
+    }
+}
+
+/// The default quota of every user; `sandboxd users quota` overrides it per user.
+/// For the limit ceilings, 0 means "the admin's `[limits]`".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotasConfig {
+    /// Sessions one user may have alive at once.
+    pub sessions: u32,
+    /// Runs one user may have in flight at once.
+    pub runs: u32,
+    /// LLM input tokens one user may spend per UTC day; 0 means no limit.
+    pub input_tokens_per_day: u64,
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: i64,
+    pub workspace_mb: u64,
+    pub tmp_mb: u64,
+}
+
+impl Default for QuotasConfig {
+    fn default() -> Self {
+        Self {
+            sessions: 4,
+            runs: 2,
+            input_tokens_per_day: 0,
+            memory_mb: 0,
+            cpus: 0.0,
+            pids: 0,
+            workspace_mb: 0,
+            tmp_mb: 0,
+        }
+    }
+}
+
+/// One user's quota in force: defaults, then their overrides, capped by the admin's limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quota {
+    pub sessions: u32,
+    pub runs: u32,
+    pub input_tokens_per_day: u64,
+    /// The most this user's sessions may ask for (never above the admin's limits).
+    pub ceiling: Limits,
+}
+
+impl Quota {
+    pub fn resolve(defaults: &QuotasConfig, user: &QuotaOverride, admin: &Limits) -> Quota {
+        let mut ceiling = admin.clone();
+        let cap_u = |v: Option<u64>, d: u64, admin: u64| match v.unwrap_or(d) {
+            0 => admin,
+            n => n.min(admin),
+        };
+        ceiling.memory_mb = cap_u(user.memory_mb, defaults.memory_mb, admin.memory_mb);
+        ceiling.workspace_mb = cap_u(user.workspace_mb, defaults.workspace_mb, admin.workspace_mb);
+        ceiling.tmp_mb = cap_u(user.tmp_mb, defaults.tmp_mb, admin.tmp_mb);
+        ceiling.pids = match user.pids.unwrap_or(defaults.pids) {
+            n if n <= 0 => admin.pids,
+            n => n.min(admin.pids),
+        };
+        ceiling.cpus = match user.cpus.unwrap_or(defaults.cpus) {
+            n if n.is_finite() && n > 0.0 => n.min(admin.cpus),
+            _ => admin.cpus,
+        };
+        Quota {
+            sessions: user.sessions.unwrap_or(defaults.sessions),
+            runs: user.runs.unwrap_or(defaults.runs),
+            input_tokens_per_day: user
+                .input_tokens_per_day
+                .unwrap_or(defaults.input_tokens_per_day),
+            ceiling,
+        }
+    }
+
+    /// The first requested limit above this user's ceiling, as (quota name, ceiling value).
+    pub fn exceeded_by(&self, req: &LimitRequest) -> Option<(&'static str, String)> {
+        let c = &self.ceiling;
+        if let Some(v) = req.memory_mb
+            && v > c.memory_mb
+        {
+            return Some(("memory_mb", c.memory_mb.to_string()));
+        }
+        if let Some(v) = req.cpus
+            && v > c.cpus
+        {
+            return Some(("cpus", c.cpus.to_string()));
+        }
+        if let Some(v) = req.pids
+            && v > c.pids
+        {
+            return Some(("pids", c.pids.to_string()));
+        }
+        if let Some(v) = req.workspace_mb
+            && v > c.workspace_mb
+        {
+            return Some(("workspace_mb", c.workspace_mb.to_string()));
+        }
+        if let Some(v) = req.tmp_mb
+            && v > c.tmp_mb
+        {
+            return Some(("tmp_mb", c.tmp_mb.to_string()));
+        }
+        None
+    }
+
+    /// The request with every unset limit filled from this user's ceiling, so a session
+    /// never gets more than the user may have.
+    pub fn fill(&self, req: &LimitRequest) -> LimitRequest {
+        let c = &self.ceiling;
+        LimitRequest {
+            memory_mb: Some(req.memory_mb.unwrap_or(c.memory_mb)),
+            cpus: Some(req.cpus.unwrap_or(c.cpus)),
+            pids: Some(req.pids.unwrap_or(c.pids)),
+            workspace_mb: Some(req.workspace_mb.unwrap_or(c.workspace_mb)),
+            tmp_mb: Some(req.tmp_mb.unwrap_or(c.tmp_mb)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceilings_never_exceed_the_admins_limits() {
+        let admin = Limits::default();
+        let defaults = QuotasConfig {
+            memory_mb: 512,
+            ..Default::default()
+        };
+        let user = QuotaOverride {
+            sessions: Some(1),
+            pids: Some(1_000_000),
+            ..Default::default()
+        };
+        let q = Quota::resolve(&defaults, &user, &admin);
+        assert_eq!(q.sessions, 1);
+        assert_eq!(q.ceiling.memory_mb, 512);
+        assert_eq!(
+            q.ceiling.pids, admin.pids,
+            "an override cannot raise the admin's ceiling"
+        );
+        assert_eq!(q.ceiling.cpus, admin.cpus);
+        let over = LimitRequest {
+            memory_mb: Some(513),
+            ..Default::default()
+        };
+        assert_eq!(q.exceeded_by(&over), Some(("memory_mb", "512".into())));
+        let filled = q.fill(&LimitRequest::default());
+        assert_eq!(filled.memory_mb, Some(512));
+        assert!(admin.lowered(&filled).is_ok());
+    }
+}

@@ -1,0 +1,229 @@
+//! The service's persistent state: users and their keys, sessions, runs, events and
+//! conversations, behind one small trait so a PostgreSQL implementation can follow.
+//!
+//! `SqliteStore` (sqlite.rs) is the embedded default and the only file that imports the SQL
+//! crate. Times are unix milliseconds. Rows carry the owner's user id; the callers (the
+//! server) compare it with the caller on every access, the store only stores.
+
+mod sqlite;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+pub use sqlite::SqliteStore;
+
+use crate::config::Limits;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the store at {path} cannot be opened: {message}")]
+    Open { path: String, message: String },
+    #[error(
+        "the store's schema is version {found}, newer than this sandboxd knows ({known}); upgrade sandboxd"
+    )]
+    TooNew { found: i64, known: i64 },
+    #[error("a user named {name:?} already exists")]
+    UserExists { name: String },
+    #[error("the concurrent-sessions quota of {limit} is reached ({active} active)")]
+    SessionQuota { limit: u32, active: u32 },
+    #[error("the store failed: {0}")]
+    Sql(String),
+    #[error("the store holds a malformed {what}: {message}")]
+    Corrupt { what: &'static str, message: String },
+}
+
+/// Overrides of the configured quota defaults for one user; `None` keeps the default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotaOverride {
+    pub sessions: Option<u32>,
+    pub runs: Option<u32>,
+    pub input_tokens_per_day: Option<u64>,
+    pub memory_mb: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<i64>,
+    pub workspace_mb: Option<u64>,
+    pub tmp_mb: Option<u64>,
+}
+
+impl QuotaOverride {
+    /// Fields set in `other` replace ours.
+    pub fn merged(&self, other: &QuotaOverride) -> QuotaOverride {
+        QuotaOverride {
+            sessions: other.sessions.or(self.sessions),
+            runs: other.runs.or(self.runs),
+            input_tokens_per_day: other.input_tokens_per_day.or(self.input_tokens_per_day),
+            memory_mb: other.memory_mb.or(self.memory_mb),
+            cpus: other.cpus.or(self.cpus),
+            pids: other.pids.or(self.pids),
+            workspace_mb: other.workspace_mb.or(self.workspace_mb),
+            tmp_mb: other.tmp_mb.or(self.tmp_mb),
+        }
+    }
+}
+
+/// A user and the one API key they hold.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub id: String,
+    pub name: String,
+    pub admin: bool,
+    /// The first characters of the key (`sbx_` and a few more), for telling keys apart.
+    pub key_prefix: String,
+    pub created_at: i64,
+    pub key_created_at: i64,
+    pub last_used_at: Option<i64>,
+    /// After this time the key is refused.
+    pub expires_at: Option<i64>,
+    pub quota: QuotaOverride,
+}
+
+/// A key as stored: the SHA-256 of the whole key and its display prefix.
+#[derive(Debug, Clone)]
+pub struct StoredKey {
+    pub hash: [u8; 32],
+    pub prefix: String,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewUser {
+    pub name: String,
+    pub admin: bool,
+    pub key: StoredKey,
+    pub quota: QuotaOverride,
+}
+
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// Reserved against the quota; its container is being made.
+    Creating,
+    Running,
+    Ended,
+}
+
+impl SessionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Creating => "creating",
+            SessionState::Running => "running",
+            SessionState::Ended => "ended",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "creating" => Some(SessionState::Creating),
+            "running" => Some(SessionState::Running),
+            "ended" => Some(SessionState::Ended),
+            _ => None,
+        }
+    }
+}
+
+/// One stored session.
+#[derive(Debug, Clone)]
+pub struct SessionRow {
+    pub id: String,
+    /// The owning user's id.
+    pub owner: String,
+    pub state: SessionState,
+    pub limits: Limits,
+    pub metadata: BTreeMap<String, String>,
+    pub idle_timeout_secs: u64,
+    /// The runtime's name for the session (the container's `sandboxd.session` label), once made.
+    pub runtime_id: Option<String>,
+    pub container_id: Option<String>,
+    pub created_at: i64,
+    pub last_used_at: i64,
+    pub ended_at: Option<i64>,
+    pub end_reason: Option<String>,
+}
+
+/// What `list_sessions` returns: newest first, after an opaque cursor.
+#[derive(Debug, Clone, Default)]
+pub struct SessionQuery {
+    /// Only this owner's sessions; None for every owner (admins).
+    pub owner: Option<String>,
+    /// Include ended sessions.
+    pub include_ended: bool,
+    /// Every pair must be present in the session's metadata.
+    pub metadata: Vec<(String, String)>,
+    /// Only sessions older than this cursor (from a previous page).
+    pub before: Option<i64>,
+    pub limit: u32,
+}
+
+/// One page of sessions and the cursor of the next page, if there is one.
+#[derive(Debug, Clone)]
+pub struct SessionPage {
+    pub sessions: Vec<SessionRow>,
+    pub next: Option<i64>,
+}
+
+/// What a user is using now, for quotas and the admin's view.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub active_sessions: u32,
+    pub active_runs: u32,
+    pub input_tokens_today: u64,
+}
+
+/// The store boundary. Every method is one short transaction.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// A write that proves the store is writable (readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    async fn add_user(&self, user: NewUser) -> Result<User, StoreError>;
+    async fn user_by_key(&self, hash: [u8; 32]) -> Result<Option<User>, StoreError>;
+    async fn user_by_name(&self, name: &str) -> Result<Option<User>, StoreError>;
+    async fn users(&self) -> Result<Vec<User>, StoreError>;
+    async fn user_count(&self) -> Result<u64, StoreError>;
+    /// Removes the user and ends their sessions (the server removes the containers).
+    async fn remove_user(&self, name: &str, now: i64) -> Result<bool, StoreError>;
+    /// Replaces the user's key; the old one stops working at once.
+    async fn replace_key(&self, name: &str, key: StoredKey) -> Result<bool, StoreError>;
+    async fn set_quota(&self, name: &str, quota: QuotaOverride) -> Result<bool, StoreError>;
+    async fn touch_user(&self, id: &str, now: i64) -> Result<(), StoreError>;
+
+    /// Inserts a `creating` session unless its owner already has `max_active` live ones;
+    /// count and insert are one `BEGIN IMMEDIATE` transaction so concurrent creates cannot
+    /// overshoot.
+    async fn reserve_session(&self, row: SessionRow, max_active: u32) -> Result<(), StoreError>;
+    /// The container exists: record it and mark the session running.
+    async fn session_started(
+        &self,
+        id: &str,
+        runtime_id: &str,
+        container_id: &str,
+    ) -> Result<(), StoreError>;
+    async fn session(&self, id: &str) -> Result<Option<SessionRow>, StoreError>;
+    async fn list_sessions(&self, q: &SessionQuery) -> Result<SessionPage, StoreError>;
+    /// Sessions that are creating or running, every owner.
+    async fn active_sessions(&self) -> Result<Vec<SessionRow>, StoreError>;
+    async fn touch_session(&self, id: &str, now: i64) -> Result<(), StoreError>;
+    /// Marks a session ended (idempotent); returns whether it was still active.
+    async fn end_session(&self, id: &str, reason: &str, now: i64) -> Result<bool, StoreError>;
+
+    /// Deletes a session row (DELETE in the API); its runs and events go with it.
+    async fn delete_session(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Every user id this store knows: its users and the owners of its session rows (a
+    /// removed user's ended sessions included). The reconciler touches only their containers.
+    async fn owner_ids(&self) -> Result<Vec<String>, StoreError>;
+
+    async fn usage(&self, owner: &str, now: i64) -> Result<Usage, StoreError>;
+    /// Deletes ended sessions and finished runs (with their events) that ended before `cutoff`.
+    async fn purge_before(&self, cutoff: i64) -> Result<u64, StoreError>;
+}
+
+/// Now, in unix milliseconds.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
