@@ -31,6 +31,7 @@ pub struct Config {
     pub docker: DockerConfig,
     pub limits: Limits,
     pub sessions: SessionsConfig,
+    pub pool: PoolConfig,
     pub llm: LlmConfig,
     pub agent: AgentConfig,
     pub mcp: McpConfig,
@@ -214,6 +215,31 @@ impl Default for SessionsConfig {
     }
 }
 
+/// The warm pool: sandboxes of the configured limits profile created and started ahead of
+/// time (no owner, no env, no secrets), their shell and file helper already up, so a
+/// session created by a long-lived process (the MCP server, `serve`) starts in milliseconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Warm sandboxes kept ready; 0 turns the pool off. Together with live sessions they
+    /// never exceed `[sessions] max`.
+    pub size: usize,
+    /// A warm sandbox older than this is replaced (so a pool never serves a stale one).
+    pub max_age_secs: u64,
+    /// How often the pool is checked and refilled besides the refill after each claim.
+    pub refill_interval_secs: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            size: 2,
+            max_age_secs: 3600,
+            refill_interval_secs: 10,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LlmConfig {
@@ -377,7 +403,7 @@ impl Config {
 }
 
 const SECTIONS: &[&str] = &[
-    "docker", "limits", "sessions", "llm", "agent", "mcp", "flow", "research",
+    "docker", "limits", "sessions", "pool", "llm", "agent", "mcp", "flow", "research",
 ];
 
 fn apply_env(

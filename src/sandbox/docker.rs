@@ -10,13 +10,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, ContainerSummaryStateEnum, HostConfig, HostConfigLogConfig,
-    ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, ContainerSummaryStateEnum, ContainerUpdateBody, HostConfig,
+    HostConfigLogConfig, ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    StartContainerOptions,
+    StartContainerOptions, StatsOptionsBuilder,
 };
+use futures::StreamExt;
 
 use super::runtime::{FoundSandbox, LABEL_MANAGED, LABEL_SESSION, Runtime, SandboxSpec};
 use super::{Sandbox, SandboxError, SandboxState, host};
@@ -220,6 +221,59 @@ impl Runtime for DockerRuntime {
 
     async fn remove(&self, handle: &str) -> Result<(), SandboxError> {
         self.remove_container(handle).await
+    }
+
+    /// `docker update`: memory with swap equal to it (no swap, as at creation), the CPU
+    /// quota and the pids limit can change on a running container; tmpfs sizes cannot.
+    async fn update_limits(&self, handle: &str, limits: &Limits) -> Result<bool, SandboxError> {
+        let memory = (limits.memory_mb as i64).saturating_mul(1 << 20);
+        let body = ContainerUpdateBody {
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            nano_cpus: Some((limits.cpus * 1e9) as i64),
+            pids_limit: Some(limits.pids),
+            ..Default::default()
+        };
+        self.docker
+            .update_container(handle, body)
+            .await
+            .map_err(|e| docker_err("lower the container's limits", handle, e))?;
+        Ok(true)
+    }
+
+    /// The id of the image the tag names now: a rebuilt image under the same tag differs.
+    async fn image_revision(&self) -> Result<Option<String>, SandboxError> {
+        match self.docker.inspect_image(&self.image).await {
+            Ok(info) => Ok(info.id),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Err(SandboxError::ImageMissing {
+                tag: self.image.clone(),
+            }),
+            Err(e) => Err(engine_err(e)),
+        }
+    }
+
+    /// The cgroup's memory use without the reclaimable page cache, as `docker stats` shows.
+    async fn memory_usage(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
+        let options = StatsOptionsBuilder::new()
+            .stream(false)
+            .one_shot(true)
+            .build();
+        let mut stream = self.docker.stats(handle, Some(options));
+        let Some(stats) = stream.next().await else {
+            return Ok(None);
+        };
+        let stats = stats.map_err(|e| docker_err("read the container's memory use", handle, e))?;
+        Ok(stats.memory_stats.and_then(|m| {
+            let inactive = m
+                .stats
+                .as_ref()
+                .and_then(|s| s.get("inactive_file"))
+                .copied()
+                .unwrap_or(0);
+            m.usage.map(|u| u.saturating_sub(inactive))
+        }))
     }
 
     /// The engine is on this host (a local socket), so its creators are local processes.

@@ -19,6 +19,7 @@ pub mod host;
 pub mod manager;
 mod output;
 mod owner;
+mod pool;
 pub mod runtime;
 pub mod shell;
 pub mod slots;
@@ -82,6 +83,13 @@ pub trait Sandbox: Send + Sync {
 
     /// Whether the container is still running; a cheap inspect.
     async fn is_alive(&self) -> bool;
+
+    /// Starts what the first call would otherwise start (the persistent shell, the file
+    /// helper) now, so that call pays nothing: the warm pool does this before it offers a
+    /// sandbox. A sandbox with nothing to start answers at once.
+    async fn warm_up(&self) -> Result<(), SandboxError> {
+        Ok(())
+    }
 }
 
 /// The prefix every path inside the sandbox is resolved against when relative.
