@@ -164,6 +164,15 @@ impl SessionManager {
         lock(&self.table).pool.len()
     }
 
+    /// The session ids the warm sandboxes carry (what `sessions list` shows as "(pool)").
+    pub fn pool_sessions(&self) -> Vec<String> {
+        lock(&self.table)
+            .pool
+            .iter()
+            .map(|w| w.session_id.clone())
+            .collect()
+    }
+
     /// Retires stale warm sandboxes and makes new ones up to the pool size and the cap.
     pub async fn refill_pool(&self) -> RefillReport {
         let mut report = RefillReport::default();
