@@ -4,6 +4,7 @@
 //! for commands that only look or remove (never builds anything).
 
 pub mod bench;
+pub mod bench_pool;
 pub mod copy_out;
 pub mod doctor;
 pub mod exec;

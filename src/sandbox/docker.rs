@@ -266,10 +266,14 @@ impl Runtime for DockerRuntime {
         };
         let stats = stats.map_err(|e| docker_err("read the container's memory use", handle, e))?;
         Ok(stats.memory_stats.and_then(|m| {
+            // cgroup v2 names it inactive_file, v1 total_inactive_file.
             let inactive = m
                 .stats
                 .as_ref()
-                .and_then(|s| s.get("inactive_file"))
+                .and_then(|s| {
+                    s.get("inactive_file")
+                        .or_else(|| s.get("total_inactive_file"))
+                })
                 .copied()
                 .unwrap_or(0);
             m.usage.map(|u| u.saturating_sub(inactive))

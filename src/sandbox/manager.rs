@@ -381,6 +381,11 @@ impl SessionManager {
         }
     }
 
+    /// The memory the session's sandbox uses now, if the backend can tell.
+    pub async fn memory_of(&self, session: &Session) -> Result<Option<u64>, SandboxError> {
+        self.runtime.memory_usage(&session.handle).await
+    }
+
     /// Sessions held by this process.
     pub async fn live(&self) -> Vec<Arc<Session>> {
         lock(&self.table).sessions.values().cloned().collect()
