@@ -201,6 +201,10 @@ pub struct SessionsConfig {
     pub reap_interval_secs: u64,
     /// The owner recorded on sessions started from the CLI.
     pub default_owner: String,
+    /// The memory this process's sandboxes (sessions and warm ones) may use together, as
+    /// the backend measures it, in MiB; 0 = no budget. Over it the pool stops filling and
+    /// gives up warm sandboxes first, then the reaper removes the longest-idle sessions.
+    pub memory_budget_mb: u64,
 }
 
 impl Default for SessionsConfig {
@@ -211,6 +215,7 @@ impl Default for SessionsConfig {
             idle_timeout_secs: 1800,
             reap_interval_secs: 60,
             default_owner: "local".into(),
+            memory_budget_mb: 0,
         }
     }
 }

@@ -340,3 +340,65 @@ async fn a_warm_sandbox_removed_from_outside_is_replaced_not_handed_out() {
         .unwrap();
     assert!(rt.sessions().contains(&s.id));
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_memory_budget_shrinks_the_pool_first_then_reaps_the_longest_idle() {
+    const MIB: u64 = 1 << 20;
+    let rt = FakeRuntime::new();
+    rt.set_memory_each(30 * MIB);
+    let m = SessionManager::with_pool(
+        rt.clone(),
+        Limits::default(),
+        SessionsConfig {
+            max: 16,
+            max_per_owner: 16,
+            memory_budget_mb: 100,
+            reap_interval_secs: 60,
+            ..SessionsConfig::default()
+        },
+        PoolConfig {
+            size: 4,
+            max_age_secs: 600,
+            refill_interval_secs: 10,
+        },
+    );
+    // One sandbox measured, 30 MiB each: only three fit in 100 MiB.
+    let a = owner("a");
+    let cold = m
+        .create(&a, &LimitRequest::default(), FRESH)
+        .await
+        .unwrap();
+    m.refill_pool().await;
+    assert_eq!(m.pool_ready(), 2, "1 session + 2 warm = 90 MiB ≤ 100");
+    assert!(m.enforce_memory_budget().await.is_empty());
+
+    // The sandboxes grow: 45 MiB each is 135 MiB. Warm ones go first.
+    rt.set_memory_each(45 * MIB);
+    let removed = m.enforce_memory_budget().await;
+    assert_eq!(removed.len(), 1, "{removed:?}");
+    assert_eq!(m.pool_ready(), 1);
+    assert!(m.refill_pool().await.added == 0, "no room in the budget");
+
+    // A second session (claimed) and more growth: the pool empties, then the longest-idle
+    // session goes, and only one idle for at least a reap interval.
+    let fresh = m
+        .create(&a, &LimitRequest::default(), FRESH)
+        .await
+        .unwrap();
+    rt.set_memory_each(60 * MIB);
+    assert_eq!(m.pool_ready(), 0, "the claim took the last warm one");
+    assert!(
+        m.enforce_memory_budget().await.is_empty(),
+        "over the budget, but no session has been idle for a reap interval yet"
+    );
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    fresh.touch();
+    let removed = m.enforce_memory_budget().await;
+    assert_eq!(removed, vec![cold.id.clone()], "the longest-idle one");
+    assert!(m.get(&a, &fresh.id).await.is_ok());
+    assert!(rt.sessions().contains(&fresh.id) && !rt.sessions().contains(&cold.id));
+
+    // Without a budget nothing is measured or removed.
+    let none = pooled(&rt, 2, 16);
+    assert!(none.enforce_memory_budget().await.is_empty());
+}

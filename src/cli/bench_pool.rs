@@ -31,6 +31,21 @@ async fn manager(ctx: &Ctx, pool: usize) -> anyhow::Result<Arc<SessionManager>> 
     ))
 }
 
+/// Refills until `size` warm sandboxes are ready; a few failed rounds are an error, not a hang.
+async fn fill(m: &SessionManager, size: usize) -> anyhow::Result<()> {
+    for _ in 0..5 {
+        if m.pool_ready() >= size {
+            return Ok(());
+        }
+        m.refill_pool().await;
+    }
+    anyhow::ensure!(
+        m.pool_ready() >= size,
+        "the pool could not fill to {size} (the warnings above say why)"
+    );
+    Ok(())
+}
+
 /// Create (or claim) a session and have its first command answered; the time it took.
 async fn create_to_first(m: &SessionManager) -> anyhow::Result<(Duration, String)> {
     let t = Instant::now();
@@ -126,9 +141,7 @@ pub async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     let warm = manager(ctx, size).await?;
     let mut claims = Vec::new();
     for _ in 0..n.clamp(10, 50) {
-        while warm.pool_ready() < size {
-            warm.refill_pool().await;
-        }
+        fill(&warm, size).await?;
         let (t, id) = create_to_first(&warm).await?;
         claims.push(t);
         warm.admin_remove(&id).await?;
@@ -161,9 +174,7 @@ pub async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
         &format!("P99 beside CubeSandbox's {CUBE_P99_50_MS} ms (96-core bare metal)"),
     );
     let warm50 = manager(ctx, 50).await?;
-    while warm50.pool_ready() < 50 {
-        warm50.refill_pool().await;
-    }
+    fill(&warm50, 50).await?;
     let mut ours = concurrent(&warm50, 50).await?;
     warm50.remove_all().await;
     row(

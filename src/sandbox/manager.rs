@@ -31,7 +31,7 @@ pub struct Session {
     /// Meant to outlive this process; `remove_all` leaves it alone.
     pub keep: bool,
     /// The backend's name for the sandbox, what `Runtime::remove` takes.
-    handle: String,
+    pub(super) handle: String,
     /// What the tools and the agent keep for the session's lifetime (see slots.rs).
     pub slots: super::slots::SessionSlots,
     last_used: std::sync::Mutex<Instant>,
@@ -79,7 +79,7 @@ pub struct SessionInfo {
 /// concurrent creates cannot overshoot a cap. Never held across an await.
 #[derive(Default)]
 pub(super) struct Table {
-    sessions: HashMap<String, Arc<Session>>,
+    pub(super) sessions: HashMap<String, Arc<Session>>,
     /// Creations under way per owner: they count against the caps already.
     starting: HashMap<Owner, usize>,
     /// Warm sandboxes ready to be claimed, oldest first.
@@ -204,6 +204,7 @@ impl SessionManager {
                 limits,
                 keep: false,
                 handle: warm.handle,
+                slots: Default::default(),
                 last_used: std::sync::Mutex::new(Instant::now()),
             });
             lock(&self.table)
@@ -433,7 +434,7 @@ impl SessionManager {
         reaped
     }
 
-    /// The one reaper: runs `reap_idle` every `reap_interval_secs` until the manager is dropped.
+    /// The one reaper: runs `reap_idle` and `enforce_memory_budget` every `reap_interval_secs` until the manager is dropped.
     pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         let every = Duration::from_secs(self.config.reap_interval_secs.max(1));
@@ -444,6 +445,7 @@ impl SessionManager {
                     return;
                 };
                 manager.reap_idle().await;
+                manager.enforce_memory_budget().await;
             }
         })
     }

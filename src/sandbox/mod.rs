@@ -6,6 +6,7 @@
 //! spawn a process, say whether it lives); files, archives, the shell and timeouts are
 //! built on that once. Only `docker*.rs` in this folder import bollard.
 
+mod budget;
 pub mod copy_out;
 pub mod docker;
 mod docker_exec;

@@ -12,6 +12,7 @@
 //! - Refills run after every claim and on a timer; the pool never exceeds its size, and
 //!   warm plus live sandboxes never exceed the global session cap. Sandboxes older than
 //!   `max_age_secs`, made from an older image, or gone from the backend are replaced.
+//! - With `[sessions] memory_budget_mb`, fills stop where the budget ends (budget.rs).
 //! - Each fill is its own task holding only the runtime and the table, so a refill loop
 //!   that is aborted cannot leave a sandbox nobody knows; a fill that ends after the pool
 //!   closed removes what it made. A process that dies leaves pooled sandboxes whose creator
@@ -210,6 +211,8 @@ impl SessionManager {
         report.retired = stale.len();
         futures::future::join_all(stale.iter().map(|w| self.runtime.remove(&w.handle))).await;
 
+        // Measured before the lock: with a memory budget, fill only what fits in it.
+        let budget_room = self.budget_room().await;
         let want = {
             let mut t = lock(&self.table);
             if t.pool_closed {
@@ -219,7 +222,8 @@ impl SessionManager {
             let want = config
                 .size
                 .saturating_sub(t.pool.len() + t.filling)
-                .min(room);
+                .min(room)
+                .min(budget_room);
             t.filling += want;
             want
         };

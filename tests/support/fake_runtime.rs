@@ -49,6 +49,8 @@ pub struct FakeRuntime {
     revision: Mutex<String>,
     /// Whether `update_limits` accepts (true) or declines.
     updates_accepted: Mutex<bool>,
+    /// What `memory_usage` answers for every sandbox (None: the backend cannot tell).
+    memory_each: Mutex<Option<u64>>,
 }
 
 impl FakeRuntime {
@@ -63,6 +65,11 @@ impl FakeRuntime {
     /// What new sandboxes are made from from now on.
     pub fn set_revision(&self, revision: &str) {
         *self.revision.lock().unwrap() = revision.into();
+    }
+
+    /// Every sandbox uses this much memory from now on.
+    pub fn set_memory_each(&self, bytes: u64) {
+        *self.memory_each.lock().unwrap() = Some(bytes);
     }
 
     pub fn accept_updates(&self, yes: bool) {
@@ -259,6 +266,15 @@ impl Runtime for FakeRuntime {
         }
         st.updates.push((handle.to_string(), limits.clone()));
         Ok(true)
+    }
+
+    async fn memory_usage(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
+        let exists = self.state.lock().unwrap().sandboxes.contains_key(handle);
+        Ok(if exists {
+            *self.memory_each.lock().unwrap()
+        } else {
+            None
+        })
     }
 
     async fn image_revision(&self) -> Result<Option<String>, SandboxError> {
