@@ -364,10 +364,7 @@ async fn the_memory_budget_shrinks_the_pool_first_then_reaps_the_longest_idle() 
     );
     // One sandbox measured, 30 MiB each: only three fit in 100 MiB.
     let a = owner("a");
-    let cold = m
-        .create(&a, &LimitRequest::default(), FRESH)
-        .await
-        .unwrap();
+    let cold = m.create(&a, &LimitRequest::default(), FRESH).await.unwrap();
     m.refill_pool().await;
     assert_eq!(m.pool_ready(), 2, "1 session + 2 warm = 90 MiB ≤ 100");
     assert!(m.enforce_memory_budget().await.is_empty());
@@ -381,10 +378,7 @@ async fn the_memory_budget_shrinks_the_pool_first_then_reaps_the_longest_idle() 
 
     // A second session (claimed) and more growth: the pool empties, then the longest-idle
     // session goes, and only one idle for at least a reap interval.
-    let fresh = m
-        .create(&a, &LimitRequest::default(), FRESH)
-        .await
-        .unwrap();
+    let fresh = m.create(&a, &LimitRequest::default(), FRESH).await.unwrap();
     rt.set_memory_each(60 * MIB);
     assert_eq!(m.pool_ready(), 0, "the claim took the last warm one");
     assert!(

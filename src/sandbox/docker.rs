@@ -73,6 +73,15 @@ impl DockerRuntime {
         ))
     }
 
+    /// The OCI runtimes registered with the engine (`runc`, and `runsc` once gVisor is
+    /// installed and listed in /etc/docker/daemon.json).
+    pub async fn registered_runtimes(&self) -> Result<Vec<String>, SandboxError> {
+        let info = self.docker.info().await.map_err(engine_err)?;
+        let mut names: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+        names.sort();
+        Ok(names)
+    }
+
     /// Creates and starts a session container with every hardening default in place.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<Arc<DockerSandbox>, SandboxError> {
         let body = container_body(&self.image, self.oci_runtime.as_deref(), spec);
@@ -90,6 +99,19 @@ impl DockerRuntime {
                 } => SandboxError::ImageMissing {
                     tag: self.image.clone(),
                 },
+                bollard::errors::Error::DockerResponseServerError { message, .. }
+                    if message.to_lowercase().contains("unknown runtime")
+                        || message.contains("invalid runtime") =>
+                {
+                    SandboxError::Backend {
+                        backend: BACKEND,
+                        operation: "create the session container".into(),
+                        message: format!(
+                            "{message}: the OCI runtime {:?} set in [docker] runtime is not registered with Docker; install it (gVisor: apt-get install runsc, then add it to \"runtimes\" in /etc/docker/daemon.json and reload dockerd), check with `sandboxd doctor`, or set [docker] runtime = \"\"",
+                            self.oci_runtime.as_deref().unwrap_or_default()
+                        ),
+                    }
+                }
                 _ => docker_err("create the session container", &spec.session_id, e),
             })?;
         if let Err(e) = self
