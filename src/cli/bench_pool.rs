@@ -126,10 +126,24 @@ pub async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     // Cold, one at a time, against docker run -d of the same hardening.
     let cold = manager(ctx, 0).await?;
     let (mut cold_times, mut runs) = (Vec::new(), Vec::new());
+    // Where a cold create's time goes: the engine's create + start, then the first shell.
+    let (mut engine_part, mut shell_part) = (Vec::new(), Vec::new());
     for _ in 0..10 {
-        let (t, id) = create_to_first(&cold).await?;
-        cold_times.push(t);
-        cold.admin_remove(&id).await?;
+        let t = Instant::now();
+        let s = cold
+            .create(
+                &bench_owner()?,
+                &LimitRequest::default(),
+                CreateOptions::default(),
+            )
+            .await?;
+        let created = t.elapsed();
+        s.sandbox.shell("true", ShellOptions::default()).await?;
+        let total = t.elapsed();
+        engine_part.push(created);
+        shell_part.push(total - created);
+        cold_times.push(total);
+        cold.admin_remove(&s.id).await?;
         let t = Instant::now();
         let cid = docker_cli(&hardened_run_args(&image))?;
         runs.push(t.elapsed());
@@ -160,6 +174,21 @@ pub async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
         "docker run -d",
         &mut runs,
         "p50 ≤ 1.0× docker run -d",
+    );
+
+    row(
+        "  of which: container create + start",
+        &mut engine_part,
+        "",
+        &mut [],
+        "—",
+    );
+    row(
+        "  of which: first shell start + `true`",
+        &mut shell_part,
+        "",
+        &mut [],
+        "—",
     );
 
     // 50 at once: cold creates against 50 docker run -d, then 50 claims from a pool of 50.
