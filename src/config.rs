@@ -31,6 +31,7 @@ pub struct Config {
     pub docker: DockerConfig,
     pub limits: Limits,
     pub sessions: SessionsConfig,
+    pub pool: PoolConfig,
     pub llm: LlmConfig,
     pub agent: AgentConfig,
     pub mcp: McpConfig,
@@ -204,6 +205,10 @@ pub struct SessionsConfig {
     pub reap_interval_secs: u64,
     /// The owner recorded on sessions started from the CLI.
     pub default_owner: String,
+    /// The memory this process's sandboxes (sessions and warm ones) may use together, as
+    /// the backend measures it, in MiB; 0 = no budget. Over it the pool stops filling and
+    /// gives up warm sandboxes first, then the reaper removes the longest-idle sessions.
+    pub memory_budget_mb: u64,
 }
 
 impl Default for SessionsConfig {
@@ -214,6 +219,32 @@ impl Default for SessionsConfig {
             idle_timeout_secs: 1800,
             reap_interval_secs: 60,
             default_owner: "local".into(),
+            memory_budget_mb: 0,
+        }
+    }
+}
+
+/// The warm pool: sandboxes of the configured limits profile created and started ahead of
+/// time (no owner, no env, no secrets), their shell and file helper already up, so a
+/// session created by a long-lived process (the MCP server, `serve`) starts in milliseconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Warm sandboxes kept ready; 0 turns the pool off. Together with live sessions they
+    /// never exceed `[sessions] max`.
+    pub size: usize,
+    /// A warm sandbox older than this is replaced (so a pool never serves a stale one).
+    pub max_age_secs: u64,
+    /// How often the pool is checked and refilled besides the refill after each claim.
+    pub refill_interval_secs: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            size: 2,
+            max_age_secs: 3600,
+            refill_interval_secs: 10,
         }
     }
 }
@@ -381,7 +412,8 @@ impl Config {
 }
 
 const SECTIONS: &[&str] = &[
-    "docker", "limits", "sessions", "llm", "agent", "mcp", "flow", "research", "server", "quotas",
+    "docker", "limits", "sessions", "pool", "llm", "agent", "mcp", "flow", "research", "server",
+    "quotas",
 ];
 
 fn apply_env(

@@ -14,7 +14,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, serve, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, serve, pool, or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -23,7 +23,7 @@ pub struct BenchArgs {
 }
 
 /// The owner of the benchmark's sessions.
-fn bench_owner() -> anyhow::Result<Owner> {
+pub fn bench_owner() -> anyhow::Result<Owner> {
     Ok(Owner::new("bench")?)
 }
 
@@ -57,7 +57,7 @@ pub fn row(
 }
 
 /// A group's heading and its table header.
-fn section(title: &str) {
+pub fn section(title: &str) {
     println!("### {title}");
     println!();
     header();
@@ -70,7 +70,7 @@ pub fn header() {
     println!("|---|---|---|---|---|---|---|");
 }
 
-fn docker_cli(args: &[&str]) -> anyhow::Result<String> {
+pub fn docker_cli(args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("docker")
         .args(args)
         .stderr(Stdio::piped())
@@ -120,13 +120,16 @@ pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if all || args.group == "serve" {
         serve(manager.clone(), &ctx, args.iterations).await?;
     }
+    if all || args.group == "pool" {
+        super::bench_pool::pool(&ctx, args.iterations).await?;
+    }
     if ![
-        "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "serve",
+        "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "serve", "pool",
     ]
     .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, serve or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, serve, pool or all",
             args.group
         );
     }
@@ -143,13 +146,7 @@ fn chrono_date() -> String {
 }
 
 async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
-    let image = docker_cli(&[
-        "inspect",
-        "--format",
-        "{{.Id}}",
-        &sandboxd::sandbox::docker_image::image_tag(),
-    ])
-    .unwrap_or_else(|_| sandboxd::sandbox::docker_image::image_tag());
+    let image = bench_image();
     section("Runtime");
     // Session create-to-ready (first command answered) vs `docker run -d` of the same hardening.
     let rounds = 10;
@@ -167,37 +164,7 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         ours.push(t.elapsed());
         manager.remove(&s.owner, &s.id).await?;
         let t = Instant::now();
-        let id = docker_cli(&[
-            "run",
-            "-d",
-            "--network",
-            "none",
-            "--read-only",
-            "--user",
-            "1000:1000",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges:true",
-            "--init",
-            "--pids-limit",
-            "256",
-            "--memory",
-            "1g",
-            "--memory-swap",
-            "1g",
-            "--cpus",
-            "1",
-            "--tmpfs",
-            "/workspace:rw,exec,size=1024m,uid=1000,gid=1000",
-            "--tmpfs",
-            "/tmp:rw,noexec,size=256m",
-            "--label",
-            "sandboxd.bench=true",
-            &image,
-            "sleep",
-            "infinity",
-        ])?;
+        let id = docker_cli(&hardened_run_args(&image))?;
         base.push(t.elapsed());
         docker_cli(&["rm", "-f", &id])?;
     }
@@ -290,6 +257,52 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     manager.remove(&s.owner, &s.id).await?;
     println!();
     Ok(())
+}
+
+/// `docker run -d` of a container hardened as a session's: the baseline of create timings.
+pub fn hardened_run_args(image: &str) -> Vec<&str> {
+    vec![
+        "run",
+        "-d",
+        "--network",
+        "none",
+        "--read-only",
+        "--user",
+        "1000:1000",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges:true",
+        "--init",
+        "--pids-limit",
+        "256",
+        "--memory",
+        "1g",
+        "--memory-swap",
+        "1g",
+        "--cpus",
+        "1",
+        "--tmpfs",
+        "/workspace:rw,exec,size=1024m,uid=1000,gid=1000",
+        "--tmpfs",
+        "/tmp:rw,noexec,size=256m",
+        "--label",
+        "sandboxd.bench=true",
+        image,
+        "sleep",
+        "infinity",
+    ]
+}
+
+/// The image id the benchmark's baselines run (the recipe's tag, resolved).
+pub fn bench_image() -> String {
+    docker_cli(&[
+        "inspect",
+        "--format",
+        "{{.Id}}",
+        &sandboxd::sandbox::docker_image::image_tag(),
+    ])
+    .unwrap_or_else(|_| sandboxd::sandbox::docker_image::image_tag())
 }
 
 fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {

@@ -57,14 +57,36 @@ pub async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         "  info  hardening: network none, read-only root, uid 1000, all capabilities dropped, no-new-privileges, default seccomp"
     );
     let runtime = &ctx.config.docker.runtime;
+    let registered = match &engine {
+        Ok(e) => docker::DockerRuntime::new(e.clone(), String::new(), None)
+            .registered_runtimes()
+            .await
+            .unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    let has_runsc = registered.iter().any(|r| r == "runsc");
     println!(
-        "  info  OCI runtime: {}",
-        if runtime.is_empty() {
-            "Docker's default (runc)"
+        "  info  OCI runtimes registered with Docker: {}; gVisor (runsc) {}",
+        if registered.is_empty() {
+            "unknown".to_string()
         } else {
-            runtime
+            registered.join(", ")
+        },
+        if has_runsc {
+            "available: set [docker] runtime = \"runsc\" for the stronger tier"
+        } else {
+            "not available (apt-get install runsc, add it to /etc/docker/daemon.json \"runtimes\", reload dockerd)"
         }
     );
+    if runtime.is_empty() {
+        println!("  info  OCI runtime: Docker's default (runc)");
+    } else {
+        check(
+            registered.iter().any(|r| r == runtime),
+            format!("OCI runtime {runtime} ([docker] runtime) registered with Docker"),
+            "install and register it with Docker (see README: Stronger isolation), or set [docker] runtime = \"\"",
+        );
+    }
     match sandboxd::llm::LlmClient::from_config(&ctx.config.llm) {
         Ok(client) => check(
             true,

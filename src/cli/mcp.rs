@@ -59,6 +59,7 @@ pub async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
             // An idle stdio client's container goes after [sessions] idle_timeout_secs; its
             // next call gets a fresh one.
             let _reaper = manager.spawn_reaper();
+            let _pool = manager.spawn_pool();
             tokio::select! {
                 r = serve_stdio(state) => r.context("the MCP stdio server failed")?,
                 _ = shutdown_signal() => manager.remove_all().await,

@@ -4,6 +4,7 @@
 //! for commands that only look or remove (never builds anything).
 
 pub mod bench;
+pub mod bench_pool;
 pub mod copy_out;
 pub mod doctor;
 pub mod exec;
@@ -87,10 +88,13 @@ impl Ctx {
     }
 
     fn manager_over(&self, runtime: DockerRuntime) -> Arc<SessionManager> {
-        SessionManager::new(
+        // The pool only fills in processes that start it (`spawn_pool`: the MCP server and
+        // `serve`); a one-shot command claims nothing and makes nothing ahead.
+        SessionManager::with_pool(
             Arc::new(runtime),
             self.config.limits.clone(),
             self.config.sessions.clone(),
+            self.config.pool.clone(),
         )
     }
 

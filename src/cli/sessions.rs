@@ -40,7 +40,13 @@ pub async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
                     println!(
                         "{:<14} {:<12} {:<10} {:<6} {:<8} {}",
                         s.session_id,
-                        s.owner,
+                        // A warm-pool sandbox has no owner label: unclaimed, or claimed by
+                        // a session of the process in the PID column.
+                        if s.pooled && s.owner.is_empty() {
+                            "(pool)"
+                        } else {
+                            &s.owner
+                        },
                         s.state,
                         if s.kept { "yes" } else { "no" },
                         s.creator

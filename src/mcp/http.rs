@@ -171,12 +171,16 @@ impl HttpServer {
 
         // The manager's one reaper removes idle sessions of every kind, stateless ones too.
         let reaper = state.manager.spawn_reaper();
+        let pool = state.manager.spawn_pool();
 
         let stop = shutdown.clone();
         let result = axum::serve(self.listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await;
         reaper.abort();
+        if let Some(pool) = pool {
+            pool.abort();
+        }
         state.shutdown().await;
         result
     }

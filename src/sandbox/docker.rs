@@ -10,13 +10,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, ContainerSummaryStateEnum, HostConfig, HostConfigLogConfig,
-    ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, ContainerSummaryStateEnum, ContainerUpdateBody, HostConfig,
+    HostConfigLogConfig, ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    StartContainerOptions,
+    StartContainerOptions, StatsOptionsBuilder,
 };
+use futures::StreamExt;
 
 use super::runtime::{FoundSandbox, LABEL_MANAGED, LABEL_SESSION, Runtime, SandboxSpec};
 use super::{Sandbox, SandboxError, SandboxState, host};
@@ -83,6 +84,15 @@ impl DockerRuntime {
         }
     }
 
+    /// The OCI runtimes registered with the engine (`runc`, and `runsc` once gVisor is
+    /// installed and listed in /etc/docker/daemon.json).
+    pub async fn registered_runtimes(&self) -> Result<Vec<String>, SandboxError> {
+        let info = self.docker.info().await.map_err(engine_err)?;
+        let mut names: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+        names.sort();
+        Ok(names)
+    }
+
     /// Creates and starts a session container with every hardening default in place.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<Arc<DockerSandbox>, SandboxError> {
         let body = container_body(&self.image, self.oci_runtime.as_deref(), spec);
@@ -100,6 +110,19 @@ impl DockerRuntime {
                 } => SandboxError::ImageMissing {
                     tag: self.image.clone(),
                 },
+                bollard::errors::Error::DockerResponseServerError { message, .. }
+                    if message.to_lowercase().contains("unknown runtime")
+                        || message.contains("invalid runtime") =>
+                {
+                    SandboxError::Backend {
+                        backend: BACKEND,
+                        operation: "create the session container".into(),
+                        message: format!(
+                            "{message}: the OCI runtime {:?} set in [docker] runtime is not registered with Docker; install it (gVisor: apt-get install runsc, then add it to \"runtimes\" in /etc/docker/daemon.json and reload dockerd), check with `sandboxd doctor`, or set [docker] runtime = \"\"",
+                            self.oci_runtime.as_deref().unwrap_or_default()
+                        ),
+                    }
+                }
                 _ => docker_err("create the session container", &spec.session_id, e),
             })?;
         if let Err(e) = self
@@ -231,6 +254,63 @@ impl Runtime for DockerRuntime {
 
     async fn remove(&self, handle: &str) -> Result<(), SandboxError> {
         self.remove_container(handle).await
+    }
+
+    /// `docker update`: memory with swap equal to it (no swap, as at creation), the CPU
+    /// quota and the pids limit can change on a running container; tmpfs sizes cannot.
+    async fn update_limits(&self, handle: &str, limits: &Limits) -> Result<bool, SandboxError> {
+        let memory = (limits.memory_mb as i64).saturating_mul(1 << 20);
+        let body = ContainerUpdateBody {
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            nano_cpus: Some((limits.cpus * 1e9) as i64),
+            pids_limit: Some(limits.pids),
+            ..Default::default()
+        };
+        self.docker
+            .update_container(handle, body)
+            .await
+            .map_err(|e| docker_err("lower the container's limits", handle, e))?;
+        Ok(true)
+    }
+
+    /// The id of the image the tag names now: a rebuilt image under the same tag differs.
+    async fn image_revision(&self) -> Result<Option<String>, SandboxError> {
+        match self.docker.inspect_image(&self.image).await {
+            Ok(info) => Ok(info.id),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Err(SandboxError::ImageMissing {
+                tag: self.image.clone(),
+            }),
+            Err(e) => Err(engine_err(e)),
+        }
+    }
+
+    /// The cgroup's memory use without the reclaimable page cache, as `docker stats` shows.
+    async fn memory_usage(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
+        let options = StatsOptionsBuilder::new()
+            .stream(false)
+            .one_shot(true)
+            .build();
+        let mut stream = self.docker.stats(handle, Some(options));
+        let Some(stats) = stream.next().await else {
+            return Ok(None);
+        };
+        let stats = stats.map_err(|e| docker_err("read the container's memory use", handle, e))?;
+        Ok(stats.memory_stats.and_then(|m| {
+            // cgroup v2 names it inactive_file, v1 total_inactive_file.
+            let inactive = m
+                .stats
+                .as_ref()
+                .and_then(|s| {
+                    s.get("inactive_file")
+                        .or_else(|| s.get("total_inactive_file"))
+                })
+                .copied()
+                .unwrap_or(0);
+            m.usage.map(|u| u.saturating_sub(inactive))
+        }))
     }
 
     /// The engine is on this host (a local socket), so its creators are local processes.

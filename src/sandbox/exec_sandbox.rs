@@ -310,4 +310,20 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
     async fn is_alive(&self) -> bool {
         self.backend.is_alive().await
     }
+
+    /// The shell and the file helper start concurrently: each is one attached process, and
+    /// the engine starts execs in parallel.
+    async fn warm_up(&self) -> Result<(), SandboxError> {
+        let shell = async {
+            let out = self.shell("true", ShellOptions::default()).await?;
+            match out.exit_code {
+                Some(0) => Ok(()),
+                _ => Err(SandboxError::Protocol {
+                    helper: "bash".into(),
+                    message: "the shell did not answer its first command".into(),
+                }),
+            }
+        };
+        tokio::try_join!(shell, self.stat(super::WORKSPACE)).map(|_| ())
+    }
 }

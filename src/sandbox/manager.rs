@@ -2,21 +2,25 @@
 //! caps (global and per owner), the one idle reaper and the reconciler that removes
 //! sandboxes nobody owns any more. It speaks only the `Runtime` seam, never a backend.
 //!
+//! Sessions come from the warm pool (pool.rs) when one fits, else from a cold create; either
+//! way the session is in this table and its sandbox is destroyed when it ends.
+//!
 //! Sessions outlive a process only when asked to (`--keep`); every sandbox records its
 //! owner, its limits and which process created it, so a later process can re-attach a kept
 //! session as it was made, and the reconciler can tell an orphan of a crashed process from
 //! a session another live sandboxd still uses.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
 
+use super::pool::Warm;
 use super::runtime::{Runtime, SandboxSpec, SandboxState};
 use super::{Owner, Sandbox, SandboxError, Viewer};
-use crate::config::{LimitRequest, Limits, SessionsConfig};
+use crate::config::{LimitRequest, Limits, PoolConfig, SessionsConfig};
 
 pub struct Session {
     pub id: String,
@@ -27,7 +31,7 @@ pub struct Session {
     /// Meant to outlive this process; `remove_all` leaves it alone.
     pub keep: bool,
     /// The backend's name for the sandbox, what `Runtime::remove` takes.
-    handle: String,
+    pub(super) handle: String,
     /// What the tools and the agent keep for the session's lifetime (see slots.rs).
     pub slots: super::slots::SessionSlots,
     last_used: std::sync::Mutex<Instant>,
@@ -67,18 +71,31 @@ pub struct SessionInfo {
     pub kept: bool,
     /// The creator the backend recorded (for Docker, `pid:starttime` on this host).
     pub creator: Option<String>,
+    /// Made for a warm pool: unclaimed, or claimed by a session of its creator.
+    pub pooled: bool,
 }
 
 /// The sessions of this process and the creations under way, under one lock so that
 /// concurrent creates cannot overshoot a cap. Never held across an await.
 #[derive(Default)]
-struct Table {
-    sessions: HashMap<String, Arc<Session>>,
+pub(super) struct Table {
+    pub(super) sessions: HashMap<String, Arc<Session>>,
     /// Creations under way per owner: they count against the caps already.
     starting: HashMap<Owner, usize>,
+    /// Warm sandboxes ready to be claimed, oldest first.
+    pub(super) pool: VecDeque<Warm>,
+    /// Warm sandboxes being made now.
+    pub(super) filling: usize,
+    /// Set by `close_pool`: no more fills, and a fill that ends afterwards removes its sandbox.
+    pub(super) pool_closed: bool,
 }
 
 impl Table {
+    /// Every sandbox this process holds or is making: sessions, warm ones, both under way.
+    pub(super) fn containers(&self) -> usize {
+        self.count(None) + self.pool.len() + self.filling
+    }
+
     fn count(&self, owner: Option<&Owner>) -> usize {
         match owner {
             None => self.sessions.len() + self.starting.values().sum::<usize>(),
@@ -91,10 +108,16 @@ impl Table {
 }
 
 pub struct SessionManager {
-    runtime: Arc<dyn Runtime>,
-    limits: Limits,
-    config: SessionsConfig,
-    table: Arc<std::sync::Mutex<Table>>,
+    pub(super) runtime: Arc<dyn Runtime>,
+    /// The admin's ceilings, and the limits profile warm sandboxes are made with.
+    pub(super) limits: Limits,
+    pub(super) config: SessionsConfig,
+    pub(super) pool_config: PoolConfig,
+    pub(super) table: Arc<std::sync::Mutex<Table>>,
+    /// Wakes the pool's refill task (after a claim).
+    pub(super) refill: Arc<tokio::sync::Notify>,
+    /// The pool's fill tasks, so closing the pool can wait for them.
+    pub(super) fills: tokio_util::task::TaskTracker,
 }
 
 /// Releases a creation's place in the caps however the creation ends (even cancelled).
@@ -115,10 +138,15 @@ impl Drop for Reservation {
     }
 }
 
-fn lock(table: &std::sync::Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
+pub(super) fn lock(table: &std::sync::Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
     // A panic while holding the lock cannot leave the table half-written (every update is
     // one map operation), so a poisoned lock is still good.
     table.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A fresh session id: 12 hex digits.
+pub(super) fn new_session_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
 }
 
 /// Session ids are ours (hex); anything else cannot name a session and is not looked up.
@@ -127,12 +155,31 @@ fn plausible_id(id: &str) -> bool {
 }
 
 impl SessionManager {
+    /// A manager without a warm pool.
     pub fn new(runtime: Arc<dyn Runtime>, limits: Limits, config: SessionsConfig) -> Arc<Self> {
+        let off = PoolConfig {
+            size: 0,
+            ..PoolConfig::default()
+        };
+        Self::with_pool(runtime, limits, config, off)
+    }
+
+    /// A manager whose creates claim from a warm pool of `pool.size` sandboxes of the
+    /// `limits` profile; the pool fills once `spawn_pool` runs (long-lived processes only).
+    pub fn with_pool(
+        runtime: Arc<dyn Runtime>,
+        limits: Limits,
+        config: SessionsConfig,
+        pool: PoolConfig,
+    ) -> Arc<Self> {
         Arc::new(Self {
             runtime,
             limits,
             config,
+            pool_config: pool,
             table: Arc::default(),
+            refill: Arc::default(),
+            fills: tokio_util::task::TaskTracker::new(),
         })
     }
 
@@ -149,9 +196,27 @@ impl SessionManager {
             .lowered(request)
             .map_err(|e| SandboxError::InvalidRequest(e.to_string()))?;
         let reservation = self.reserve(owner)?;
+        if let Some(warm) = self.claim(&limits, options.keep).await {
+            let session = Arc::new(Session {
+                id: warm.session_id.clone(),
+                owner: owner.clone(),
+                sandbox: warm.sandbox,
+                limits,
+                keep: false,
+                handle: warm.handle,
+                slots: Default::default(),
+                last_used: std::sync::Mutex::new(Instant::now()),
+            });
+            lock(&self.table)
+                .sessions
+                .insert(warm.session_id, session.clone());
+            drop(reservation);
+            return Ok(session);
+        }
+        self.make_room();
         let spec = SandboxSpec {
-            session_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
-            owner: owner.clone(),
+            session_id: new_session_id(),
+            owner: Some(owner.clone()),
             limits,
             keep: options.keep,
         };
@@ -175,7 +240,7 @@ impl SessionManager {
         })??;
         let session = Arc::new(Session {
             id: spec.session_id.clone(),
-            owner: spec.owner,
+            owner: owner.clone(),
             sandbox,
             limits: spec.limits,
             keep: spec.keep,
@@ -267,6 +332,17 @@ impl SessionManager {
         if !plausible_id(id) {
             return Err(not_found());
         }
+        // The admin may remove a warm sandbox by its id; to anyone else it is no session.
+        let warm = {
+            let mut t = lock(&self.table);
+            match t.pool.iter().position(|w| w.session_id == id) {
+                Some(i) if viewer.sees(None) => t.pool.remove(i),
+                _ => None,
+            }
+        };
+        if let Some(warm) = warm {
+            return self.runtime.remove(&warm.handle).await;
+        }
         let held = {
             let mut t = lock(&self.table);
             match t.sessions.get(id) {
@@ -289,8 +365,10 @@ impl SessionManager {
         self.runtime.remove(&handle).await
     }
 
-    /// Removes every session this process holds, except kept ones (on shutdown).
+    /// Removes every session this process holds, except kept ones, and closes the warm
+    /// pool, removing its sandboxes (on shutdown).
     pub async fn remove_all(&self) {
+        self.close_pool().await;
         let all: Vec<Arc<Session>> = lock(&self.table)
             .sessions
             .values()
@@ -302,6 +380,11 @@ impl SessionManager {
                 tracing::warn!(session = %s.id, error = %e, "could not remove session");
             }
         }
+    }
+
+    /// The memory the session's sandbox uses now, if the backend can tell.
+    pub async fn memory_of(&self, session: &Session) -> Result<Option<u64>, SandboxError> {
+        self.runtime.memory_usage(&session.handle).await
     }
 
     /// Sessions held by this process.
@@ -324,6 +407,7 @@ impl SessionManager {
                 state: f.state,
                 kept: f.keep,
                 creator: f.creator,
+                pooled: f.pooled,
             })
             .collect())
     }
@@ -350,7 +434,7 @@ impl SessionManager {
         reaped
     }
 
-    /// The one reaper: runs `reap_idle` every `reap_interval_secs` until the manager is dropped.
+    /// The one reaper: runs `reap_idle` and `enforce_memory_budget` every `reap_interval_secs` until the manager is dropped.
     pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         let every = Duration::from_secs(self.config.reap_interval_secs.max(1));
@@ -361,6 +445,7 @@ impl SessionManager {
                     return;
                 };
                 manager.reap_idle().await;
+                manager.enforce_memory_budget().await;
             }
         })
     }
@@ -370,8 +455,13 @@ impl SessionManager {
     pub async fn reconcile(&self) -> Result<Vec<String>, SandboxError> {
         let mut removed = Vec::new();
         for f in self.runtime.list().await? {
-            if lock(&self.table).sessions.contains_key(&f.session_id) {
-                continue;
+            {
+                let t = lock(&self.table);
+                if t.sessions.contains_key(&f.session_id)
+                    || t.pool.iter().any(|w| w.handle == f.handle)
+                {
+                    continue;
+                }
             }
             let creator_alive = f
                 .creator

@@ -6,6 +6,7 @@
 //! spawn a process, say whether it lives); files, archives, the shell and timeouts are
 //! built on that once. Only `docker*.rs` in this folder import bollard.
 
+mod budget;
 pub mod copy_out;
 pub mod docker;
 mod docker_exec;
@@ -19,6 +20,7 @@ pub mod host;
 pub mod manager;
 mod output;
 mod owner;
+mod pool;
 pub mod runtime;
 pub mod shell;
 pub mod slots;
@@ -82,6 +84,13 @@ pub trait Sandbox: Send + Sync {
 
     /// Whether the container is still running; a cheap inspect.
     async fn is_alive(&self) -> bool;
+
+    /// Starts what the first call would otherwise start (the persistent shell, the file
+    /// helper) now, so that call pays nothing: the warm pool does this before it offers a
+    /// sandbox. A sandbox with nothing to start answers at once.
+    async fn warm_up(&self) -> Result<(), SandboxError> {
+        Ok(())
+    }
 }
 
 /// The prefix every path inside the sandbox is resolved against when relative.

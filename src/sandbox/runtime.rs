@@ -25,12 +25,17 @@ pub const LABEL_CREATOR: &str = "sandboxd.creator";
 /// The limits the session was created with, as JSON: a container's memory, CPU and
 /// process limits cannot change after creation, so a re-attached session must know them.
 pub const LABEL_LIMITS: &str = "sandboxd.limits";
+/// A sandbox made ahead of time for the warm pool: it has no owner label. Once a session
+/// claims it, the binding lives only in the claiming process's records (labels cannot
+/// change), so it is never re-attached by another process and dies with its creator.
+pub const LABEL_POOL: &str = "sandboxd.pool";
 
 /// What a new session's sandbox is made from.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
     pub session_id: String,
-    pub owner: Owner,
+    /// None for a warm-pool sandbox, made before anyone owns it (labelled `sandboxd.pool`).
+    pub owner: Option<Owner>,
     /// Already lowered by the request and within the admin's ceilings.
     pub limits: Limits,
     /// Kept sessions outlive the process that made them (`--keep`).
@@ -41,17 +46,21 @@ impl SandboxSpec {
     /// The labels every backend records on the sandbox; `creator` comes from the backend's
     /// host (see `Runtime::creator_alive`).
     pub fn labels(&self, creator: &str) -> HashMap<String, String> {
-        HashMap::from([
+        let mut labels = HashMap::from([
             (LABEL_MANAGED.to_string(), "true".to_string()),
             (LABEL_SESSION.to_string(), self.session_id.clone()),
-            (LABEL_OWNER.to_string(), self.owner.to_string()),
             (LABEL_KEEP.to_string(), self.keep.to_string()),
             (LABEL_CREATOR.to_string(), creator.to_string()),
             (
                 LABEL_LIMITS.to_string(),
                 serde_json::to_string(&self.limits).unwrap_or_default(),
             ),
-        ])
+        ]);
+        match &self.owner {
+            Some(owner) => labels.insert(LABEL_OWNER.to_string(), owner.to_string()),
+            None => labels.insert(LABEL_POOL.to_string(), "true".to_string()),
+        };
+        labels
     }
 }
 
@@ -92,6 +101,8 @@ pub struct FoundSandbox {
     pub owner: Option<Owner>,
     pub state: SandboxState,
     pub keep: bool,
+    /// Made for the warm pool (claimed or not, it has no owner label).
+    pub pooled: bool,
     /// The creator recorded by the backend's host, checked with `Runtime::creator_alive`.
     pub creator: Option<String>,
     /// The limits it was created with; None for a sandbox made before they were recorded.
@@ -117,6 +128,7 @@ impl FoundSandbox {
             owner: labels.get(LABEL_OWNER).and_then(|o| Owner::new(o).ok()),
             state,
             keep: labels.get(LABEL_KEEP).is_some_and(|v| v == "true"),
+            pooled: labels.get(LABEL_POOL).is_some_and(|v| v == "true"),
             creator: labels.get(LABEL_CREATOR).cloned(),
             limits: labels
                 .get(LABEL_LIMITS)
@@ -167,6 +179,26 @@ pub trait Runtime: Send + Sync {
 
     /// Removes a sandbox by its handle; a missing one is not an error.
     async fn remove(&self, handle: &str) -> Result<(), SandboxError>;
+
+    /// Lowers the memory, CPU and process limits of a running sandbox to `limits` (a warm
+    /// sandbox claimed by a session that asked for less). `Ok(false)`: this backend cannot,
+    /// and the caller creates a fresh sandbox instead. Never raises a limit.
+    async fn update_limits(&self, _handle: &str, _limits: &Limits) -> Result<bool, SandboxError> {
+        Ok(false)
+    }
+
+    /// An identity of what new sandboxes are made from now (for Docker, the image id behind
+    /// the tag), so the pool can replace warm sandboxes made from an older one. None: the
+    /// backend does not tell.
+    async fn image_revision(&self) -> Result<Option<String>, SandboxError> {
+        Ok(None)
+    }
+
+    /// Bytes of memory the sandbox uses now (processes and its tmpfs files), if the backend
+    /// can tell: the idle-density measurement and the memory budget read it.
+    async fn memory_usage(&self, _handle: &str) -> Result<Option<u64>, SandboxError> {
+        Ok(None)
+    }
 
     /// Whether the process recorded as a sandbox's creator still runs (so its sandboxes
     /// are in use, not orphans). Only the backend knows where its creators live.

@@ -200,7 +200,9 @@ impl From<SandboxError> for ApiError {
             // too long, a file over the cap, permission denied).
             FileTooLarge { .. } | FileOp { .. } => ErrorCode::Conflict,
             InvalidPath { .. } | Tar(_) | InvalidRequest(_) => ErrorCode::InvalidRequest,
-            Timeout { .. } => ErrorCode::Timeout,
+            // The command timed out and its process tree could not be confirmed gone: still
+            // a timeout to the client, with the message saying what was left.
+            Timeout { .. } | KillUnconfirmed { .. } => ErrorCode::Timeout,
             Protocol { .. } | Backend { .. } => return ApiError::internal(e),
         };
         ApiError::new(code, e.to_string())
