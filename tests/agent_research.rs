@@ -166,6 +166,24 @@ async fn a_research_run_searches_fetches_and_leaves_a_cited_report_on_the_host()
         })
         .count();
     assert_eq!(fetched, 2);
+    // Every request that left the host is in the run's events, with its outcome.
+    let audited: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_result" && e["name"] == "web_fetch")
+        .flat_map(|e| e["data"]["fetches"].as_array().into_iter().flatten())
+        .collect();
+    let ok = audited
+        .iter()
+        .filter(|f| {
+            f["url"].as_str().is_some_and(|u| u.contains("127.0.0.1"))
+                && f["status"] == 200
+                && f["bytes"].as_u64().is_some_and(|b| b > 0)
+        })
+        .count();
+    assert!(
+        ok >= 2,
+        "two fetched pages audited in the events: {audited:?}"
+    );
 }
 
 #[tokio::test]

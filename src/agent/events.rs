@@ -122,6 +122,11 @@ pub enum EventKind {
         /// The image (plot, screenshot) when there is one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         image: Option<ImageRef>,
+        /// The tool's structured record, when it keeps one: web_search and web_fetch put
+        /// `{"fetches": [{url, final_url, status, bytes, …}]}` here, so every request that
+        /// left the host is in the run's events.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Box<serde_json::Value>>,
         duration_ms: u64,
     },
     /// The same step came twice; the model is told to change strategy (or no longer is).

@@ -386,6 +386,7 @@ impl<'a> Run<'a> {
                     is_error: result.is_error(),
                     has_image: result.base64_image.is_some(),
                     image: image.as_ref().map(|i| i.reference.clone()),
+                    data: result.data.clone(),
                     duration_ms: started.elapsed().as_millis() as u64,
                 },
                 image.as_ref(),
