@@ -1,5 +1,6 @@
 //! The agent-overhead benchmark function works end to end (it is what `sandboxd bench`
 //! calls); the numbers are printed, never asserted — timing does not belong in tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! The agent and the browser together: the browser state joins the prompt only in the step
 //! after the browser was used, and extract_content goes to the LLM as a forced function call.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

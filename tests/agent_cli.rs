@@ -1,6 +1,7 @@
 //! `sandboxd run` as a user runs it: the real binary, the real engine and image, the LLM
 //! faked at the HTTP boundary. A full run that leaves a report on the host, the guidance
 //! when no LLM is configured, and Ctrl-C during a long command.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 #[path = "mcp/common.rs"]
 mod mcp_common;

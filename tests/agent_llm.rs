@@ -1,6 +1,7 @@
 //! The LLM client against the scripted fake server over real HTTP: the retry policy
 //! (429 with Retry-After, 5xx, no retry on 400), what roughly-compatible servers send,
 //! reasoning-model parameters and Azure's request shape.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! The ReAct loop on the real engine and image, with the LLM faked at the HTTP boundary:
 //! how runs end, bad calls as observations, the stuck nudge, trimming that never orphans a
 //! tool message, clean state between runs, images, cancellation and transcripts.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

@@ -2,6 +2,7 @@
 //! the HTTP boundary: two runs in one session keep the python variables, the browser's tab,
 //! the editor's undo history and the conversation; the events of a run are numbered, stamped
 //! and carry image references; the session lease removes the container on every path.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

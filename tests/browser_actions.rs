@@ -1,5 +1,6 @@
 //! browser_use against the real engine and real Chromium inside the sandbox: pages served by
 //! python's http.server inside the container and opened as file://.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod browser_support;
 mod support;

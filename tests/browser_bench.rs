@@ -1,5 +1,6 @@
 //! Runs the browser benchmark once against the real engine and prints its table (the numbers
 //! go to BENCHMARKS.md; timing targets are not asserted here, only that every step worked).
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

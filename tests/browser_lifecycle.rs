@@ -1,6 +1,7 @@
 //! The browser's lifecycle and isolation against the real engine: no network, a killed
 //! Chromium comes back, shutdown leaves nothing running, sessions never see each other's
 //! browser, and the tunnel serves exactly one connection of this process.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod browser_support;
 mod support;

@@ -1,5 +1,6 @@
 //! The CLI end to end: `exec` streams output and returns the command's exit code, `--keep`
 //! leaves a session that `sessions list` shows and `sessions rm` removes, `doctor` reports.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use std::process::{Command, Stdio};
 

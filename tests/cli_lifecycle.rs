@@ -3,6 +3,7 @@
 //! gone at the next command that creates a session; an OOM kill is named with the memory
 //! limit, also for a kept session re-attached with the lower limit it was created with; and
 //! `tool --list` needs no engine at all.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -1,5 +1,6 @@
 //! `sandboxd run --plan` as a user runs it: the real binary, engine and image, the LLM faked
 //! at the HTTP boundary. The live checklist on stderr, the summary on stdout, the files.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

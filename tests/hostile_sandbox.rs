@@ -3,6 +3,7 @@
 //! Real engine, real image; host memory is this test process's peak RSS from /proc.
 //!
 //! Every test here measures host memory, so they run one at a time (`rss::Peak` serializes).
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod browser_support;
 mod support;

@@ -2,6 +2,7 @@
 //! server: three parallel `read_file`s of a 99 MB fake PNG, and a page that makes Chromium
 //! send a 40 MB message. The server stays alive with bounded memory (its VmHWM, read from
 //! /proc), and the other clients keep working.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 #[path = "mcp/common.rs"]
 mod common;

@@ -3,6 +3,7 @@
 //! explicit sandbox ids), and our client uses a tiny SDK server over stdio: tool names,
 //! the child's environment, text/image/error results, list_changed refresh, a crash
 //! mid-call with reconnect, a server failing at startup, and name clashes.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 #[path = "mcp/common.rs"]
 mod common;

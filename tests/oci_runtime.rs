@@ -1,6 +1,7 @@
 //! The OCI runtime tier on the real engine: a runtime that is not registered with Docker
 //! (as `runsc` is not until gVisor is installed and listed in daemon.json) fails the create
 //! with an error that names the setting and the fix, and leaves no container behind.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

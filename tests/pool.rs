@@ -4,6 +4,7 @@
 //! sandboxes, old and stale-image sandboxes are replaced, lowered limits are applied or
 //! fall back to a cold create, mismatches and kept sessions create cold, the reconciler
 //! tells a crashed process's pool from a live one's. No Docker; virtual time.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

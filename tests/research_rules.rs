@@ -3,6 +3,7 @@
 //! schemes, ports, oversized and binary bodies, redirect chains. Servers are local
 //! (127.0.0.1), admitted by an explicit test allow-list where a test needs to reach them;
 //! names are answered by a scripted resolver, so nothing here touches DNS or the internet.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

@@ -4,6 +4,7 @@
 //! CAPTCHA page, fall-through on empty results, an article as Markdown that python in the
 //! sandbox reads, PDFs and text saved as they are, the refusal of loopback without the
 //! allow-list, quotas, and the switches that turn the tools off or onto the MCP server.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! Files and archives through the Sandbox trait: binary round trips, awkward names, errors,
 //! and hostile tar archives refused before anything is written.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

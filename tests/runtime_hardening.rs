@@ -1,5 +1,6 @@
 //! Hardening of a session container, checked twice: the settings the engine reports, and
 //! what a process inside actually experiences.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! Lifecycle: the reconciler removes orphans and nothing else, a container killed from
 //! outside fails fast, limits requests only go down, the session cap holds.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

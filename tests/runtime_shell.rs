@@ -1,5 +1,6 @@
 //! The persistent shell against the real engine and image: state, exit codes, streams,
 //! binary and large output, timeouts and a killed shell.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

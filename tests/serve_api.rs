@@ -1,6 +1,7 @@
 //! `sandboxd serve` as a real process on loopback, on the real engine and image: ownership
 //! (another user's objects are 404 on every route), listing, bad input, quotas, files and
 //! tar archives (hostile ones refused with nothing written), tools, health, /mcp per user.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod serve;
 mod support;

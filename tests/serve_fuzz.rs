@@ -5,6 +5,7 @@
 //!
 //! PUT /v1/sessions/{id}/archive is left out: schemathesis cannot produce tar bodies;
 //! serve_api.rs tests that route with well-formed and hostile archives.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod serve;
 mod support;

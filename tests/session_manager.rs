@@ -2,6 +2,7 @@
 //! `tokio::time::pause()`: the session cap and the per-owner cap (also under concurrent
 //! creates), owner checks, limits kept across re-attaching, the idle reaper, the
 //! reconciler, and a create that is abandoned half-way. No Docker; virtual time.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

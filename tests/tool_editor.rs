@@ -1,6 +1,7 @@
 //! str_replace_editor against the real engine and image: every command and every error path,
 //! called through the registry with raw JSON the way the model sends it, with file bytes
 //! checked through the sandbox afterwards.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

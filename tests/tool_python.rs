@@ -1,6 +1,7 @@
 //! The python tool against the real engine and image, called through a ToolRegistry with raw
 //! JSON as the model sends it: persistent state, values, streams, tracebacks, figures,
 //! timeouts, crashes, output floods, protocol garbage, reset and cancellation.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
 

@@ -13,7 +13,7 @@ use sandboxd::sandbox::{CreateOptions, Owner, SessionManager, ShellOptions};
 use super::Ctx;
 
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, serve, pool, or all.
     #[arg(default_value = "all")]
     pub group: String,
@@ -23,12 +23,12 @@ pub struct BenchArgs {
 }
 
 /// The owner of the benchmark's sessions.
-pub fn bench_owner() -> anyhow::Result<Owner> {
+pub(crate) fn bench_owner() -> anyhow::Result<Owner> {
     Ok(Owner::new("bench")?)
 }
 
 /// p50 and p99 of a sample, in milliseconds.
-pub fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
+pub(crate) fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
     samples.sort();
     if samples.is_empty() {
         return (f64::NAN, f64::NAN);
@@ -37,7 +37,7 @@ pub fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
     (at(0.5), at(0.99))
 }
 
-pub fn row(
+pub(crate) fn row(
     what: &str,
     ours: &mut [Duration],
     baseline_name: &str,
@@ -57,20 +57,20 @@ pub fn row(
 }
 
 /// A group's heading and its table header.
-pub fn section(title: &str) {
+pub(crate) fn section(title: &str) {
     println!("### {title}");
     println!();
     header();
 }
 
-pub fn header() {
+pub(crate) fn header() {
     println!(
         "| measurement | sandboxd p50 ms | p99 ms | baseline p50 ms | baseline p99 ms | ratio (p50) | target |"
     );
     println!("|---|---|---|---|---|---|---|");
 }
 
-pub fn docker_cli(args: &[&str]) -> anyhow::Result<String> {
+pub(crate) fn docker_cli(args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("docker")
         .args(args)
         .stderr(Stdio::piped())
@@ -85,7 +85,7 @@ pub fn docker_cli(args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-pub async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let manager = ctx.manager().await?;
     println!(
         "sandboxd bench — {} — machine: {} cores",
@@ -260,7 +260,7 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
 }
 
 /// `docker run -d` of a container hardened as a session's: the baseline of create timings.
-pub fn hardened_run_args(image: &str) -> Vec<&str> {
+pub(crate) fn hardened_run_args(image: &str) -> Vec<&str> {
     vec![
         "run",
         "-d",
@@ -295,7 +295,7 @@ pub fn hardened_run_args(image: &str) -> Vec<&str> {
 }
 
 /// The image id the benchmark's baselines run (the recipe's tag, resolved).
-pub fn bench_image() -> String {
+pub(crate) fn bench_image() -> String {
     docker_cli(&[
         "inspect",
         "--format",

@@ -119,7 +119,7 @@ fn rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
-pub async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
+pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     let image = bench_image();
     section("Warm pool and concurrent creates");
 

@@ -13,7 +13,7 @@ use sandboxd::sandbox::{Sandbox, WORKSPACE};
 use super::render::sayln;
 
 /// Refuses an output directory that exists and is not empty (nothing is overwritten).
-pub fn check_output_dir(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn check_output_dir(dir: &Path) -> anyhow::Result<()> {
     match std::fs::symlink_metadata(dir) {
         Err(_) => Ok(()),
         Ok(m) if m.is_dir() && std::fs::read_dir(dir)?.next().is_none() => Ok(()),
@@ -25,11 +25,11 @@ pub fn check_output_dir(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// The exit status of a run whose agent succeeded but whose copy-out was partial or failed.
-pub const COPY_INCOMPLETE: u8 = 3;
+pub(crate) const COPY_INCOMPLETE: u8 = 3;
 
 /// Copies /workspace into `dest` (created), validating the archive as hostile input, and
 /// tells the user what was copied and what was skipped. Returns whether the copy is complete.
-pub async fn copy_out(sandbox: &dyn Sandbox, limits: &Limits, dest: &Path) -> bool {
+pub(crate) async fn copy_out(sandbox: &dyn Sandbox, limits: &Limits, dest: &Path) -> bool {
     if let Err(e) = std::fs::create_dir_all(dest) {
         sayln!(
             "sandboxd: could not copy /workspace out: cannot create {}: {e}",

@@ -6,7 +6,7 @@ use sandboxd::sandbox::{docker, docker_image};
 
 use super::Ctx;
 
-pub async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
     let mut failures = 0;
     let mut check = |ok: bool, what: String, fix: &str| {
         if ok {

@@ -22,7 +22,7 @@ use super::signals::StopSignals;
 
 /// Limits a command-line user may lower for one session.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct LimitFlags {
+pub(crate) struct LimitFlags {
     /// Memory limit in MiB (at most the configured limit).
     #[arg(long)]
     pub memory_mb: Option<u64>,
@@ -38,7 +38,7 @@ pub struct LimitFlags {
 }
 
 impl LimitFlags {
-    pub fn request(&self) -> LimitRequest {
+    pub(crate) fn request(&self) -> LimitRequest {
         LimitRequest {
             memory_mb: self.memory_mb,
             cpus: self.cpus,
@@ -50,7 +50,7 @@ impl LimitFlags {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct ExecArgs {
+pub(crate) struct ExecArgs {
     /// Keep the sandbox after the command; its session id is printed on stderr.
     #[arg(long)]
     pub keep: bool,
@@ -68,7 +68,7 @@ pub struct ExecArgs {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct ShellArgs {
+pub(crate) struct ShellArgs {
     /// Keep the sandbox after the shell exits.
     #[arg(long)]
     pub keep: bool,
@@ -80,7 +80,7 @@ pub struct ShellArgs {
 }
 
 /// A fresh session, or the named kept one.
-pub async fn open_session(
+pub(crate) async fn open_session(
     ctx: &Ctx,
     manager: &SessionManager,
     session: Option<&str>,
@@ -98,7 +98,7 @@ pub async fn open_session(
 }
 
 /// Removes the session, or says how to reach it again when it is kept.
-pub async fn close_session(
+pub(crate) async fn close_session(
     manager: &SessionManager,
     session: &Session,
     keep: bool,
@@ -114,7 +114,7 @@ pub async fn close_session(
     Ok(())
 }
 
-pub async fn exec(ctx: Ctx, args: ExecArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn exec(ctx: Ctx, args: ExecArgs) -> anyhow::Result<ExitCode> {
     let mut stop = StopSignals::listen().context("cannot listen for signals")?;
     let manager = ctx.manager().await?;
     let keep = args.keep || args.session.is_some();
@@ -225,7 +225,7 @@ async fn stream_command(
     }
 }
 
-pub async fn shell(ctx: Ctx, args: ShellArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn shell(ctx: Ctx, args: ShellArgs) -> anyhow::Result<ExitCode> {
     let mut stop = StopSignals::listen().context("cannot listen for signals")?;
     let manager = ctx.manager().await?;
     let keep = args.keep || args.session.is_some();

@@ -9,7 +9,7 @@ use sandboxd::sandbox::docker_image::{self, BuildOutcome, BuildProgress};
 use super::Ctx;
 
 #[derive(clap::Subcommand, Debug)]
-pub enum ImageCommand {
+pub(crate) enum ImageCommand {
     /// Build the sandbox image offline (mmdebstrap from this host's apt sources). A no-op
     /// when the recipe is unchanged, unless --force.
     Build {
@@ -35,7 +35,7 @@ fn reporter(verbose: bool) -> impl Fn(BuildProgress) + Send + Sync {
 }
 
 /// The image tag to run, building the image first (with progress) when it is missing.
-pub async fn ensure(docker: &sandboxd::sandbox::docker::Engine) -> anyhow::Result<String> {
+pub(crate) async fn ensure(docker: &sandboxd::sandbox::docker::Engine) -> anyhow::Result<String> {
     if !docker_image::image_present(docker).await? {
         eprintln!(
             "sandboxd: the sandbox image {} is not built yet; building it now (a minute or two; `sandboxd image build` does this alone)",
@@ -46,7 +46,7 @@ pub async fn ensure(docker: &sandboxd::sandbox::docker::Engine) -> anyhow::Resul
     Ok(docker_image::ensure_image(docker, &report).await?)
 }
 
-pub async fn main(_ctx: Ctx, cmd: ImageCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(_ctx: Ctx, cmd: ImageCommand) -> anyhow::Result<ExitCode> {
     let engine = docker::connect().await?;
     match cmd {
         ImageCommand::Build { force, verbose } => {

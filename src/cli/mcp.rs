@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::Ctx;
 
 #[derive(clap::Args, Debug)]
-pub struct McpArgs {
+pub(crate) struct McpArgs {
     /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8765).
     /// The bearer token is [mcp] token or SANDBOXD_MCP_TOKEN; on a loopback address
     /// without one, a random token is generated and printed on stderr.
@@ -21,7 +21,7 @@ pub struct McpArgs {
     pub listen: Option<SocketAddr>,
 }
 
-pub async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
     // Check the address and token before touching Docker, so a refusal is immediate.
     let token = match args.listen {
         Some(addr) => Some(resolve_token(addr, &ctx.config.mcp.token)?),
@@ -69,7 +69,7 @@ pub async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(_) => {

@@ -3,21 +3,21 @@
 //! create sessions (the image is built if missing; orphans are reconciled first) and one
 //! for commands that only look or remove (never builds anything).
 
-pub mod bench;
-pub mod bench_pool;
-pub mod copy_out;
-pub mod doctor;
-pub mod exec;
-pub mod image;
-pub mod mcp;
-pub mod plan;
-pub mod render;
-pub mod run;
-pub mod serve;
-pub mod sessions;
-pub mod signals;
-pub mod tool;
-pub mod users;
+pub(crate) mod bench;
+pub(crate) mod bench_pool;
+pub(crate) mod copy_out;
+pub(crate) mod doctor;
+pub(crate) mod exec;
+pub(crate) mod image;
+pub(crate) mod mcp;
+pub(crate) mod plan;
+pub(crate) mod render;
+pub(crate) mod run;
+pub(crate) mod serve;
+pub(crate) mod sessions;
+pub(crate) mod signals;
+pub(crate) mod tool;
+pub(crate) mod users;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -27,19 +27,19 @@ use sandboxd::config::Config;
 use sandboxd::sandbox::docker::{self, DockerRuntime};
 use sandboxd::sandbox::{Owner, SessionManager, docker_image};
 
-pub struct Ctx {
+pub(crate) struct Ctx {
     pub config: Config,
 }
 
 impl Ctx {
-    pub fn load(path: Option<&Path>) -> anyhow::Result<Ctx> {
+    pub(crate) fn load(path: Option<&Path>) -> anyhow::Result<Ctx> {
         let config = Config::load(path)?;
         Ok(Ctx { config })
     }
 
     /// Connects to Docker and makes sure the sandbox image exists, building it (with
     /// progress on stderr) when it does not.
-    pub async fn runtime(&self) -> anyhow::Result<DockerRuntime> {
+    pub(crate) async fn runtime(&self) -> anyhow::Result<DockerRuntime> {
         let docker = docker::connect().await?;
         let image = if self.config.docker.image.is_empty() {
             image::ensure(&docker).await?
@@ -53,7 +53,7 @@ impl Ctx {
     /// A manager for commands that create sessions. It runs the reconciler first (one
     /// labelled list), so the orphans of a process that crashed or was killed are gone
     /// before anything new is made.
-    pub async fn manager(&self) -> anyhow::Result<Arc<SessionManager>> {
+    pub(crate) async fn manager(&self) -> anyhow::Result<Arc<SessionManager>> {
         let runtime = self
             .runtime()
             .await
@@ -72,7 +72,7 @@ impl Ctx {
 
     /// A manager for commands that look at or remove sessions but never create one
     /// (`sessions list|rm|gc`): it never builds the image.
-    pub async fn read_only_manager(&self) -> anyhow::Result<Arc<SessionManager>> {
+    pub(crate) async fn read_only_manager(&self) -> anyhow::Result<Arc<SessionManager>> {
         let engine = docker::connect().await?;
         Ok(self.manager_over(self.runtime_without_image(engine)))
     }
@@ -99,14 +99,14 @@ impl Ctx {
     }
 
     /// The owner recorded on sessions the CLI creates ([sessions] default_owner).
-    pub fn owner(&self) -> anyhow::Result<Owner> {
+    pub(crate) fn owner(&self) -> anyhow::Result<Owner> {
         Owner::new(self.config.sessions.default_owner.clone())
             .context("[sessions] default_owner is not usable")
     }
 }
 
 /// `default` applies when SANDBOXD_LOG is unset (serve adds its access log).
-pub fn init_tracing(default: &str) {
+pub(crate) fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SANDBOXD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::render::{clean, sayln, short};
 
 /// Runs `request`'s task as a plan in `session`; events go to `sink` (the terminal).
-pub async fn run_flow(
+pub(crate) async fn run_flow(
     ctx: &RunContext,
     session: &Arc<Session>,
     request: RunRequest,
@@ -44,7 +44,7 @@ fn checklist(plan: &PlanView) {
 }
 
 /// Renders one plan event; other events are not ours.
-pub fn show(ev: &Event) {
+pub(crate) fn show(ev: &Event) {
     match &ev.kind {
         EventKind::PlanCreated { plan, fallback } => {
             sayln!(

@@ -39,13 +39,13 @@ macro_rules! sayln {
 pub(crate) use sayln;
 
 /// Hands events to a rendering task through a bounded queue.
-pub struct TerminalSink {
+pub(crate) struct TerminalSink {
     tx: Mutex<Option<mpsc::Sender<Event>>>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl TerminalSink {
-    pub fn start(json: bool) -> Arc<Self> {
+    pub(crate) fn start(json: bool) -> Arc<Self> {
         let (tx, rx) = mpsc::channel(QUEUE);
         Arc::new(Self {
             tx: Mutex::new(Some(tx)),
@@ -54,7 +54,7 @@ impl TerminalSink {
     }
 
     /// Waits until every event so far is shown; later events are dropped.
-    pub async fn finish(&self) {
+    pub(crate) async fn finish(&self) {
         self.tx.lock().ok().and_then(|mut t| t.take());
         let task = self.task.lock().ok().and_then(|mut t| t.take());
         if let Some(task) = task {
@@ -219,7 +219,7 @@ fn show(ev: &Event, in_flow: bool) {
 }
 
 /// One line, at most `max` characters, safe to print.
-pub fn short(text: &str, max: usize) -> String {
+pub(crate) fn short(text: &str, max: usize) -> String {
     let line = clean(text);
     if line.chars().count() <= max {
         return line;
@@ -233,7 +233,7 @@ pub fn short(text: &str, max: usize) -> String {
 /// still a control character (C0, DEL, C1, a lone ESC) or a bidi override becomes a space
 /// or goes. Colours are not kept: they would have to be re-emitted by us, and plain text
 /// reads fine.
-pub fn clean(text: &str) -> String {
+pub(crate) fn clean(text: &str) -> String {
     let stripped: String = anstream::adapter::strip_str(text).collect();
     stripped
         .chars()

@@ -30,7 +30,7 @@ use super::render::{TerminalSink, sayln};
 use super::signals::StopSignals;
 
 #[derive(clap::Args, Debug)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// The task; asked on stdin when absent.
     #[arg(long)]
     pub prompt: Option<String>,
@@ -71,7 +71,7 @@ pub struct RunArgs {
 /// The exit status of the signal that cancelled the run (0: none yet).
 static CANCELLED_BY: AtomicU8 = AtomicU8::new(0);
 
-pub async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     let llm = match LlmClient::from_config(&ctx.config.llm) {
         Ok(c) => Arc::new(c),
         Err(e @ LlmError::NotConfigured { .. }) => {

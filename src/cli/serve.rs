@@ -12,7 +12,7 @@ use sandboxd::store::{SqliteStore, Store};
 use super::Ctx;
 
 #[derive(clap::Args, Debug)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Address to listen on (default [server] listen, 127.0.0.1:8080). A non-loopback
     /// address is refused until a user exists.
     #[arg(long, value_name = "ADDR")]
@@ -23,18 +23,18 @@ pub struct ServeArgs {
 }
 
 /// The store file in the data directory.
-pub fn store_path(ctx: &Ctx) -> std::path::PathBuf {
+pub(crate) fn store_path(ctx: &Ctx) -> std::path::PathBuf {
     ctx.config.data_dir().join("sandboxd.db")
 }
 
-pub async fn open_store(ctx: &Ctx) -> anyhow::Result<SqliteStore> {
+pub(crate) async fn open_store(ctx: &Ctx) -> anyhow::Result<SqliteStore> {
     let path = store_path(ctx);
     SqliteStore::open(&path)
         .await
         .with_context(|| format!("cannot open the store {}", path.display()))
 }
 
-pub async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> {
     if args.openapi {
         use std::io::Write as _;
         // A closed pipe (`| head`) is not an error worth a panic.

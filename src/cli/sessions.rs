@@ -9,7 +9,7 @@ use sandboxd::sandbox::{Viewer, host};
 use super::Ctx;
 
 #[derive(clap::Subcommand, Debug)]
-pub enum SessionsCommand {
+pub(crate) enum SessionsCommand {
     /// List every sandboxd-managed container.
     List {
         /// Print JSON instead of a table.
@@ -22,7 +22,7 @@ pub enum SessionsCommand {
     Gc,
 }
 
-pub async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
     let manager = ctx.read_only_manager().await?;
     match cmd {
         SessionsCommand::List { json } => {

@@ -7,7 +7,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Which stop signal arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopSignal {
+pub(crate) enum StopSignal {
     Interrupt,
     Terminate,
     Hangup,
@@ -15,7 +15,7 @@ pub enum StopSignal {
 
 impl StopSignal {
     /// The conventional exit status of a process ended by this signal (128 + its number).
-    pub fn exit_status(self) -> u8 {
+    pub(crate) fn exit_status(self) -> u8 {
         match self {
             StopSignal::Interrupt => 130,
             StopSignal::Terminate => 143,
@@ -23,7 +23,7 @@ impl StopSignal {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             StopSignal::Interrupt => "SIGINT",
             StopSignal::Terminate => "SIGTERM",
@@ -34,14 +34,14 @@ impl StopSignal {
 
 /// Listens for the stop signals from the moment it is made: one that arrives while the
 /// command is still setting up is kept and returned by the next `recv`.
-pub struct StopSignals {
+pub(crate) struct StopSignals {
     int: Signal,
     term: Signal,
     hup: Signal,
 }
 
 impl StopSignals {
-    pub fn listen() -> std::io::Result<StopSignals> {
+    pub(crate) fn listen() -> std::io::Result<StopSignals> {
         Ok(StopSignals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
@@ -50,7 +50,7 @@ impl StopSignals {
     }
 
     /// The next stop signal.
-    pub async fn recv(&mut self) -> StopSignal {
+    pub(crate) async fn recv(&mut self) -> StopSignal {
         tokio::select! {
             Some(()) = self.int.recv() => StopSignal::Interrupt,
             Some(()) = self.term.recv() => StopSignal::Terminate,

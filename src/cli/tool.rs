@@ -16,7 +16,7 @@ use super::Ctx;
 use super::exec::{LimitFlags, close_session, open_session};
 
 #[derive(clap::Args, Debug)]
-pub struct ToolArgs {
+pub(crate) struct ToolArgs {
     /// The tool to call (see --list).
     pub name: Option<String>,
     /// Its arguments, a JSON object as the model would send it (default {}).
@@ -37,7 +37,7 @@ pub struct ToolArgs {
     pub limits: LimitFlags,
 }
 
-pub async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
     let asker: Arc<dyn Asker> = if std::io::stdin().is_terminal() {
         Arc::new(TerminalAsker)
     } else {

@@ -12,7 +12,7 @@ use super::Ctx;
 use super::serve::open_store;
 
 #[derive(clap::Subcommand, Debug)]
-pub enum UsersCommand {
+pub(crate) enum UsersCommand {
     /// Create a user and print their API key (shown only this once).
     Add {
         name: String,
@@ -44,7 +44,7 @@ pub enum UsersCommand {
 }
 
 #[derive(clap::Args, Debug, Default)]
-pub struct QuotaArgs {
+pub(crate) struct QuotaArgs {
     /// Sessions alive at once.
     #[arg(long)]
     sessions: Option<u32>,
@@ -106,7 +106,7 @@ fn when(ms: Option<i64>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-pub async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode> {
     let store = open_store(&ctx).await?;
     match cmd {
         UsersCommand::Add {

@@ -69,7 +69,7 @@ impl Planner<'_> {
     }
 
     /// Asks for a plan; a bad answer is asked again once. The caller falls back on Invalid.
-    pub async fn create(&mut self, system: String, task: &str) -> Answer {
+    pub(super) async fn create(&mut self, system: String, task: &str) -> Answer {
         let max = self.book.max_steps();
         let mut messages = vec![
             Message::system(system),
@@ -98,7 +98,7 @@ impl Planner<'_> {
     }
 
     /// One re-planning request for `plan_id`; answered with an update or nothing.
-    pub async fn replan(&mut self, system: String, prompt: String, plan_id: &str) -> Answer {
+    pub(super) async fn replan(&mut self, system: String, prompt: String, plan_id: &str) -> Answer {
         let messages = [Message::system(system), Message::user(prompt)];
         match self.ask(&messages).await {
             Ok(c) => match self.accept(&c, "update", Some(plan_id)) {

@@ -46,7 +46,7 @@ fn fill(template: &str, pairs: &[(&str, &str)]) -> String {
 }
 
 /// The planner's system prompt, with the executor tags it may use.
-pub fn planner(max_steps: usize, executors: &BTreeMap<String, ExecutorConfig>) -> String {
+pub(super) fn planner(max_steps: usize, executors: &BTreeMap<String, ExecutorConfig>) -> String {
     let mut tags = String::new();
     if !executors.is_empty() {
         tags.push_str(
@@ -67,11 +67,11 @@ pub fn planner(max_steps: usize, executors: &BTreeMap<String, ExecutorConfig>) -
     )
 }
 
-pub fn planner_task(task: &str) -> String {
+pub(super) fn planner_task(task: &str) -> String {
     fill(PLANNER_TASK, &[("task", task)])
 }
 
-pub fn planner_again(why: &str, max_steps: usize) -> String {
+pub(super) fn planner_again(why: &str, max_steps: usize) -> String {
     fill(
         PLANNER_AGAIN,
         &[("why", why), ("max_steps", &max_steps.to_string())],
@@ -79,7 +79,7 @@ pub fn planner_again(why: &str, max_steps: usize) -> String {
 }
 
 /// What a step's run is asked to do.
-pub struct StepPrompt<'a> {
+pub(super) struct StepPrompt<'a> {
     pub task: &'a str,
     pub plan: &'a str,
     /// 1-based, as people count.
@@ -90,7 +90,7 @@ pub struct StepPrompt<'a> {
     pub retry: Option<(u32, String, String)>,
 }
 
-pub fn step(p: &StepPrompt<'_>) -> String {
+pub(super) fn step(p: &StepPrompt<'_>) -> String {
     let n = p.n.to_string();
     let retry = match &p.retry {
         Some((attempt, reason, notes)) => {
@@ -127,7 +127,7 @@ pub fn step(p: &StepPrompt<'_>) -> String {
     )
 }
 
-pub struct Replan<'a> {
+pub(super) struct Replan<'a> {
     pub task: &'a str,
     pub plan: &'a str,
     pub plan_id: &'a str,
@@ -137,7 +137,7 @@ pub struct Replan<'a> {
     pub max_steps: usize,
 }
 
-pub fn replan(r: &Replan<'_>) -> String {
+pub(super) fn replan(r: &Replan<'_>) -> String {
     fill(
         REPLAN,
         &[
@@ -152,11 +152,11 @@ pub fn replan(r: &Replan<'_>) -> String {
     )
 }
 
-pub fn summary() -> String {
+pub(super) fn summary() -> String {
     SUMMARY.trim_end().to_string()
 }
 
-pub fn summary_task(
+pub(super) fn summary_task(
     task: &str,
     title: &str,
     done: usize,

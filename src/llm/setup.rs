@@ -37,7 +37,7 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-pub const OPENAI_BASE: &str = "https://api.openai.com/v1";
+pub(super) const OPENAI_BASE: &str = "https://api.openai.com/v1";
 
 /// Resolves the main endpoint. `env` looks up process variables (injected for tests).
 pub fn resolve(

@@ -33,7 +33,7 @@ pub enum HttpFailure {
 }
 
 #[derive(Clone, Default)]
-pub struct Transport {
+pub(super) struct Transport {
     inner: ReqwestService,
 }
 
@@ -104,7 +104,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// OpenAI's `retry-after-ms`, else `Retry-After` as seconds (an HTTP date counts as 1 s).
-pub fn retry_after(ms: Option<&str>, secs: Option<&str>) -> Option<Duration> {
+pub(super) fn retry_after(ms: Option<&str>, secs: Option<&str>) -> Option<Duration> {
     if let Some(ms) = ms
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|v| v.is_finite() && *v >= 0.0)
@@ -120,7 +120,7 @@ pub fn retry_after(ms: Option<&str>, secs: Option<&str>) -> Option<Duration> {
 }
 
 /// The server's error message from whatever error body shape it uses, cut to 1000 chars.
-pub fn server_message(body: &[u8]) -> String {
+pub(super) fn server_message(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
     let from_json = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
         let candidates = [

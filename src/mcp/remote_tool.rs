@@ -14,7 +14,7 @@ use crate::tools::{Tool, ToolContext, ToolError, ToolResult};
 use super::remote::RemoteServer;
 
 /// Text and images of an MCP result as a ToolResult (the first image is kept).
-pub fn from_call_result(result: &CallToolResult) -> ToolResult {
+pub(super) fn from_call_result(result: &CallToolResult) -> ToolResult {
     let mut text = Vec::new();
     let mut image = None;
     let mut text_len = 0;

@@ -13,7 +13,7 @@ const BRIDGE_PREFIXES: &[&str] = &["docker", "br-", "veth", "virbr", "cni", "pod
 /// Every address of every interface, and the whole network of bridge-like interfaces,
 /// each with a label for refusals. Read once per Policy; an error reading interfaces
 /// leaves the built-in ranges (which cover loopback and the private ranges) in charge.
-pub fn own_networks() -> Vec<(IpNet, String)> {
+pub(super) fn own_networks() -> Vec<(IpNet, String)> {
     // if-addrs: getifaddrs(3) behind a small, widely used crate, rather than our own FFI.
     let Ok(ifaces) = if_addrs::get_if_addrs() else {
         tracing::warn!("cannot list the host's interfaces; only the built-in deny list applies");

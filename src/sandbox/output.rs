@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 #[derive(Debug)]
-pub struct CappedBuffer {
+pub(super) struct CappedBuffer {
     cap: usize,
     head: Vec<u8>,
     tail: VecDeque<u8>,
@@ -14,7 +14,7 @@ pub struct CappedBuffer {
 }
 
 impl CappedBuffer {
-    pub fn new(cap: usize) -> Self {
+    pub(super) fn new(cap: usize) -> Self {
         Self {
             cap,
             head: Vec::new(),
@@ -23,7 +23,7 @@ impl CappedBuffer {
         }
     }
 
-    pub fn push(&mut self, mut data: &[u8]) {
+    pub(super) fn push(&mut self, mut data: &[u8]) {
         self.total += data.len() as u64;
         let head_cap = self.cap / 2;
         if self.head.len() < head_cap {
@@ -42,12 +42,12 @@ impl CappedBuffer {
         }
     }
 
-    pub fn truncated(&self) -> bool {
+    pub(super) fn truncated(&self) -> bool {
         self.total > (self.head.len() + self.tail.len()) as u64
     }
 
     /// The kept bytes, with a marker where the middle was cut.
-    pub fn finish(self) -> (Vec<u8>, bool) {
+    pub(super) fn finish(self) -> (Vec<u8>, bool) {
         let truncated = self.truncated();
         let kept = (self.head.len() + self.tail.len()) as u64;
         let mut out = self.head;

@@ -9,13 +9,13 @@ use crate::research::config::ResearchConfig;
 use crate::research::fetcher::FetchRequest;
 use crate::research::ssrf::Origin;
 
-pub struct Brave {
+pub(super) struct Brave {
     url: url::Url,
     key: String,
 }
 
 impl Brave {
-    pub fn from_config(c: &ResearchConfig) -> Result<Self, String> {
+    pub(super) fn from_config(c: &ResearchConfig) -> Result<Self, String> {
         let key = c
             .brave_key()
             .ok_or("no key ([research] brave_api_key or BRAVE_API_KEY)")?;

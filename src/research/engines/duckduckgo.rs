@@ -13,12 +13,12 @@ use crate::research::ssrf::Origin;
 /// DuckDuckGo refuses longer queries.
 const MAX_QUERY: usize = 499;
 
-pub struct DuckDuckGo {
+pub(super) struct DuckDuckGo {
     url: url::Url,
 }
 
 impl DuckDuckGo {
-    pub fn from_config(c: &ResearchConfig) -> Result<Self, String> {
+    pub(super) fn from_config(c: &ResearchConfig) -> Result<Self, String> {
         Ok(Self {
             url: endpoint("duckduckgo_url", &c.duckduckgo_url)?,
         })
@@ -85,7 +85,7 @@ impl Engine for DuckDuckGo {
 }
 
 /// Results of an HTML result page, or Blocked for a CAPTCHA page.
-pub fn parse(html: &str) -> Result<Vec<RawHit>, EngineError> {
+pub(super) fn parse(html: &str) -> Result<Vec<RawHit>, EngineError> {
     let doc = dom_query::Document::from(html);
     if doc.select("form#challenge-form").exists()
         || doc.select(".anomaly-modal__title").exists()

@@ -10,12 +10,12 @@ use crate::research::config::ResearchConfig;
 use crate::research::fetcher::FetchRequest;
 use crate::research::ssrf::Origin;
 
-pub struct SearXng {
+pub(super) struct SearXng {
     base: url::Url,
 }
 
 impl SearXng {
-    pub fn from_config(c: &ResearchConfig) -> Result<Self, String> {
+    pub(super) fn from_config(c: &ResearchConfig) -> Result<Self, String> {
         Ok(Self {
             base: endpoint("searxng_url", &c.searxng_url)?,
         })

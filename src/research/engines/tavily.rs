@@ -12,13 +12,13 @@ use crate::research::config::ResearchConfig;
 use crate::research::fetcher::FetchRequest;
 use crate::research::ssrf::Origin;
 
-pub struct Tavily {
+pub(super) struct Tavily {
     url: url::Url,
     key: String,
 }
 
 impl Tavily {
-    pub fn from_config(c: &ResearchConfig) -> Result<Self, String> {
+    pub(super) fn from_config(c: &ResearchConfig) -> Result<Self, String> {
         let key = c
             .tavily_key()
             .ok_or("no key ([research] tavily_api_key or TAVILY_API_KEY)")?;

@@ -8,17 +8,17 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 /// Lines of context shown around an edit.
-pub const SNIPPET_LINES: usize = 4;
+pub(super) const SNIPPET_LINES: usize = 4;
 /// Observations longer than this are cut (characters, not bytes).
-pub const MAX_OUTPUT_CHARS: usize = 16_000;
+pub(super) const MAX_OUTPUT_CHARS: usize = 16_000;
 /// How much of a file is sniffed for NUL bytes and broken UTF-8 to call it binary.
-pub const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+pub(super) const BINARY_SNIFF_BYTES: usize = 8 * 1024;
 /// The most occurrence positions collected when old_str is ambiguous.
 const MAX_OCCURRENCES: usize = 100;
 
 /// Why a file's bytes are not editable text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DecodeError {
+pub(super) enum DecodeError {
     /// A NUL byte or invalid UTF-8 near the start: almost certainly not a text file.
     Binary,
     /// Text at the start, but invalid UTF-8 further in.
@@ -26,7 +26,7 @@ pub enum DecodeError {
 }
 
 /// Turns a file's bytes into text, refusing binary and non-UTF-8 files.
-pub fn decode(bytes: Vec<u8>) -> Result<String, DecodeError> {
+pub(super) fn decode(bytes: Vec<u8>) -> Result<String, DecodeError> {
     let head = &bytes[..bytes.len().min(BINARY_SNIFF_BYTES)];
     if head.contains(&0) {
         return Err(DecodeError::Binary);
@@ -47,13 +47,13 @@ pub fn decode(bytes: Vec<u8>) -> Result<String, DecodeError> {
 
 /// The line break a file uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Eol {
+pub(super) enum Eol {
     Lf,
     Crlf,
 }
 
 impl Eol {
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             Eol::Lf => "\n",
             Eol::Crlf => "\r\n",
@@ -62,7 +62,7 @@ impl Eol {
 }
 
 /// The file's dominant line break: CRLF when at least half of its line breaks are CRLF.
-pub fn detect_eol(text: &str) -> Eol {
+pub(super) fn detect_eol(text: &str) -> Eol {
     let lf = count_newlines(text, text.len());
     let crlf = text.matches("\r\n").count();
     if crlf > 0 && crlf * 2 >= lf {
@@ -74,7 +74,7 @@ pub fn detect_eol(text: &str) -> Eol {
 
 /// Rewrites the line breaks of text from the model into `eol`, so that an LF-typing model can
 /// match and extend a CRLF file (and the reverse) without changing the file's line endings.
-pub fn to_eol(s: &str, eol: Eol) -> Cow<'_, str> {
+pub(super) fn to_eol(s: &str, eol: Eol) -> Cow<'_, str> {
     match eol {
         Eol::Lf if s.contains("\r\n") => Cow::Owned(s.replace("\r\n", "\n")),
         Eol::Lf => Cow::Borrowed(s),
@@ -103,7 +103,7 @@ fn count_newlines(text: &str, end: usize) -> usize {
 }
 
 /// The number of lines: every line break ends one, and trailing text without one is one more.
-pub fn line_count(text: &str) -> usize {
+pub(super) fn line_count(text: &str) -> usize {
     let breaks = count_newlines(text, text.len());
     if text.is_empty() || text.ends_with('\n') {
         breaks
@@ -113,12 +113,12 @@ pub fn line_count(text: &str) -> usize {
 }
 
 /// The 1-based line holding byte `offset` (any byte offset; it need not be a char boundary).
-pub fn line_of(text: &str, offset: usize) -> usize {
+pub(super) fn line_of(text: &str, offset: usize) -> usize {
     count_newlines(text, offset) + 1
 }
 
 /// The byte offset where 1-based line `n` starts; `text.len()` for lines past the end.
-pub fn line_start(text: &str, n: usize) -> usize {
+pub(super) fn line_start(text: &str, n: usize) -> usize {
     if n <= 1 {
         return 0;
     }
@@ -128,7 +128,7 @@ pub fn line_start(text: &str, n: usize) -> usize {
 }
 
 /// Lines `first..=last` (1-based, inclusive) of `text`, line breaks included.
-pub fn lines(text: &str, first: usize, last: usize) -> &str {
+pub(super) fn lines(text: &str, first: usize, last: usize) -> &str {
     let start = line_start(text, first);
     let end = line_start(text, last.saturating_add(1)).max(start);
     &text[start..end]
@@ -136,7 +136,7 @@ pub fn lines(text: &str, first: usize, last: usize) -> &str {
 
 /// `cat -n` style: each line's number right-aligned in 6 columns, a tab, the line without
 /// its line break. Tabs inside lines are shown as they are.
-pub fn numbered(text: &str, first_line: usize) -> String {
+pub(super) fn numbered(text: &str, first_line: usize) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 8 + 16);
     for (i, line) in text.split_inclusive('\n').enumerate() {
         let line = line.strip_suffix('\n').unwrap_or(line);
@@ -151,7 +151,7 @@ pub fn numbered(text: &str, first_line: usize) -> String {
 
 /// Byte offsets where `needle` starts in `hay`, overlapping matches included (an overlap is as
 /// ambiguous as two separate matches). Stops after `MAX_OCCURRENCES`.
-pub fn occurrences(hay: &str, needle: &str) -> Vec<usize> {
+pub(super) fn occurrences(hay: &str, needle: &str) -> Vec<usize> {
     let Some(first) = needle.chars().next() else {
         return Vec::new();
     };
@@ -170,7 +170,7 @@ pub fn occurrences(hay: &str, needle: &str) -> Vec<usize> {
 }
 
 /// The distinct line numbers of some byte offsets, in order.
-pub fn lines_of(text: &str, offsets: &[usize]) -> Vec<usize> {
+pub(super) fn lines_of(text: &str, offsets: &[usize]) -> Vec<usize> {
     let mut out: Vec<usize> = Vec::new();
     let (mut line, mut pos) = (1, 0);
     for &off in offsets {
@@ -186,7 +186,12 @@ pub fn lines_of(text: &str, offsets: &[usize]) -> Vec<usize> {
 /// Inserts `new` as whole lines after line `after` (0 = at the top), with the file's line
 /// break. A trailing line break in `new` ends its last line rather than adding an empty one.
 /// Returns the new text and the 1-based range of the inserted lines.
-pub fn insert_lines(text: &str, after: usize, new: &str, eol: Eol) -> (String, usize, usize) {
+pub(super) fn insert_lines(
+    text: &str,
+    after: usize,
+    new: &str,
+    eol: Eol,
+) -> (String, usize, usize) {
     let new = to_eol(new, eol);
     let body = new.strip_suffix(eol.as_str()).unwrap_or(&new);
     let inserted = line_count(body).max(1);
@@ -207,7 +212,7 @@ pub fn insert_lines(text: &str, after: usize, new: &str, eol: Eol) -> (String, u
 }
 
 /// The lines `first..=last` of `text` with `SNIPPET_LINES` of context, numbered.
-pub fn snippet(text: &str, first: usize, last: usize) -> String {
+pub(super) fn snippet(text: &str, first: usize, last: usize) -> String {
     let n = line_count(text).max(1);
     let start = first.saturating_sub(SNIPPET_LINES).max(1);
     let end = last.saturating_add(SNIPPET_LINES).min(n).max(start);
@@ -216,7 +221,7 @@ pub fn snippet(text: &str, first: usize, last: usize) -> String {
 
 /// Cuts an observation at `MAX_OUTPUT_CHARS`, on a line boundary when one is near, and says how
 /// to see the rest.
-pub fn clip(text: String) -> String {
+pub(super) fn clip(text: String) -> String {
     let Some((cut, _)) = text.char_indices().nth(MAX_OUTPUT_CHARS) else {
         return text;
     };
@@ -234,7 +239,7 @@ pub fn clip(text: String) -> String {
 
 /// A name from the sandbox made safe to show on one line (a newline in a file name must not
 /// forge a listing entry).
-pub fn shown(name: &str) -> Cow<'_, str> {
+pub(super) fn shown(name: &str) -> Cow<'_, str> {
     if name.chars().any(char::is_control) {
         Cow::Owned(name.escape_debug().to_string())
     } else {

@@ -12,13 +12,13 @@ use crate::sandbox::SandboxError;
 
 /// Undo history kept per session, in bytes; past it the oldest versions are dropped (a file's
 /// newest version always stays, so one undo is always possible).
-pub const MAX_HISTORY_BYTES: usize = 64 << 20;
+pub(super) const MAX_HISTORY_BYTES: usize = 64 << 20;
 
 /// Per file: the versions before each edit, oldest first; `None` means "did not exist".
-pub type History = HashMap<String, Vec<Option<Vec<u8>>>>;
+pub(super) type History = HashMap<String, Vec<Option<Vec<u8>>>>;
 
 /// Records the version an edit replaced, dropping the oldest versions past the history cap.
-pub fn remember(history: &mut History, path: &str, before: Option<Vec<u8>>) {
+pub(super) fn remember(history: &mut History, path: &str, before: Option<Vec<u8>>) {
     history.entry(path.to_string()).or_default().push(before);
     let size = |v: &Option<Vec<u8>>| v.as_ref().map_or(0, Vec::len);
     let mut total: usize = history.values().flatten().map(size).sum();

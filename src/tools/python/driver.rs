@@ -16,7 +16,7 @@ use crate::sandbox::framed::FramedProcess;
 use crate::sandbox::{ExecRequest, Sandbox, SandboxError, SpawnRequest, WORKSPACE, helpers};
 
 /// How long an interrupted cell gets to come back before the interpreter is killed.
-pub const GRACE: Duration = Duration::from_secs(2);
+pub(super) const GRACE: Duration = Duration::from_secs(2);
 /// Interrupts are repeated at this pace during the grace period: a cell may swallow one.
 const INTERRUPT_EVERY: Duration = Duration::from_millis(500);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(20);
@@ -25,7 +25,7 @@ const IMAGE_LIMIT: usize = crate::tools::MAX_IMAGE_BYTES;
 
 /// What one cell produced.
 #[derive(Debug, Default)]
-pub struct CellOutput {
+pub(super) struct CellOutput {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub stdout_cut: bool,
@@ -41,7 +41,7 @@ pub struct CellOutput {
 
 /// How a cell ended.
 #[derive(Debug)]
-pub enum CellEnd {
+pub(super) enum CellEnd {
     Done(CellOutput),
     /// The deadline passed: interrupted and back with the state kept (Some), or stuck (None)
     /// and to be killed by the caller.
@@ -53,7 +53,7 @@ pub enum CellEnd {
 }
 
 /// One running interpreter.
-pub struct Driver {
+pub(super) struct Driver {
     framed: FramedProcess,
     pid: u32,
     next_id: u64,
@@ -63,7 +63,10 @@ pub struct Driver {
 
 impl Driver {
     /// Starts an interpreter and waits for its hello.
-    pub async fn start(sandbox: &dyn Sandbox, max_body: usize) -> Result<Self, SandboxError> {
+    pub(super) async fn start(
+        sandbox: &dyn Sandbox,
+        max_body: usize,
+    ) -> Result<Self, SandboxError> {
         // -u: -I ignores PYTHONUNBUFFERED, and cell output must reach its files unbuffered.
         let mut req = SpawnRequest::new(helpers::argv("sandboxd_py.py", &[]));
         req.argv.insert(2, "-u".into());
@@ -103,12 +106,12 @@ impl Driver {
         }
     }
 
-    pub fn has_cell_in_flight(&self) -> bool {
+    pub(super) fn has_cell_in_flight(&self) -> bool {
         self.in_flight.is_some()
     }
 
     /// Runs one cell until it finishes, the deadline passes or `cancel` fires.
-    pub async fn run(
+    pub(super) async fn run(
         &mut self,
         code: &str,
         output_cap: usize,
@@ -138,7 +141,7 @@ impl Driver {
     }
 
     /// Brings back a cell left running by a cancelled call. Ok(false): it would not stop.
-    pub async fn settle(&mut self) -> Result<bool, String> {
+    pub(super) async fn settle(&mut self) -> Result<bool, String> {
         match self.in_flight {
             None => Ok(true),
             Some(id) => Ok(self.interrupt_and_wait(id).await?.is_some()),
@@ -181,7 +184,7 @@ impl Driver {
 
     /// Says why the interpreter died, from its exit code, and its last words (a fatal error
     /// and the cell lines it was running), if any. Consumes the dead driver.
-    pub async fn obituary(
+    pub(super) async fn obituary(
         self,
         sandbox: &dyn Sandbox,
         what_happened: String,
@@ -210,12 +213,12 @@ impl Driver {
     }
 
     /// Kills the interpreter and every process it started; `Err` when that is not confirmed.
-    pub async fn kill(self, sandbox: &dyn Sandbox) -> Result<(), String> {
+    pub(super) async fn kill(self, sandbox: &dyn Sandbox) -> Result<(), String> {
         kill_tree(sandbox, self.pid).await
     }
 
     /// Asks an idle interpreter to leave (processes it started keep running).
-    pub async fn exit(mut self) {
+    pub(super) async fn exit(mut self) {
         let _ = self.framed.send(&json!({"op": "exit"}), &[]).await;
     }
 }
