@@ -327,8 +327,10 @@ fn kill_9_of_a_process_holding_a_pool_leaves_nothing_after_the_reconciler() {
         assert!(Instant::now() < deadline, "the pool never filled");
         std::thread::sleep(Duration::from_millis(200));
     }
-    // Warmed up means in the pool a moment later.
-    std::thread::sleep(Duration::from_millis(500));
+    // Warmed up means in the pool a moment later: the pool registers a sandbox after its
+    // warm-up round trip returns. Nothing outside the process shows the registration, so give
+    // it a margin (an early claim would create cold and fail the check below).
+    std::thread::sleep(Duration::from_secs(2));
     let send = |stdin: &mut std::process::ChildStdin, v: serde_json::Value| {
         writeln!(stdin, "{v}").unwrap();
         stdin.flush().unwrap();
@@ -357,8 +359,10 @@ fn kill_9_of_a_process_holding_a_pool_leaves_nothing_after_the_reconciler() {
         assert!(Instant::now() < deadline, "the pool never refilled");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // `-a`: the refill's container may still be being created (not yet running) here.
     let pooled = docker(&[
         "ps",
+        "-a",
         "--filter",
         "label=sandboxd.pool=true",
         "--format",
