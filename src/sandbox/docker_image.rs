@@ -250,7 +250,11 @@ pub async fn build_image(
         .await
         .map_err(|e| ImageError::from_docker(format!("tag {tag} as {IMAGE_REPO}:latest"), e))?;
 
-    prune_stale(docker, &tag, progress).await;
+    // Several checkouts of different recipes (git worktrees, a CI clone beside a dev tree)
+    // share one engine; each would untag the others' images, so they may opt out.
+    if std::env::var_os(KEEP_OLD_ENV).is_none_or(|v| v.is_empty() || v == "0") {
+        prune_stale(docker, &tag, progress).await;
+    }
 
     let inspect = docker
         .inspect_image(&tag)
@@ -266,6 +270,9 @@ pub async fn build_image(
         seconds: started.elapsed().as_secs_f64(),
     })
 }
+
+/// Set (to anything but `0`) to keep the images of other recipes after a build.
+pub const KEEP_OLD_ENV: &str = "SANDBOXD_IMAGE_KEEP_OLD";
 
 /// Untags images of earlier recipes (`sandboxd/sandbox:<16 hex>`), ~1 GB each, so upgrades do
 /// not fill the disk. Other tags (`latest`, tags users made) are left alone, and an image a
