@@ -377,7 +377,8 @@ impl Config {
             let Some(rest) = var.strip_prefix("SANDBOXD_") else {
                 continue;
             };
-            if matches!(rest, "CONFIG" | "LOG") || rest.starts_with("TEST_") {
+            // IMAGE_KEEP_OLD is read by the image build (docker_image::KEEP_OLD_ENV), not config.
+            if matches!(rest, "CONFIG" | "LOG" | "IMAGE_KEEP_OLD") || rest.starts_with("TEST_") {
                 continue;
             }
             apply_env(&mut tree, var, rest, value)?;
