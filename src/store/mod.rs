@@ -1,7 +1,7 @@
 //! The service's persistent state: users and their keys, sessions, runs, events and
 //! conversations, behind one small trait so a PostgreSQL implementation can follow.
 //!
-//! `SqliteStore` (sqlite.rs) is the embedded default and the only file that imports the SQL
+//! `SqliteStore` (sqlite/) is the embedded default and the only module that imports the SQL
 //! crate. Times are unix milliseconds. Rows carry the owner's user id; the callers (the
 //! server) compare it with the caller on every access, the store only stores.
 
