@@ -123,6 +123,17 @@ pub async fn create_session(
     Extension(caller): Extension<Caller>,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
+    let row = create(&st, &caller, body).await?;
+    Ok((StatusCode::CREATED, Json((&row).into())))
+}
+
+/// Makes a session for the caller (within their quota and ceilings), running; also how
+/// POST /v1/runs makes a new session.
+pub async fn create(
+    st: &Arc<AppState>,
+    caller: &Caller,
+    body: CreateSession,
+) -> Result<SessionRow, ApiError> {
     check_metadata(&body.metadata)?;
     let admin_idle = st.config.sessions.idle_timeout_secs.max(1);
     let idle = match body.idle_timeout {
@@ -186,7 +197,7 @@ pub async fn create_session(
         .session(&row.id)
         .await?
         .ok_or_else(|| ApiError::internal("the new session vanished"))?;
-    Ok((StatusCode::CREATED, Json((&row).into())))
+    Ok(row)
 }
 
 async fn make(st: &AppState, row: &SessionRow, filled: &LimitRequest) -> Result<(), ApiError> {

@@ -1,6 +1,6 @@
 //! SqliteStore: the embedded store, one SQLite file in the data directory. This file opens
 //! it, applies the migrations and runs calls on its two connections; the tables' statements
-//! and row mapping live beside it, one file per table (users.rs, sessions.rs, usage.rs).
+//! and row mapping live beside it, one file per table (users.rs, sessions.rs, runs.rs, events.rs, usage.rs).
 //!
 //! Why rusqlite (+ tokio-rusqlite) and not sqlx: sqlx would give PostgreSQL from the same
 //! crate, but on this project's 2-core builders it adds ~105 crates and ~137 s to a cold build
@@ -22,17 +22,22 @@ use async_trait::async_trait;
 use rusqlite::{TransactionBehavior, params};
 use tokio::sync::Semaphore;
 
+mod events;
+mod runs;
 mod sessions;
 mod usage;
 mod users;
 
 use super::{
-    NewUser, QuotaOverride, SessionPage, SessionQuery, SessionRow, Store, StoreError, StoredKey,
-    Usage, User,
+    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, SessionPage, SessionQuery,
+    SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User,
 };
 
 /// Migrations in order; the index + 1 is the schema version it produces.
-const MIGRATIONS: &[&str] = &[include_str!("../schema_v1.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../schema_v1.sql"),
+    include_str!("../schema_v2.sql"),
+];
 
 /// Store calls queued at once; more wait for a permit.
 const MAX_IN_FLIGHT: usize = 256;
@@ -297,6 +302,97 @@ impl Store for SqliteStore {
 
     async fn purge_before(&self, cutoff: i64) -> Result<u64, StoreError> {
         self.write(move |tx| usage::purge_before(tx, cutoff)).await
+    }
+
+    async fn insert_run(&self, row: RunRow, max_active: u32) -> Result<(), StoreError> {
+        self.write(move |tx| runs::insert(tx, &row, max_active))
+            .await
+    }
+
+    async fn run(&self, id: &str) -> Result<Option<RunRow>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| runs::one(c, &id)).await
+    }
+
+    async fn list_runs(&self, q: &RunQuery) -> Result<RunPage, StoreError> {
+        let q = q.clone();
+        self.read(move |c| runs::list(c, &q)).await
+    }
+
+    async fn runs_in_flight(&self) -> Result<Vec<RunRow>, StoreError> {
+        self.read(runs::in_flight).await
+    }
+
+    async fn patch_run(&self, id: &str, patch: RunPatch) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.write(move |tx| runs::patch(tx, &id, None, &patch))
+            .await
+    }
+
+    async fn append_event(
+        &self,
+        run_id: &str,
+        event: StoredEvent,
+        patch: RunPatch,
+    ) -> Result<(), StoreError> {
+        let run_id = run_id.to_string();
+        self.write(move |tx| events::append(tx, &run_id, &event, &patch))
+            .await
+    }
+
+    async fn events_after(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let run_id = run_id.to_string();
+        self.read(move |c| events::after(c, &run_id, after, limit))
+            .await
+    }
+
+    async fn put_image(
+        &self,
+        run_id: &str,
+        id: &str,
+        media_type: &str,
+        data: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let (run_id, id, media_type) = (run_id.to_string(), id.to_string(), media_type.to_string());
+        self.write(move |tx| events::put_image(tx, &run_id, &id, &media_type, &data))
+            .await
+    }
+
+    async fn image(&self, run_id: &str, id: &str) -> Result<Option<(String, Vec<u8>)>, StoreError> {
+        let (run_id, id) = (run_id.to_string(), id.to_string());
+        self.read(move |c| events::image(c, &run_id, &id)).await
+    }
+
+    async fn conversation(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+        let id = session_id.to_string();
+        self.read(move |c| events::conversation(c, &id)).await
+    }
+
+    async fn set_conversation(
+        &self,
+        session_id: &str,
+        messages: String,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let id = session_id.to_string();
+        self.write(move |tx| events::set_conversation(tx, &id, &messages, now))
+            .await
+    }
+
+    async fn add_input_tokens(
+        &self,
+        owner: &str,
+        tokens: u64,
+        now: i64,
+    ) -> Result<u64, StoreError> {
+        let owner = owner.to_string();
+        self.write(move |tx| events::add_input_tokens(tx, &owner, tokens, now))
+            .await
     }
 }
 
