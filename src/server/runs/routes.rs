@@ -89,7 +89,9 @@ pub async fn create_run(
         ));
     }
     if body.session_id.is_some() && body.session.is_some() {
-        return Err(ApiError::invalid(
+        // 409, not 400: each field is valid alone; together they ask for two sessions.
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
             "fields `session_id` and `session`: give one (an existing session, or the new one's settings), not both",
         ));
     }

@@ -19,7 +19,7 @@ pub struct CreateRun {
     /// Continue this session of yours and its conversation; without it a new session is made.
     #[serde(default)]
     pub session_id: Option<String>,
-    /// The new session's settings (only without `session_id`).
+    /// The new session's settings (only without `session_id`; both together are a 409).
     #[serde(default)]
     pub session: Option<CreateSession>,
     /// Overrides the admin's `[agent] max_steps` (1–1000).
@@ -125,6 +125,7 @@ pub struct ListRunsQuery {
     #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = "^([1-9][0-9]{0,17})?$")]
     pub cursor: Option<String>,
     pub session_id: Option<String>,
     #[param(inline)]
