@@ -300,6 +300,8 @@ pub async fn delete_session(
 ) -> Result<StatusCode, ApiError> {
     let row = owned_row(&st, &caller, &id).await?;
     st.store.end_session(&id, "deleted", now_ms()).await?;
+    // Its runs end (cancelled) before their container and rows go.
+    st.runs.cancel_session(&id, Duration::from_secs(10)).await;
     st.backend.remove(&id, Some(&row)).await?;
     st.store.delete_session(&id).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -436,6 +436,27 @@ impl RunService {
         true
     }
 
+    /// Cancels every run of the session in flight here (the session is being deleted) and
+    /// waits (at most `wait`) for their endings.
+    pub async fn cancel_session(&self, session_id: &str, wait: Duration) {
+        let runs: Vec<Arc<LiveRun>> = self
+            .live
+            .lock()
+            .map(|m| {
+                m.values()
+                    .filter(|r| r.session_id == session_id)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for run in &runs {
+            run.stop(Stop::User);
+        }
+        for run in runs {
+            let _ = tokio::time::timeout(wait, run.ended.cancelled()).await;
+        }
+    }
+
     /// Hands an answer to the run's pending question and waits until the run took it.
     pub async fn answer(&self, id: &str, answer: String) -> Result<(), RunServiceError> {
         let live = self.live(id).ok_or(RunServiceError::NotWaiting)?;
