@@ -152,3 +152,95 @@ impl Asker for ServiceAsker {
         Some(answer)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::server::runs::journal::Journal;
+    use crate::store::{RunRow, SessionRow, SessionState, SqliteStore, Store};
+
+    /// An unanswered question expires after the configured time (virtual, paused clock):
+    /// the run is told no human answered, and the events say so in order.
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_question_times_out_and_the_run_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&dir.path().join("s.db")).await.unwrap());
+        let now = now_ms();
+        let session = SessionRow {
+            id: "ses".into(),
+            owner: "u".into(),
+            state: SessionState::Creating,
+            limits: Default::default(),
+            metadata: Default::default(),
+            idle_timeout_secs: 60,
+            runtime_id: None,
+            container_id: None,
+            created_at: now,
+            last_used_at: now,
+            ended_at: None,
+            end_reason: None,
+        };
+        store.reserve_session(session, 4).await.unwrap();
+        let row = RunRow {
+            id: "run-q".into(),
+            session_id: "ses".into(),
+            owner: "u".into(),
+            task: "t".into(),
+            mode: "agent".into(),
+            max_steps: None,
+            state: RunState::Running,
+            outcome: None,
+            answer: None,
+            steps: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            question: None,
+            created_at: now,
+            started_at: None,
+            ended_at: None,
+            last_seq: 0,
+        };
+        store.insert_run(row, 2).await.unwrap();
+        let run = Arc::new(LiveRun {
+            id: "run-q".into(),
+            owner: "u".into(),
+            session_id: "ses".into(),
+            journal: Journal::new(store.clone(), "run-q".into(), 0),
+            store: store.clone(),
+            cancel: CancellationToken::new(),
+            ended: CancellationToken::new(),
+            stop: Mutex::new(None),
+            question: tokio::sync::Mutex::new(None),
+            tokens_per_day: 0,
+        });
+        let asker = ServiceAsker {
+            run: run.clone(),
+            timeout: Duration::from_secs(300),
+        };
+        let start = tokio::time::Instant::now();
+        assert_eq!(asker.ask("Which colour?").await, None);
+        assert!(start.elapsed() >= Duration::from_secs(300));
+        assert!(run.question.lock().await.is_none());
+        let evs = store.events_after("run-q", 0, 10).await.unwrap();
+        let kinds: Vec<&str> = evs.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "question_asked",
+                "run_state",
+                "question_answered",
+                "run_state"
+            ]
+        );
+        assert!(evs[2].payload.contains("\"by\":\"timeout\""));
+        assert!(evs[3].payload.contains("\"state\":\"running\""));
+        let row = store.run("run-q").await.unwrap().unwrap();
+        assert!(row.question.is_none());
+        assert_eq!(row.state, RunState::Running);
+    }
+}
