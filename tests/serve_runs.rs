@@ -490,6 +490,11 @@ async fn ask_human_is_answered_through_the_api_or_times_out() {
     };
     assert_eq!(v["question"]["text"], "Which colour?");
     assert!(v["question"]["expires_at"].is_string());
+    // A second run of the same session waits, queued, for this one to end.
+    let queued = start_run(&api, json!({"task": "ask again", "session_id": session})).await;
+    let queued_id = queued["id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(get_run(&api, &queued_id).await["state"], "queued");
     let (s, v) = api
         .json(
             Method::POST,
@@ -513,10 +518,21 @@ async fn ask_human_is_answered_through_the_api_or_times_out() {
         "the answer reached the model"
     );
 
-    // Unanswered: the question expires and the run goes on without an answer.
-    let run = start_run(&api, json!({"task": "ask again", "session_id": session})).await;
-    let id = run["id"].as_str().unwrap().to_string();
+    // Unanswered: the question expires and the run goes on without an answer. It started
+    // only after the first run ended.
+    let first_ended = get_run(&api, &id).await["ended_at"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let id = queued_id;
     let evs = follow_all(&api, &id).await;
+    let running = evs
+        .iter()
+        .find(|e| e.event == "run_state" && e.data["state"] == "running")
+        .unwrap();
+    let t = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap();
+    assert!(t(running.data["at"].as_str().unwrap()) >= t(&first_ended));
+    assert_eq!(evs[0].data["state"], "queued");
     let answered = evs.iter().find(|e| e.event == "question_answered").unwrap();
     assert_eq!(answered.data["by"], "timeout");
     assert_eq!(evs.last().unwrap().data["state"], "succeeded");
