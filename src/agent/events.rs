@@ -27,6 +27,13 @@ pub enum FinishReason {
     Error {
         message: String,
     },
+    /// The service stopped the run: a quota of its user (`input_tokens_per_day`) is spent.
+    QuotaExceeded {
+        quota: String,
+        limit: u64,
+    },
+    /// The run was in flight when `serve` stopped or crashed (written by serve).
+    Interrupted,
 }
 
 impl FinishReason {
@@ -49,6 +56,10 @@ impl FinishReason {
             }
             FinishReason::Cancelled => "cancelled".into(),
             FinishReason::Error { message } => format!("error: {message}"),
+            FinishReason::QuotaExceeded { quota, limit } => {
+                format!("the {quota} quota of {limit} is spent")
+            }
+            FinishReason::Interrupted => "interrupted (the service stopped)".into(),
         }
     }
 }
@@ -163,6 +174,20 @@ pub enum EventKind {
         completion_tokens: u64,
         /// Wall time of the whole run.
         duration_ms: u64,
+    },
+    /// The service's run changed state (queued, running, waiting_for_human, or terminal:
+    /// succeeded, failed, cancelled, interrupted). Only in the service's runs.
+    RunState {
+        state: String,
+    },
+    /// The run asks its user (`ask_human`) and waits until `expires_at` (RFC 3339).
+    QuestionAsked {
+        question: String,
+        expires_at: String,
+    },
+    /// The pending question got its answer: `by` is "user" or "timeout".
+    QuestionAnswered {
+        by: String,
     },
     /// The planning flow has its plan; `fallback` says why the default plan is used.
     PlanCreated {

@@ -171,6 +171,10 @@ fn show(ev: &Event, in_flow: bool) {
         EventKind::ContextTrimmed { .. }
         | EventKind::TokenUsage { .. }
         | EventKind::Thinking { .. } => {}
+        // The service's own events; the CLI asks on the terminal and shows no run states.
+        EventKind::RunState { .. }
+        | EventKind::QuestionAsked { .. }
+        | EventKind::QuestionAnswered { .. } => {}
         EventKind::Retry {
             attempt,
             max_attempts,

@@ -189,6 +189,16 @@ impl Backend {
         }
     }
 
+    /// The manager's session behind a live API session (what a run runs in).
+    pub async fn session(
+        &self,
+        live: &Live,
+    ) -> Result<Arc<crate::sandbox::manager::Session>, SandboxError> {
+        self.manager
+            .get(&live.manager_owner, &live.runtime_id)
+            .await
+    }
+
     /// Every live API session.
     pub async fn all(&self) -> Vec<Arc<Live>> {
         self.live.lock().await.values().cloned().collect()

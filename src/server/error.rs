@@ -33,6 +33,8 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// 409: the object is not in a state that allows this (e.g. the session ended).
     Conflict,
+    /// 409: the run has no pending question to answer.
+    NotWaiting,
     /// 413: the body is over the limit.
     PayloadTooLarge,
     /// 415: the body is not JSON where JSON is expected.
@@ -61,7 +63,7 @@ impl ErrorCode {
             Unauthorized => StatusCode::UNAUTHORIZED,
             NotFound => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Conflict => StatusCode::CONFLICT,
+            Conflict | NotWaiting => StatusCode::CONFLICT,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             QuotaExceeded | RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -174,6 +176,13 @@ impl From<StoreError> for ApiError {
                 limit,
                 format!(
                     "you have {active} sessions alive and your quota is {limit}; delete one (DELETE /v1/sessions/{{id}}) or ask the admin to raise it"
+                ),
+            ),
+            StoreError::RunQuota { limit, active } => ApiError::quota(
+                "runs",
+                limit,
+                format!(
+                    "you have {active} runs in flight and your quota is {limit}; wait for one to end, cancel one (POST /v1/runs/{{id}}/cancel) or ask the admin to raise it"
                 ),
             ),
             other => ApiError::internal(other),
@@ -322,7 +331,7 @@ pub enum ErrorResponses {
     NotFound(ErrorBody),
     #[response(status = 405, description = "method_not_allowed")]
     MethodNotAllowed(ErrorBody),
-    #[response(status = 409, description = "conflict")]
+    #[response(status = 409, description = "conflict or not_waiting")]
     Conflict(ErrorBody),
     #[response(status = 413, description = "payload_too_large")]
     PayloadTooLarge(ErrorBody),

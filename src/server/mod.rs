@@ -22,6 +22,7 @@ pub mod http;
 pub mod mcp;
 pub mod openapi;
 pub mod reconcile;
+pub mod runs;
 pub mod sessions;
 pub mod settings;
 pub mod types;
@@ -58,6 +59,8 @@ pub struct AppState {
     pub tool_specs: Vec<types::ToolInfo>,
     /// Cancelled on SIGTERM: stop accepting, end streams.
     pub shutdown: CancellationToken,
+    /// Agent and plan runs (the runs API).
+    pub runs: Arc<runs::RunService>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +87,9 @@ enum Group {
     Long,
     /// Uploads: the upload body limit and the long time limit.
     Upload,
+    /// Event streams: the JSON body limit and no time limit (they end with the run or at
+    /// shutdown).
+    Stream,
 }
 
 fn layered(
@@ -98,6 +104,13 @@ fn layered(
         Group::Short => (s.body_limit_kb.saturating_mul(1024), short),
         Group::Long => (s.body_limit_kb.saturating_mul(1024), long),
         Group::Upload => (s.upload_limit_mb.saturating_mul(1 << 20), long),
+        Group::Stream => {
+            let (schemas, paths, method) = r;
+            let method = method.layer(DefaultBodyLimit::max(
+                s.body_limit_kb.saturating_mul(1024) as usize
+            ));
+            return (schemas, paths, method);
+        }
     };
     let (schemas, paths, method) = r;
     let method = method
@@ -127,6 +140,15 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
         .routes(l(Upload, routes!(files::upload_file)))
         .routes(l(Long, routes!(files::download_archive)))
         .routes(l(Upload, routes!(files::upload_archive)))
+        .routes(l(
+            Short,
+            routes!(runs::routes::create_run, runs::routes::list_runs),
+        ))
+        .routes(l(Short, routes!(runs::routes::get_run)))
+        .routes(l(Short, routes!(runs::routes::cancel_run)))
+        .routes(l(Short, routes!(runs::routes::answer_run)))
+        .routes(l(Stream, routes!(runs::routes::run_events)))
+        .routes(l(Short, routes!(runs::routes::run_image)))
         .routes(l(Short, routes!(admin::me)))
         .routes(l(Short, routes!(admin::users)))
 }
@@ -224,7 +246,25 @@ impl Server {
                 parameters: s.parameters,
             })
             .collect();
+        let run_ctx = crate::llm::LlmClient::from_config(&config.llm)
+            .map(|llm| crate::agent::RunContext {
+                llm: Arc::new(llm),
+                config: config.clone(),
+                // The store keeps runs' events and conversations; no transcript files.
+                transcripts: None,
+            })
+            .map_err(|e| e.to_string());
+        let interrupted = runs::RunService::interrupt_stale(&store).await?;
+        if !interrupted.is_empty() {
+            tracing::info!(runs = ?interrupted, "runs in flight at the last stop are marked interrupted");
+        }
+        let runs = runs::RunService::new(
+            store.clone(),
+            run_ctx,
+            Duration::from_secs(config.server.question_timeout_secs.max(1)),
+        );
         let state = Arc::new(AppState {
+            runs,
             store,
             backend: backend::Backend::new(manager.clone()),
             throttle: auth::Throttle::new(config.server.auth_failures_per_minute),
@@ -257,9 +297,13 @@ impl Server {
         let state = self.state;
         let shutdown = state.shutdown.clone();
         let on_stop = shutdown.clone();
+        let runs = state.runs.clone();
+        let run_drain = Duration::from_secs(state.config.server.drain_secs);
         tokio::spawn(async move {
             stop.await;
             on_stop.cancel();
+            // Runs end `interrupted`; a cancel request waiting on one is answered.
+            runs.shutdown(run_drain).await;
         });
         let upkeep = reconcile::spawn_upkeep(state.clone());
         // The manager's one reaper: idle /mcp sessions (API sessions have their own timeouts,
@@ -278,6 +322,7 @@ impl Server {
             r = server => r?,
             _ = bound => tracing::warn!(seconds = drain.as_secs(), "requests still open after the drain bound; closing them"),
         }
+        state.runs.shutdown(drain).await;
         upkeep.abort();
         reaper.abort();
         state.mcp.close_all().await;

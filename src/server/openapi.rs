@@ -22,6 +22,7 @@ use super::error::{ErrorBody, ErrorCode};
         (name = "sessions", description = "Sandboxes and their persistent shell"),
         (name = "tools", description = "The agent's tools, called directly"),
         (name = "files", description = "Files and tar archives of /workspace"),
+        (name = "runs", description = "Agent and plan runs in sessions, and their live events"),
         (name = "users", description = "The caller, and the admin's view of users"),
         (name = "health", description = "Unauthenticated liveness and readiness"),
     )

@@ -123,6 +123,17 @@ pub async fn create_session(
     Extension(caller): Extension<Caller>,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
+    let row = create(&st, &caller, body).await?;
+    Ok((StatusCode::CREATED, Json((&row).into())))
+}
+
+/// Makes a session for the caller (within their quota and ceilings), running; also how
+/// POST /v1/runs makes a new session.
+pub async fn create(
+    st: &Arc<AppState>,
+    caller: &Caller,
+    body: CreateSession,
+) -> Result<SessionRow, ApiError> {
     check_metadata(&body.metadata)?;
     let admin_idle = st.config.sessions.idle_timeout_secs.max(1);
     let idle = match body.idle_timeout {
@@ -186,7 +197,7 @@ pub async fn create_session(
         .session(&row.id)
         .await?
         .ok_or_else(|| ApiError::internal("the new session vanished"))?;
-    Ok((StatusCode::CREATED, Json((&row).into())))
+    Ok(row)
 }
 
 async fn make(st: &AppState, row: &SessionRow, filled: &LimitRequest) -> Result<(), ApiError> {
@@ -289,6 +300,8 @@ pub async fn delete_session(
 ) -> Result<StatusCode, ApiError> {
     let row = owned_row(&st, &caller, &id).await?;
     st.store.end_session(&id, "deleted", now_ms()).await?;
+    // Its runs end (cancelled) before their container and rows go.
+    st.runs.cancel_session(&id, Duration::from_secs(10)).await;
     st.backend.remove(&id, Some(&row)).await?;
     st.store.delete_session(&id).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -29,6 +29,9 @@ pub struct ServerConfig {
     pub retention_days: u64,
     /// Failed authentications one source address may make per minute before it gets 429.
     pub auth_failures_per_minute: u32,
+    /// How long a run's `ask_human` question waits for POST /v1/runs/{id}/answer before the
+    /// run goes on without an answer.
+    pub question_timeout_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +46,7 @@ impl Default for ServerConfig {
             drain_secs: 5,
             retention_days: 30,
             auth_failures_per_minute: 20,
+            question_timeout_secs: 300,
         }
     }
 }

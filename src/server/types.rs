@@ -11,7 +11,7 @@ use crate::config::{LimitRequest, Limits};
 use crate::store::{SessionRow, SessionState};
 
 /// An optional whole number; JSON Schema counts `5.0` as an integer, so it is accepted.
-fn integral<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+pub(crate) fn integral<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     let v: Option<f64> = Option::deserialize(d)?;
     match v {
         None => Ok(None),

@@ -1,10 +1,11 @@
 //! The service's persistent state: users and their keys, sessions, runs, events and
 //! conversations, behind one small trait so a PostgreSQL implementation can follow.
 //!
-//! `SqliteStore` (sqlite.rs) is the embedded default and the only file that imports the SQL
+//! `SqliteStore` (sqlite/) is the embedded default and the only module that imports the SQL
 //! crate. Times are unix milliseconds. Rows carry the owner's user id; the callers (the
 //! server) compare it with the caller on every access, the store only stores.
 
+mod runs;
 mod sqlite;
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use runs::{RunPage, RunPatch, RunQuery, RunRow, RunState, StoredEvent, StoredQuestion};
 pub use sqlite::SqliteStore;
 
 use crate::config::Limits;
@@ -28,6 +30,8 @@ pub enum StoreError {
     UserExists { name: String },
     #[error("the concurrent-sessions quota of {limit} is reached ({active} active)")]
     SessionQuota { limit: u32, active: u32 },
+    #[error("the concurrent-runs quota of {limit} is reached ({active} in flight)")]
+    RunQuota { limit: u32, active: u32 },
     #[error("the store failed: {0}")]
     Sql(String),
     #[error("the store holds a malformed {what}: {message}")]
@@ -219,6 +223,52 @@ pub trait Store: Send + Sync {
     async fn owner_ids(&self) -> Result<Vec<String>, StoreError>;
 
     async fn usage(&self, owner: &str, now: i64) -> Result<Usage, StoreError>;
+
+    /// Inserts a run unless its owner already has `max_active` in flight; count and insert
+    /// are one `BEGIN IMMEDIATE` transaction.
+    async fn insert_run(&self, row: RunRow, max_active: u32) -> Result<(), StoreError>;
+    async fn run(&self, id: &str) -> Result<Option<RunRow>, StoreError>;
+    async fn list_runs(&self, q: &RunQuery) -> Result<RunPage, StoreError>;
+    /// Runs queued, running or waiting, every owner (what a restart interrupts).
+    async fn runs_in_flight(&self) -> Result<Vec<RunRow>, StoreError>;
+    /// Applies a patch to a run without an event.
+    async fn patch_run(&self, id: &str, patch: RunPatch) -> Result<(), StoreError>;
+    /// Commits one event (its seq follows the run's `last_seq`) and the patch it brings, in
+    /// one transaction: a reader that sees the new `last_seq` sees the event.
+    async fn append_event(
+        &self,
+        run_id: &str,
+        event: StoredEvent,
+        patch: RunPatch,
+    ) -> Result<(), StoreError>;
+    /// Events with seq > `after`, in order, at most `limit`.
+    async fn events_after(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredEvent>, StoreError>;
+    /// Keeps an image a run's event references (once per run and id).
+    async fn put_image(
+        &self,
+        run_id: &str,
+        id: &str,
+        media_type: &str,
+        data: Vec<u8>,
+    ) -> Result<(), StoreError>;
+    /// The media type and bytes of an image of that run.
+    async fn image(&self, run_id: &str, id: &str) -> Result<Option<(String, Vec<u8>)>, StoreError>;
+    /// The session's conversation (JSON messages) a next run continues.
+    async fn conversation(&self, session_id: &str) -> Result<Option<String>, StoreError>;
+    async fn set_conversation(
+        &self,
+        session_id: &str,
+        messages: String,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    /// Adds input tokens to the owner's count of the UTC day of `now`; the day's total.
+    async fn add_input_tokens(&self, owner: &str, tokens: u64, now: i64)
+    -> Result<u64, StoreError>;
     /// Deletes ended sessions and finished runs (with their events) that ended before `cutoff`.
     async fn purge_before(&self, cutoff: i64) -> Result<u64, StoreError>;
 }
