@@ -11,6 +11,7 @@ use super::browser::extract::Extractor;
 use super::editor::StrReplaceEditor;
 use super::files::{ListDir, ReadFile, WriteFile};
 use super::python::Python;
+use super::saved::SavedTools;
 use super::terminate::Terminate;
 use super::web::research_tools;
 use super::{Tool, ToolRegistry};
@@ -105,10 +106,25 @@ pub struct AgentTools {
 
 impl SessionTools {
     /// `session`'s tools: made on first use, then the same for every run of the session.
+    /// A kept session's tools also save what a later sandboxd process needs to carry on
+    /// (the browser's endpoint and tabs, the undo history; see saved.rs) and start from what
+    /// an earlier one saved. The python interpreter needs nothing: it is found in the sandbox.
     pub fn of(session: &Session, config: &Config) -> Arc<SessionTools> {
         session.slots.get_or_insert_with(|| {
             let mut tools = SessionTools::new(session.sandbox.clone(), &session.limits, config);
             tools.owner = session.owner.as_str().to_string();
+            let saved = session
+                .keep
+                .then(|| SavedTools::new(&config.data_dir(), &session.id, session.owner.as_str()))
+                .flatten();
+            if let Some(saved) = saved {
+                tools.editor = Arc::new(
+                    StrReplaceEditor::new(session.sandbox.clone(), session.limits.max_file_bytes())
+                        .with_saved(saved.clone()),
+                );
+                tools.browser =
+                    Arc::new(BrowserUse::new(session.sandbox.clone()).with_saved(saved));
+            }
             tools
         })
     }
