@@ -115,11 +115,13 @@ async fn python_variables_and_the_browser_page_survive_into_a_second_process() {
     let python = last_tool_result(&reqs[4]);
     assert!(python.contains("42"), "{python}");
     assert!(!python.contains("NameError"), "{python}");
-    assert!(!python.contains("fresh python interpreter"), "{python}");
+    let run2 = serde_json::to_string(&reqs[5]).unwrap();
+    assert!(!run2.contains("fresh python interpreter"), "{run2}");
     // The same browser: run 1's page, not a new blank tab.
     let browser = last_tool_result(&reqs[5]);
     assert!(browser.contains("Page of run one"), "{browser}");
-    assert!(!browser.contains("could not be reached"), "{browser}");
+    assert!(!run2.contains("could not be reached"), "{run2}");
+    assert!(!run2.contains("was restarted"), "{run2}");
 }
 
 /// One `sandboxd tool` call in `dir`; returns (success, stdout, stderr).

@@ -454,6 +454,7 @@ def main():
         os._exit(2)
     sock_path = sys.argv[2]
     listener = listen(sock_path)
+    sock_ino = os.stat(sock_path).st_ino
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
@@ -502,9 +503,11 @@ def main():
                 continue  # sent by a connection that is gone; nobody waits for it
             op = req.get("op")
             if op == "exit":
-                # No new connection may reach a driver that is leaving.
+                # No new connection may reach a driver that is leaving (the path is left
+                # alone if something else has taken it over since).
                 try:
-                    os.unlink(sock_path)
+                    if os.stat(sock_path).st_ino == sock_ino:
+                        os.unlink(sock_path)
                 except OSError:
                     pass
                 os._exit(0)
