@@ -32,10 +32,13 @@ async fn run(p: &Python, code: &str) -> ToolResult {
 
 async fn run_with(p: &Python, args: serde_json::Value) -> ToolResult {
     // Every call must end well within this, whatever the sandbox does.
-    tokio::time::timeout(Duration::from_secs(90), p.execute(args, &ToolContext::default()))
-        .await
-        .expect("the python call hung")
-        .expect("python call")
+    tokio::time::timeout(
+        Duration::from_secs(90),
+        p.execute(args, &ToolContext::default()),
+    )
+    .await
+    .expect("the python call hung")
+    .expect("python call")
 }
 
 fn ok(r: &ToolResult) -> &str {
@@ -157,7 +160,9 @@ async fn a_hostile_server_on_the_drivers_socket_cannot_hang_or_flood_the_host() 
     let r = p
         .execute(json!({"code": "1", "reset": true}), &ToolContext::default())
         .await;
-    let e = r.expect_err("a lying server is not an interpreter").to_string();
+    let e = r
+        .expect_err("a lying server is not an interpreter")
+        .to_string();
     assert!(e.contains("over the limit"), "{e}");
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     assert!(peak.growth_mib() < 64, "{} MiB", peak.growth_mib());

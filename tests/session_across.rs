@@ -108,7 +108,10 @@ async fn python_variables_and_the_browser_page_survive_into_a_second_process() {
     }
     // Run 2's first request carries run 1: its task and its tool results.
     let opening = serde_json::to_string(&reqs[3]["messages"]).unwrap();
-    assert!(opening.contains("Set x to 41 and open the page"), "{opening}");
+    assert!(
+        opening.contains("Set x to 41 and open the page"),
+        "{opening}"
+    );
     assert!(opening.contains("x is set"), "{opening}");
     assert!(opening.contains("Page of run one"), "{opening}");
     // The same interpreter: x from run 1.
@@ -138,18 +141,27 @@ fn tool(dir: &Path, args: &[&str]) -> (bool, String, String) {
 fn undo_edit_reverts_an_edit_made_by_an_earlier_process() {
     let dir = tempfile::tempdir().unwrap();
     let create = json!({"command": "create", "path": "/workspace/notes.txt", "file_text": "first version\n"});
-    let (ok, out, err) = tool(dir.path(), &["--keep", "str_replace_editor", &create.to_string()]);
+    let (ok, out, err) = tool(
+        dir.path(),
+        &["--keep", "str_replace_editor", &create.to_string()],
+    );
     assert!(ok, "{out}{err}");
     let id = kept_session_id(&err);
     let _cleanup = support::Cleanup(id.clone());
 
     let edit = json!({"command": "str_replace", "path": "/workspace/notes.txt", "old_str": "first", "new_str": "second"});
-    let (ok, out, err) = tool(dir.path(), &["--session", &id, "str_replace_editor", &edit.to_string()]);
+    let (ok, out, err) = tool(
+        dir.path(),
+        &["--session", &id, "str_replace_editor", &edit.to_string()],
+    );
     assert!(ok, "{out}{err}");
 
     // A third process undoes the second one's edit.
     let undo = json!({"command": "undo_edit", "path": "/workspace/notes.txt"});
-    let (ok, out, err) = tool(dir.path(), &["--session", &id, "str_replace_editor", &undo.to_string()]);
+    let (ok, out, err) = tool(
+        dir.path(),
+        &["--session", &id, "str_replace_editor", &undo.to_string()],
+    );
     assert!(ok, "{out}{err}");
     assert!(out.contains("undone"), "{out}");
     let cat = json!({"command": "cat /workspace/notes.txt"});
@@ -158,10 +170,21 @@ fn undo_edit_reverts_an_edit_made_by_an_earlier_process() {
     assert!(out.contains("first version"), "{out}");
 
     // And a fourth undoes the first process's create: the file is gone.
-    let (ok, out, err) = tool(dir.path(), &["--session", &id, "str_replace_editor", &undo.to_string()]);
+    let (ok, out, err) = tool(
+        dir.path(),
+        &["--session", &id, "str_replace_editor", &undo.to_string()],
+    );
     assert!(ok, "{out}{err}");
     assert!(out.contains("removed"), "{out}");
-    let (_, out, _) = tool(dir.path(), &["--session", &id, "bash", &json!({"command": "ls /workspace"}).to_string()]);
+    let (_, out, _) = tool(
+        dir.path(),
+        &[
+            "--session",
+            &id,
+            "bash",
+            &json!({"command": "ls /workspace"}).to_string(),
+        ],
+    );
     assert!(!out.contains("notes.txt"), "{out}");
 
     // The history is a private file of the data dir, not something in the sandbox.
@@ -169,6 +192,7 @@ fn undo_edit_reverts_an_edit_made_by_an_earlier_process() {
         .path()
         .join("data/runs/sessions")
         .join(format!("{id}.undo.json"));
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&record).unwrap().permissions());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&record).unwrap().permissions());
     assert_eq!(mode & 0o077, 0, "{mode:o}");
 }

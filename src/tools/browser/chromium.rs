@@ -235,14 +235,25 @@ pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, Browser
 }
 
 /// Connects to the Chromium an earlier process started and recorded as `endpoint`.
-pub async fn adopt(sandbox: Arc<dyn Sandbox>, endpoint: &Endpoint) -> Result<Running, BrowserError> {
+pub async fn adopt(
+    sandbox: Arc<dyn Sandbox>,
+    endpoint: &Endpoint,
+) -> Result<Running, BrowserError> {
     if !endpoint.is_plausible() {
-        return Err(BrowserError::Start("the recorded DevTools endpoint is malformed".into()));
+        return Err(BrowserError::Start(
+            "the recorded DevTools endpoint is malformed".into(),
+        ));
     }
     let tag = tag_of(&*sandbox, endpoint.n);
     let dead = CancellationToken::new();
-    let (browser, handler, tunnel) =
-        connect(sandbox.clone(), endpoint.port, &endpoint.ws_path, &tag, dead.clone()).await?;
+    let (browser, handler, tunnel) = connect(
+        sandbox.clone(),
+        endpoint.port,
+        &endpoint.ws_path,
+        &tag,
+        dead.clone(),
+    )
+    .await?;
     Ok(Running {
         browser,
         dead,
@@ -313,8 +324,10 @@ async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Runnin
                                 if announce.borrow().is_none() {
                                     let text = String::from_utf8_lossy(&line);
                                     if let Some((port, path)) = parse_announcement(&text) {
-                                        let _ = announce.send(Some(Announced::Endpoint(port, path)));
-                                    } else if text.contains("Cannot start http server for devtools") {
+                                        let _ =
+                                            announce.send(Some(Announced::Endpoint(port, path)));
+                                    } else if text.contains("Cannot start http server for devtools")
+                                    {
                                         let _ = announce.send(Some(Announced::PortTaken));
                                     }
                                 }

@@ -99,10 +99,11 @@ impl Live {
             closed: HashSet::new(),
             dialogs: Arc::new(Mutex::new(Vec::new())),
         };
-        let current = saved
-            .tabs
-            .get(saved.current)
-            .and_then(|id| pages.iter().position(|p| p.target_id().as_ref() == id.as_str()));
+        let current = saved.tabs.get(saved.current).and_then(|id| {
+            pages
+                .iter()
+                .position(|p| p.target_id().as_ref() == id.as_str())
+        });
         for page in pages {
             live.watch_dialogs(&page);
             live.tabs.push(page);

@@ -158,7 +158,12 @@ mod tests {
             .map(|v| v.as_ref().and_then(|b| b.first().copied()))
             .collect();
         assert_eq!(firsts, vec![Some(2), Some(b'n')]);
-        assert!(from_saved(Saved { files: vec![("relative".into(), vec![None])] }).is_empty());
+        assert!(
+            from_saved(Saved {
+                files: vec![("relative".into(), vec![None])]
+            })
+            .is_empty()
+        );
     }
 
     #[test]

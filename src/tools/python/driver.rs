@@ -140,10 +140,7 @@ impl Driver {
             }),
             _ => Err(SandboxError::Protocol {
                 helper: "sandboxd_py".into(),
-                message: format!(
-                    "unexpected hello {}",
-                    tail_chars(&hello.to_string(), 300)
-                ),
+                message: format!("unexpected hello {}", tail_chars(&hello.to_string(), 300)),
             }),
         }
     }
@@ -356,7 +353,10 @@ fn tail_chars(s: &str, n: usize) -> &str {
 fn exit_marker(words: &str) -> (Option<i64>, String) {
     let words = words.trim_end();
     let (before, last) = words.rsplit_once('\n').unwrap_or(("", words));
-    match last.strip_prefix(EXIT_MARKER).map(|n| n.trim().parse::<i64>()) {
+    match last
+        .strip_prefix(EXIT_MARKER)
+        .map(|n| n.trim().parse::<i64>())
+    {
         Some(Ok(status)) if (0..=255).contains(&status) => (Some(status), before.to_string()),
         _ => (None, words.to_string()),
     }
@@ -466,10 +466,20 @@ mod tests {
 
     #[test]
     fn the_relay_names_the_drivers_status() {
-        let (s, w) = exit_marker("Fatal Python error: x\nsandboxd_pyrelay: the interpreter exited with status 139\n");
+        let (s, w) = exit_marker(
+            "Fatal Python error: x\nsandboxd_pyrelay: the interpreter exited with status 139\n",
+        );
         assert_eq!((s, w.as_str()), (Some(139), "Fatal Python error: x"));
-        assert_eq!(exit_marker("sandboxd_pyrelay: the interpreter exited with status 137").0, Some(137));
-        for bad in ["", "words", "sandboxd_pyrelay: the interpreter exited with status 9999", "sandboxd_pyrelay: the interpreter exited with status x"] {
+        assert_eq!(
+            exit_marker("sandboxd_pyrelay: the interpreter exited with status 137").0,
+            Some(137)
+        );
+        for bad in [
+            "",
+            "words",
+            "sandboxd_pyrelay: the interpreter exited with status 9999",
+            "sandboxd_pyrelay: the interpreter exited with status x",
+        ] {
             assert_eq!(exit_marker(bad).0, None, "{bad}");
         }
     }
