@@ -1,7 +1,9 @@
 //! The MCP server: the agent's own sandbox tools, served to any MCP client.
 //!
 //! Names, descriptions and schemas come straight from the `ToolRegistry` that
-//! `session_registry` builds (the same one the agent uses); calls go through
+//! `session_registry` builds (the same tools the agent uses); a call runs on the session's
+//! own tools, `SessionTools::server_registry` (so the MCP client and the agent share one
+//! python interpreter, browser and undo history per session), through
 //! `ToolRegistry::execute`, so arguments are validated exactly as for the model.
 //!
 //! # One sandbox per client
@@ -47,7 +49,9 @@ use crate::sandbox::{Owner, Sandbox, SessionManager};
 use crate::tools::session::SessionTools;
 use crate::tools::{ToolContext, ToolRegistry, ToolResult, ToolSpec};
 
-/// The tools of one session: the same sandbox tools the agent gets, plus file access.
+/// The tools of a sandbox no session state is kept for (the specs, tests): the same
+/// sandbox tools the agent gets, plus file access. Calls of a live session go through
+/// `SessionTools::server_registry` instead.
 pub fn session_registry(sandbox: Arc<dyn Sandbox>, config: &Config) -> ToolRegistry {
     crate::tools::session::server_tools(sandbox, &config.limits, config)
 }
