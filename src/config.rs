@@ -430,8 +430,6 @@ fn apply_env(
     {
         Some(s) => (Some(*s), lower[s.len() + 1..].to_string()),
         None if lower == "data_dir" => (None, lower.clone()),
-        // Read by the image build itself (docker_image::KEEP_OLD_ENV), not a config key.
-        None if lower == "image_keep_old" => return Ok(()),
         None => {
             return Err(ConfigError::Env {
                 var: var.into(),
