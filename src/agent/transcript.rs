@@ -79,7 +79,7 @@ pub fn last_conversation(dir: &Path, session_id: &str, owner: &str) -> Option<Ve
 }
 
 /// Ids become file names: letters, digits, '-' and '_' only.
-fn is_plain_id(id: &str) -> bool {
+pub(crate) fn is_plain_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
         && id
@@ -89,7 +89,7 @@ fn is_plain_id(id: &str) -> bool {
 
 /// Writes `path` readable by the owner only (tasks and tool output may hold secrets),
 /// through a temporary file and a rename.
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");

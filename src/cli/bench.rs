@@ -354,6 +354,27 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
         "p50 ≤ 5 ms",
     );
 
+    // What a later process's first python call costs in a kept session: a new tool
+    // (a new connection through the relay) reaching the interpreter that already runs.
+    let mut ours = Vec::new();
+    for _ in 0..n.min(50) {
+        let registry =
+            sandboxd::tools::session::server_tools(s.sandbox.clone(), &s.limits, &ctx.config);
+        let t = Instant::now();
+        let r = registry
+            .execute("python", r#"{"code":"1+1"}"#, &ToolContext::default())
+            .await?;
+        anyhow::ensure!(!r.is_error(), "python failed: {}", r.render());
+        ours.push(t.elapsed());
+    }
+    row(
+        "python: a new process's first cell (relay to the running interpreter)",
+        &mut ours,
+        "docker exec python3 -c",
+        &mut base,
+        "no interpreter start",
+    );
+
     let mut ours = Vec::new();
     for _ in 0..n {
         ours.push(call("bash", r#"{"command":"echo hi"}"#.into()).await?);

@@ -163,12 +163,14 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     terminal.finish().await;
 
     let session = lease.session().clone();
-    // This process ends here: no later run of it can use the browser, and the next process
-    // cannot adopt it, so Chromium is stopped rather than left running in a kept container.
-    SessionTools::of(&session, &ctx.config)
-        .browser
-        .shutdown()
-        .await;
+    // A kept session's Chromium stays for the next process, which adopts it from the
+    // session's host-side record; otherwise it is stopped before the copy-out.
+    if !lease.kept() {
+        SessionTools::of(&session, &ctx.config)
+            .browser
+            .shutdown()
+            .await;
+    }
     let copied = copy_out(session.sandbox.as_ref(), &session.limits, &output).await;
     if lease.kept() {
         sayln!(

@@ -10,7 +10,7 @@ use sandboxd::sandbox::exec_sandbox::{ExecBackend, ExecSandbox};
 use sandboxd::sandbox::{AttachedProcess, Sandbox, SandboxError, SpawnRequest};
 use sandboxd::tools::ToolContext;
 use sandboxd::tools::ask_human::{Asker, NoHuman, TerminalAsker};
-use sandboxd::tools::session::agent_tools;
+use sandboxd::tools::session::{SessionTools, agent_tools};
 
 use super::Ctx;
 use super::exec::{LimitFlags, close_session, open_session};
@@ -70,14 +70,10 @@ pub(crate) async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
         args.keep,
     )
     .await?;
-    let tools = agent_tools(
-        session.sandbox.clone(),
-        &session.limits,
-        &ctx.config,
-        asker,
-        None,
-    );
-    let registry = tools.registry;
+    // The session's own tools, as a run in this session gets them: a kept session's python
+    // interpreter, browser and undo history are the ones its runs use.
+    let tools = SessionTools::of(&session, &ctx.config);
+    let registry = tools.agent_registry(asker);
     let result = registry
         .execute(
             name,
@@ -85,7 +81,9 @@ pub(crate) async fn main(ctx: Ctx, args: ToolArgs) -> anyhow::Result<ExitCode> {
             &ToolContext::default(),
         )
         .await;
-    tools.browser.shutdown().await;
+    if !keep {
+        tools.browser.shutdown().await;
+    }
     close_session(&manager, &session, keep).await?;
     let result = result?;
     if args.json {

@@ -1,7 +1,9 @@
 //! The MCP server: the agent's own sandbox tools, served to any MCP client.
 //!
 //! Names, descriptions and schemas come straight from the `ToolRegistry` that
-//! `session_registry` builds (the same one the agent uses); calls go through
+//! `session_registry` builds (the same tools the agent uses); a call runs on the session's
+//! own tools, `SessionTools::server_registry` (so the MCP client and the agent share one
+//! python interpreter, browser and undo history per session), through
 //! `ToolRegistry::execute`, so arguments are validated exactly as for the model.
 //!
 //! # One sandbox per client
@@ -44,9 +46,12 @@ use super::lazy::LazySandbox;
 use super::stateless::{StatelessSandboxes, create_refusal, token_owner};
 use crate::config::Config;
 use crate::sandbox::{Owner, Sandbox, SessionManager};
+use crate::tools::session::SessionTools;
 use crate::tools::{ToolContext, ToolRegistry, ToolResult, ToolSpec};
 
-/// The tools of one session: the same sandbox tools the agent gets, plus file access.
+/// The tools of a sandbox no session state is kept for (the specs, tests): the same
+/// sandbox tools the agent gets, plus file access. Calls of a live session go through
+/// `SessionTools::server_registry` instead.
 pub fn session_registry(sandbox: Arc<dyn Sandbox>, config: &Config) -> ToolRegistry {
     crate::tools::session::server_tools(sandbox, &config.limits, config)
 }
@@ -131,15 +136,15 @@ impl ServerState {
             self.owner.clone(),
             self.removals.clone(),
         );
-        let registry = session_registry(sandbox.clone(), &self.config);
-        Slot { sandbox, registry }
+        Slot { sandbox }
     }
 }
 
-/// A sandbox and the tools bound to it.
+/// The sandbox of one MCP session. Its tools are the session's own
+/// (`SessionTools::server_registry`), looked up at each call, since the sandbox is created
+/// on the first call and replaced if the reaper took it.
 pub struct Slot {
     pub sandbox: Arc<LazySandbox>,
-    registry: ToolRegistry,
 }
 
 /// The handler rmcp runs: one per stdio connection or HTTP session, or one per stateless request.
@@ -308,7 +313,17 @@ impl ServerHandler for SandboxServer {
         let name = request.name.to_string();
         let mut args = request.arguments.unwrap_or_default();
         let Some(owner) = stateless_owner(&ctx) else {
-            return Ok(run(&self.slot.registry, &name, args, &ctx).await);
+            if !self.state.specs.iter().any(|s| s.name == name) {
+                // Answered without creating a container for it.
+                return Ok(run(&ToolRegistry::new(), &name, args, &ctx).await);
+            }
+            return Ok(match self.slot.sandbox.session().await {
+                Ok(session) => {
+                    let registry = SessionTools::server_registry(&session, &self.state.config);
+                    run(&registry, &name, args, &ctx).await
+                }
+                Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
+            });
         };
         let (stateless, manager) = (&self.state.stateless, self.state.manager.as_ref());
         if name == "sandbox_create" {

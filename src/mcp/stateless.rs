@@ -55,7 +55,7 @@ impl StatelessSandboxes {
         let session = manager
             .create(owner, &LimitRequest::default(), CreateOptions::default())
             .await?;
-        let registry = Arc::new(super::session_registry(session.sandbox.clone(), config));
+        let registry = crate::tools::session::SessionTools::server_registry(&session, config);
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let live: Vec<String> = manager
             .live()

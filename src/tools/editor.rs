@@ -30,6 +30,8 @@ pub struct StrReplaceEditor {
     sandbox: Arc<dyn Sandbox>,
     history: Mutex<History>,
     max_file_bytes: u64,
+    /// Where a kept session's history is saved for later processes.
+    saved: Option<super::saved::SavedTools>,
 }
 
 /// Why a command did not run: something the model can fix, or a sandbox failure.
@@ -56,6 +58,23 @@ impl StrReplaceEditor {
             sandbox,
             history: Mutex::new(HashMap::new()),
             max_file_bytes,
+            saved: None,
+        }
+    }
+
+    /// Keeps the history in `saved` too, starting from what an earlier process left there.
+    pub fn with_saved(mut self, saved: super::saved::SavedTools) -> Self {
+        if let Some(record) = saved.load::<undo::Saved>(undo::RECORD) {
+            self.history = Mutex::new(undo::from_saved(record));
+        }
+        self.saved = Some(saved);
+        self
+    }
+
+    /// Saves the history for a later process (kept sessions only).
+    fn persist(&self, history: &History) {
+        if let Some(saved) = &self.saved {
+            saved.save(undo::RECORD, &undo::to_saved(history));
         }
     }
 
@@ -143,6 +162,7 @@ impl StrReplaceEditor {
         }
         self.sandbox.write_file(target, after).await?;
         remember(history, target, before);
+        self.persist(history);
         Ok(())
     }
 

@@ -11,6 +11,7 @@ pub mod files;
 pub mod planning;
 pub mod python;
 pub mod registry;
+pub mod saved;
 pub mod session;
 pub mod terminate;
 pub mod web;

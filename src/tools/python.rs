@@ -2,9 +2,13 @@
 //! imports persist between calls; stdout and stderr come back apart with the repr of a final
 //! expression, a trimmed traceback and any matplotlib figure as an image.
 //!
+//! The interpreter is a daemon of the container (see driver.rs), so its variables outlive
+//! this process: a later process running the same kept session reaches the same one.
+//!
 //! A cell past its timeout is interrupted with KeyboardInterrupt and the state is kept; an
 //! interpreter that does not come back, or that dies, is replaced and the model is told
-//! that its variables are gone.
+//! that its variables are gone. A lost connection (the in-sandbox relay died) keeps the
+//! interpreter: the next call reconnects.
 
 mod driver;
 
@@ -18,7 +22,7 @@ use tokio::sync::Mutex;
 
 use super::{Tool, ToolContext, ToolError, ToolResult, arg_str, timeout_arg};
 use crate::sandbox::Sandbox;
-use driver::{CellEnd, CellOutput, Driver, GRACE};
+use driver::{CellEnd, CellOutput, Driver, GRACE, Loss};
 
 pub struct Python {
     sandbox: Arc<dyn Sandbox>,
@@ -28,11 +32,14 @@ pub struct Python {
     output_cap: usize,
 }
 
-/// The interpreter of the session, and why the last one was lost (told on the next call).
+/// The connection to the session's interpreter, and why the last one was lost (told on the
+/// next call).
 #[derive(Default)]
 struct Slot {
     driver: Option<Driver>,
     lost: Option<String>,
+    /// The connection (not the interpreter) was lost: the next one should find its variables.
+    reconnecting: bool,
 }
 
 impl Python {
@@ -58,37 +65,64 @@ impl Python {
 
     /// Makes sure the slot holds an idle interpreter; returns notes for the model.
     async fn ready(&self, slot: &mut Slot, notes: &mut Vec<String>) -> Result<(), ToolError> {
-        if let Some(d) = slot.driver.as_mut()
-            && d.has_cell_in_flight()
-        {
-            match d.settle().await {
-                Ok(true) => {}
-                Ok(false) => {
-                    if let Some(d) = slot.driver.take() {
-                        let _ = d.kill(&*self.sandbox).await;
-                    }
-                    slot.lost = Some(
-                        "the cell of a cancelled call did not stop, so the interpreter was killed"
-                            .into(),
-                    );
-                }
-                Err(why) => {
-                    if let Some(d) = slot.driver.take() {
-                        let (cause, _) = d.obituary(&*self.sandbox, why).await;
-                        slot.lost = Some(format!("the previous interpreter died ({cause})"));
-                    }
-                }
+        self.settle(slot).await;
+        // Twice at most: a cell an earlier process left running that will not stop gets its
+        // interpreter killed, and the second connection starts a fresh one.
+        for _ in 0..2 {
+            if slot.driver.is_some() {
+                return Ok(());
             }
-        }
-        if slot.driver.is_none() {
-            slot.driver = Some(Driver::start(&*self.sandbox, self.max_body()).await?);
+            let driver = Driver::start(&*self.sandbox, self.max_body()).await?;
             if let Some(why) = slot.lost.take() {
                 notes.push(format!(
                     "a fresh python interpreter was started: {why}; variables and imports from earlier calls are gone"
                 ));
+            } else if std::mem::take(&mut slot.reconnecting) && driver.cells_before == 0 {
+                notes.push(
+                    "the python interpreter was gone when sandboxd reconnected, so a fresh one was started; variables and imports from earlier calls are gone"
+                        .to_string(),
+                );
+            }
+            slot.driver = Some(driver);
+            // A cell an earlier connection left running (its process ended mid-call).
+            self.settle(slot).await;
+        }
+        match slot.driver {
+            Some(_) => Ok(()),
+            None => Err(ToolError::Internal(
+                "the python interpreter is still busy with a cell that will not stop".into(),
+            )),
+        }
+    }
+
+    /// Brings back a cell left in flight (a cancelled call's, or an earlier process's); one
+    /// that will not stop costs the interpreter.
+    async fn settle(&self, slot: &mut Slot) {
+        let Some(d) = slot.driver.as_mut().filter(|d| d.has_cell_in_flight()) else {
+            return;
+        };
+        match d.settle().await {
+            Ok(true) => {}
+            Ok(false) => {
+                if let Some(d) = slot.driver.take() {
+                    let _ = d.kill(&*self.sandbox).await;
+                }
+                slot.lost = Some(
+                    "the cell of a cancelled or abandoned call did not stop, so the interpreter was killed"
+                        .into(),
+                );
+            }
+            Err(why) => {
+                if let Some(d) = slot.driver.take() {
+                    match d.obituary(&*self.sandbox, why).await {
+                        Loss::Died(cause, _) => {
+                            slot.lost = Some(format!("the previous interpreter died ({cause})"))
+                        }
+                        Loss::Connection(_) => slot.reconnecting = true,
+                    }
+                }
             }
         }
-        Ok(())
     }
 }
 
@@ -192,17 +226,29 @@ impl Tool for Python {
             }
             CellEnd::Cancelled => return Err(ToolError::Cancelled),
             CellEnd::Died(why) => {
-                let (cause, words) = match slot.driver.take() {
+                let loss = match slot.driver.take() {
                     Some(d) => d.obituary(&*self.sandbox, why).await,
-                    None => (why, None),
+                    None => Loss::Died(why, None),
                 };
-                slot.lost = Some(format!("the previous one died ({cause})"));
-                let words = words
-                    .map(|w| format!("\nIts last words:\n{w}"))
-                    .unwrap_or_default();
-                ToolResult::error(format!(
-                    "the python interpreter died ({cause}); its variables are lost; the next call starts a fresh one{words}"
-                ))
+                match loss {
+                    Loss::Died(cause, words) => {
+                        slot.lost = Some(format!("the previous one died ({cause})"));
+                        let words = words
+                            .map(|w| format!("\nIts last words:\n{w}"))
+                            .unwrap_or_default();
+                        ToolResult::error(format!(
+                            "the python interpreter died ({cause}); its variables are lost; the next call starts a fresh one{words}"
+                        ))
+                    }
+                    Loss::Connection(why) => {
+                        slot.reconnecting = true;
+                        ToolResult::error(format!(
+                            "the connection to the python interpreter was lost during the call: {why}; \
+                             the cell's output is lost (it may still be running); the interpreter and its \
+                             variables are kept, and the next call reconnects"
+                        ))
+                    }
+                }
             }
         };
         if !notes.is_empty() {

@@ -11,6 +11,7 @@ use super::browser::extract::Extractor;
 use super::editor::StrReplaceEditor;
 use super::files::{ListDir, ReadFile, WriteFile};
 use super::python::Python;
+use super::saved::SavedTools;
 use super::terminate::Terminate;
 use super::web::research_tools;
 use super::{Tool, ToolRegistry};
@@ -32,6 +33,8 @@ pub struct SessionTools {
     /// per-run quotas are per run), and who their per-user quotas are charged to.
     research: Option<(Arc<dyn Sandbox>, crate::research::ResearchConfig)>,
     owner: String,
+    sandbox: Arc<dyn Sandbox>,
+    output_cap: usize,
 }
 
 impl SessionTools {
@@ -58,7 +61,9 @@ impl SessionTools {
             )),
             research: Some((sandbox.clone(), config.research.clone())),
             owner: config.sessions.default_owner.clone(),
-            browser: Arc::new(BrowserUse::new(sandbox)),
+            output_cap,
+            browser: Arc::new(BrowserUse::new(sandbox.clone())),
+            sandbox,
         }
     }
 
@@ -105,10 +110,25 @@ pub struct AgentTools {
 
 impl SessionTools {
     /// `session`'s tools: made on first use, then the same for every run of the session.
+    /// A kept session's tools also save what a later sandboxd process needs to carry on
+    /// (the browser's endpoint and tabs, the undo history; see saved.rs) and start from what
+    /// an earlier one saved. The python interpreter needs nothing: it is found in the sandbox.
     pub fn of(session: &Session, config: &Config) -> Arc<SessionTools> {
         session.slots.get_or_insert_with(|| {
             let mut tools = SessionTools::new(session.sandbox.clone(), &session.limits, config);
             tools.owner = session.owner.as_str().to_string();
+            let saved = session
+                .keep
+                .then(|| SavedTools::new(&config.data_dir(), &session.id, session.owner.as_str()))
+                .flatten();
+            if let Some(saved) = saved {
+                tools.editor = Arc::new(
+                    StrReplaceEditor::new(session.sandbox.clone(), session.limits.max_file_bytes())
+                        .with_saved(saved.clone()),
+                );
+                tools.browser =
+                    Arc::new(BrowserUse::new(session.sandbox.clone()).with_saved(saved));
+            }
             tools
         })
     }
@@ -154,18 +174,39 @@ pub fn agent_tools_of(
 /// What the MCP server offers: the sandbox tools plus plain file access, and the research
 /// tools only when `[research] mcp = true`.
 pub fn server_tools(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config) -> ToolRegistry {
-    let (mut tools, _) = sandbox_tools(sandbox.clone(), limits, config, None);
-    if config.research.mcp {
-        let owner = &config.sessions.default_owner;
-        tools.extend(research_tools(sandbox.clone(), &config.research, owner));
+    registry_of(SessionTools::new(sandbox, limits, config).server_tool_list(config))
+}
+
+/// A session's MCP registry, kept in its slots so the research quotas count per session.
+struct ServerRegistry(Arc<ToolRegistry>);
+
+impl SessionTools {
+    fn server_tool_list(&self, config: &Config) -> Vec<Arc<dyn Tool>> {
+        let mut tools = self.tools();
+        if config.research.mcp
+            && let Some((sandbox, research)) = &self.research
+        {
+            tools.extend(research_tools(sandbox.clone(), research, &self.owner));
+        }
+        let sandbox = self.sandbox.clone();
+        tools.push(Arc::new(ReadFile::new(sandbox.clone(), self.output_cap)));
+        tools.push(Arc::new(WriteFile::new(sandbox.clone())));
+        tools.push(Arc::new(ListDir::new(sandbox)));
+        tools
     }
-    tools.push(Arc::new(ReadFile::new(
-        sandbox.clone(),
-        limits.output_cap(),
-    )));
-    tools.push(Arc::new(WriteFile::new(sandbox.clone())));
-    tools.push(Arc::new(ListDir::new(sandbox)));
-    registry_of(tools)
+
+    /// What the MCP server offers on `session`, over the session's own tools (the same
+    /// python interpreter, browser and undo history its runs use); made once per session.
+    pub fn server_registry(session: &Session, config: &Config) -> Arc<ToolRegistry> {
+        let tools = SessionTools::of(session, config);
+        session
+            .slots
+            .get_or_insert_with(|| {
+                ServerRegistry(Arc::new(registry_of(tools.server_tool_list(config))))
+            })
+            .0
+            .clone()
+    }
 }
 
 fn registry_of(tools: Vec<Arc<dyn Tool>>) -> ToolRegistry {

@@ -1,6 +1,14 @@
 """sandboxd python driver: one persistent interpreter per session, driven like a notebook kernel.
 
-The host (src/tools/python) spawns this once per session and sends frames over stdin/stdout
+It runs as a daemon of the container (`sandboxd_py.py --listen SOCKET`, started by
+sandboxd_pyrelay.py), so its variables outlive the sandboxd process that first used it. Each
+sandboxd process connects through the relay; the newest connection wins (the one it replaces
+gets a {"replaced": true} frame and is closed). On every connection it sends a hello frame:
+
+    {"hello": "sandboxd_py", "pid": P, "running": ID or null, "last_id": N, "cells": C}
+
+(`running`: a cell still in progress, left by an earlier connection; `last_id`: the largest
+cell id it was sent, so a new process numbers its cells after it). Then frames
 (see sandboxd_proto.py):
 
     {"op": "execute", "id": N, "output_cap": BYTES}  body: the cell's source (UTF-8)
@@ -9,9 +17,11 @@ The host (src/tools/python) spawns this once per session and sends frames over s
 
 Each execute is answered by one frame whose header names the sizes of the body's parts, in
 this order: stdout, stderr, value (the repr of a final expression), error (a traceback) and
-image (the PNG of the first figure). A reader thread takes frames while a cell runs, so an
-interrupt reaches the main thread at once with pthread_kill; processes the cell started get
-SIGINT too (like Ctrl-C in a terminal), processes of earlier cells are left alone.
+image (the PNG of the first figure). The reply goes to whichever connection is current when
+the cell ends (a cell outlives a connection that dropped). A reader thread per connection
+takes frames while a cell runs, so an interrupt reaches the main thread at once with
+pthread_kill; processes the cell started get SIGINT too (like Ctrl-C in a terminal),
+processes of earlier cells are left alone.
 
 During a cell, fds 1 and 2 point at unlinked files in /tmp (so output of os.system and of
 subprocesses is captured too, and the driver never holds more than the cap in memory); the
@@ -25,6 +35,7 @@ import linecache
 import os
 import queue
 import signal
+import socket
 import struct
 import sys
 import tempfile
@@ -47,12 +58,70 @@ DRIVER_MODULE = None
 
 
 class State:
-    """What the reader thread needs to know about the running cell."""
+    """What the reader threads need to know about the running cell."""
 
     lock = threading.Lock()
     running = None  # id of the cell in progress
     started_ticks = 0  # its start, in the clock of /proc/PID/stat
     main_ident = threading.main_thread().ident
+    last_id = 0  # the largest cell id any connection sent
+    cells = 0  # cells run by this interpreter
+
+
+class Channel:
+    """The current connection to a sandboxd process (one at a time; the newest wins)."""
+
+    lock = threading.Lock()  # guards `current`, `generation` and every write to a connection
+    current = None  # the connected socket
+    generation = 0  # bumped by each new connection; requests of older ones are dropped
+    private_fds = set()  # fds a forked child must not keep (the listener, connections, stderr)
+
+    @classmethod
+    def adopt(cls, conn):
+        """Makes `conn` the current connection (after its hello); returns its generation."""
+        with cls.lock:
+            old, cls.current = cls.current, conn
+            cls.generation += 1
+            gen = cls.generation
+            cls.private_fds.add(conn.fileno())
+            if old is not None:
+                try:
+                    old.settimeout(1)
+                    send_frame(old, {"replaced": True}, b"")
+                except OSError:
+                    pass
+                cls.forget(old)
+        return gen
+
+    @classmethod
+    def forget(cls, conn):
+        """Closes `conn` (caller holds the lock); a reader blocked on it sees the end."""
+        cls.private_fds.discard(conn.fileno())
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        conn.close()
+
+    @classmethod
+    def drop(cls, gen):
+        with cls.lock:
+            if cls.generation == gen and cls.current is not None:
+                cls.forget(cls.current)
+                cls.current = None
+
+    @classmethod
+    def reply(cls, header, body):
+        """Sends a cell's reply on the current connection, if any (a broken one is dropped)."""
+        with cls.lock:
+            conn = cls.current
+            if conn is None:
+                return
+            try:
+                send_frame(conn, header, body)
+            except OSError:
+                cls.forget(conn)
+                cls.current = None
 
 
 def boot_ticks():
@@ -104,28 +173,60 @@ def on_sigint(signum, frame):
         raise KeyboardInterrupt
 
 
-def reader_loop(reader, requests):
+def reader_loop(conn, gen, requests):
+    reader = conn.makefile("rb", buffering=0)
     while True:
         try:
             req, body = proto.read_frame(reader)
         except BaseException:
-            # The host closed the channel or spoke garbage: nobody is left to answer.
-            os._exit(0)
+            # The host closed the channel or spoke garbage: wait for the next connection.
+            Channel.drop(gen)
+            return
+        if not isinstance(req, dict):
+            Channel.drop(gen)
+            return
+        cell_id = req.get("id")
+        if isinstance(cell_id, int) and not isinstance(cell_id, bool) and 0 < cell_id < 2**53:
+            with State.lock:
+                State.last_id = max(State.last_id, cell_id)
         if req.get("op") == "interrupt":
-            interrupt(req.get("id"))
+            interrupt(cell_id)
         else:
-            requests.put((req, body))
+            requests.put((gen, req, body))
 
 
-def send_frame(writer, header, body):
-    h = proto.json.dumps(header).encode()
-    data = memoryview(proto.MAGIC + struct.pack(">I", len(h)) + h + struct.pack(">I", len(body)) + body)
-    # A signal can cut a large write short; a half frame would desynchronize the host.
-    while data:
-        n = writer.write(data)
-        if n is None:
+def accept_loop(listener, requests):
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            time.sleep(0.1)
             continue
-        data = data[n:]
+        try:
+            with State.lock:
+                hello = {
+                    "ok": True,
+                    "hello": "sandboxd_py",
+                    "pid": os.getpid(),
+                    "python": sys.version.split()[0],
+                    "running": State.running,
+                    "last_id": State.last_id,
+                    "cells": State.cells,
+                }
+            conn.settimeout(10)
+            send_frame(conn, hello, b"")
+            conn.settimeout(None)
+        except OSError:
+            conn.close()
+            continue
+        gen = Channel.adopt(conn)
+        threading.Thread(target=reader_loop, args=(conn, gen, requests), name="sandboxd-reader", daemon=True).start()
+
+
+def send_frame(conn, header, body):
+    h = proto.json.dumps(header).encode()
+    # sendall retries short writes; a half frame would desynchronize the host.
+    conn.sendall(proto.MAGIC + struct.pack(">I", len(h)) + h + struct.pack(">I", len(body)) + body)
 
 
 def cut_middle(data, cap):
@@ -331,12 +432,38 @@ def enable_user_site():
         pass
 
 
+def listen(path):
+    """The driver's socket at `path`, in the relay's private directory."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o077)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)  # the cells' files get the usual modes
+    listener.listen(8)
+    return listener
+
+
 def main():
-    reader, writer = proto.claim_channel()
+    if len(sys.argv) != 3 or sys.argv[1] != "--listen":
+        sys.stderr.write("usage: sandboxd_py.py --listen SOCKET (started by sandboxd_pyrelay.py)\n")
+        os._exit(2)
+    sock_path = sys.argv[2]
+    listener = listen(sock_path)
+    sock_ino = os.stat(sock_path).st_ino
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    sys.stdout = open(os.devnull, "w")
     saved_stderr = os.dup(2)
     os.set_inheritable(saved_stderr, False)
-    # A segfault in native code leaves a Python traceback on the driver's own stderr,
-    # which the host reports as the interpreter's last words.
+    # A segfault in native code leaves a Python traceback on the driver's own stderr (a file
+    # the relay reads back), which the host reports as the interpreter's last words.
     faulthandler.enable(file=os.fdopen(saved_stderr, "w", closefd=False), all_threads=False)
     warnings.filterwarnings("ignore", message=r".*non-interactive, and thus cannot be shown")
 
@@ -350,31 +477,44 @@ def main():
     sys.argv = [""]
     sys.path[0] = ""
 
-    # A child forked by a cell (multiprocessing) must not hold the protocol channel or the
-    # driver's stderr: while it did, the host would not see this interpreter die.
-    private = (reader.fileno(), writer.fileno(), saved_stderr)
+    # A child forked by a cell (multiprocessing) must not hold the socket, a connection or the
+    # driver's stderr: while it did, the relay would not see this interpreter die.
+    Channel.private_fds.update((listener.fileno(), saved_stderr))
 
     def forget_channel():
         devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in private:
-            os.dup2(devnull, fd)
+        for fd in list(Channel.private_fds):
+            try:
+                os.dup2(devnull, fd)
+            except OSError:
+                pass
         os.close(devnull)
 
     os.register_at_fork(after_in_child=forget_channel)
 
     signal.signal(signal.SIGINT, on_sigint)
     requests = queue.Queue()
-    threading.Thread(target=reader_loop, args=(reader, requests), name="sandboxd-reader", daemon=True).start()
     cell = Cell(main_module.__dict__, saved_stderr)
-    send_frame(writer, {"ok": True, "hello": "sandboxd_py", "pid": os.getpid(), "python": sys.version.split()[0]}, b"")
+    threading.Thread(target=accept_loop, args=(listener, requests), name="sandboxd-accept", daemon=True).start()
     while True:
         try:
-            req, body = requests.get()
+            gen, req, body = requests.get()
+            if gen != Channel.generation:
+                continue  # sent by a connection that is gone; nobody waits for it
             op = req.get("op")
             if op == "exit":
+                # No new connection may reach a driver that is leaving (the path is left
+                # alone if something else has taken it over since).
+                try:
+                    if os.stat(sock_path).st_ino == sock_ino:
+                        os.unlink(sock_path)
+                except OSError:
+                    pass
                 os._exit(0)
             if op == "execute":
                 enable_user_site()
+                with State.lock:
+                    State.cells += 1
                 try:
                     header, out = cell.run(req, body)
                 except Exception as exc:  # a driver bug must not take the session's variables
@@ -382,12 +522,9 @@ def main():
                     header, out = {"id": req.get("id"), "sizes": [0, 0, 0, len(msg), 0], "figures": []}, msg
             else:
                 header, out = {"id": req.get("id"), "unknown_op": str(op)}, b""
-            send_frame(writer, header, out)
+            Channel.reply(header, out)
         except KeyboardInterrupt:
             continue
-        except OSError:
-            # The protocol channel is gone (a cell closed our fds?): the host will restart us.
-            os._exit(70)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,20 @@
 //! Chromium inside the session's container, and the chromiumoxide connection to it.
 //!
-//! Chromium runs as the sandbox user through `Sandbox::spawn`, with remote debugging bound to
-//! the container's own 127.0.0.1 on a port it picks itself (port 0: nothing the model started
-//! can be in the way). The endpoint is learnt from Chromium's own announcement,
-//! "DevTools listening on ws://127.0.0.1:<port>/devtools/browser/<id>", on the stderr of the
-//! exec the host started — never from DevToolsActivePort, a file in /tmp that sandboxed code
-//! can write first and point at a server of its own. We open a one-connection websocket
-//! `Tunnel` to the port and hand chromiumoxide a ws:// URL on the host side.
+//! Chromium runs as the sandbox user through `Sandbox::spawn` of sandboxd_detach.py, which
+//! starts it in a session of its own and keeps draining its stderr after the host process is
+//! gone, so Chromium of a kept session outlives the sandboxd process that started it. Remote
+//! debugging is bound to the container's own 127.0.0.1 on a port the host picks at random
+//! (tried again on another port when something of the sandbox holds it). The endpoint is
+//! learnt from Chromium's own announcement, "DevTools listening on
+//! ws://127.0.0.1:<port>/devtools/browser/<id>", on the stderr of the exec the host started
+//! (its port must be the one the host chose) — never from DevToolsActivePort, a file in /tmp
+//! that sandboxed code can write first and point at a server of its own. We open a
+//! one-connection websocket `Tunnel` to the port and hand chromiumoxide a ws:// URL on the
+//! host side.
+//!
+//! The host records the endpoint (port and browser path) on the host (`Endpoint`, saved by
+//! `BrowserUse` in a kept session), and a later process `adopt`s the running Chromium from
+//! that record through the same guarded tunnel.
 //!
 //! Chromium itself runs as the sandbox user, so a hostile sandbox can still take it over (or
 //! write into its stderr through /proc): the endpoint is defence in depth, not the guarantee.
@@ -33,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::sandbox::tunnel::Tunnel;
 use crate::sandbox::ws_guard::DEVTOOLS_LIMITS;
-use crate::sandbox::{OutputChunk, Sandbox, SandboxError, SpawnRequest};
+use crate::sandbox::{OutputChunk, Sandbox, SandboxError, SpawnRequest, helpers};
 
 /// The viewport every page is emulated at; screenshots and "pixels below" refer to it.
 pub const VIEWPORT_WIDTH: u32 = 1280;
@@ -65,6 +73,34 @@ impl From<CdpError> for BrowserError {
     }
 }
 
+/// Where a running Chromium listens, as the host chose and recorded it: what a later
+/// process needs to adopt it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Endpoint {
+    /// The tool's browser number (its tag and profile directory are made from it).
+    pub n: u32,
+    pub port: u16,
+    /// `/devtools/browser/<id>`, from Chromium's announcement.
+    pub ws_path: String,
+}
+
+impl Endpoint {
+    /// Only what `start` itself could have recorded: a real port and an announced path.
+    pub fn is_plausible(&self) -> bool {
+        self.port >= PORT_RANGE.0
+            && parse_announcement(&format!(
+                "DevTools listening on ws://127.0.0.1:{}{}",
+                self.port, self.ws_path
+            ))
+            .is_some()
+    }
+}
+
+/// The ports the host picks the DevTools port from.
+const PORT_RANGE: (u16, u16) = (20000, 60000);
+/// Tries at a port before giving up (something of the sandbox may listen on one).
+const PORT_TRIES: usize = 3;
+
 /// One running Chromium and the driver connected to it. Dropping it stops the driver and
 /// the tunnel; `shutdown` also kills the processes inside the container.
 pub struct Running {
@@ -73,9 +109,11 @@ pub struct Running {
     pub dead: CancellationToken,
     pub sandbox: Arc<dyn Sandbox>,
     pub tag: String,
+    pub endpoint: Endpoint,
     user_data_dir: String,
     handler: JoinHandle<()>,
-    drain: JoinHandle<()>,
+    /// Reads Chromium's stderr; None for a Chromium adopted from an earlier process.
+    drain: Option<JoinHandle<()>>,
     _tunnel: Tunnel,
 }
 
@@ -114,14 +152,16 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.dead.cancel();
         self.handler.abort();
-        self.drain.abort();
+        if let Some(drain) = &self.drain {
+            drain.abort();
+        }
     }
 }
 
 /// The command line. Flags beyond the required ones keep Chromium from reaching for things the
 /// container does not have (network services, a GPU, a writable home) and make screenshots
 /// deterministic (sRGB colours, no scrollbars).
-pub fn chromium_argv(user_data_dir: &str) -> Vec<String> {
+pub fn chromium_argv(user_data_dir: &str, port: u16) -> Vec<String> {
     let mut argv: Vec<String> = vec![
         "chromium".into(),
         "--headless=new".into(),
@@ -130,7 +170,7 @@ pub fn chromium_argv(user_data_dir: &str) -> Vec<String> {
         format!("--user-data-dir={user_data_dir}"),
         format!("--disk-cache-dir={user_data_dir}/cache"),
         "--remote-debugging-address=127.0.0.1".into(),
-        "--remote-debugging-port=0".into(),
+        format!("--remote-debugging-port={port}"),
         format!("--window-size={VIEWPORT_WIDTH},{VIEWPORT_HEIGHT}"),
     ];
     for flag in [
@@ -159,28 +199,113 @@ pub fn chromium_argv(user_data_dir: &str) -> Vec<String> {
     argv
 }
 
+fn tag_of(sandbox: &dyn Sandbox, n: u32) -> String {
+    format!("sandboxd-browser-{}-{n}", sandbox.session_id())
+}
+
+fn profile_of(n: u32) -> String {
+    format!("/tmp/chromium-{n}")
+}
+
+/// A DevTools port the host picks: random, so nothing of the sandbox can be waiting on it.
+fn pick_port() -> u16 {
+    use rand::Rng;
+    rand::rng().random_range(PORT_RANGE.0..PORT_RANGE.1)
+}
+
+/// Why one try at starting failed.
+enum Attempt {
+    /// The port was taken: try another.
+    PortTaken,
+    Failed(BrowserError),
+}
+
 /// Starts Chromium number `n` of this tool and connects the driver to it.
 pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, BrowserError> {
+    for _ in 0..PORT_TRIES {
+        match start_on(sandbox.clone(), n, pick_port()).await {
+            Ok(running) => return Ok(running),
+            Err(Attempt::PortTaken) => continue,
+            Err(Attempt::Failed(e)) => return Err(e),
+        }
+    }
+    Err(BrowserError::Start(format!(
+        "Chromium could not bind a DevTools port in {PORT_TRIES} tries (something in the sandbox listens on them)"
+    )))
+}
+
+/// Connects to the Chromium an earlier process started and recorded as `endpoint`.
+pub async fn adopt(
+    sandbox: Arc<dyn Sandbox>,
+    endpoint: &Endpoint,
+) -> Result<Running, BrowserError> {
+    if !endpoint.is_plausible() {
+        return Err(BrowserError::Start(
+            "the recorded DevTools endpoint is malformed".into(),
+        ));
+    }
+    let tag = tag_of(&*sandbox, endpoint.n);
+    let dead = CancellationToken::new();
+    let (browser, handler, tunnel) = connect(
+        sandbox.clone(),
+        endpoint.port,
+        &endpoint.ws_path,
+        &tag,
+        dead.clone(),
+    )
+    .await?;
+    Ok(Running {
+        browser,
+        dead,
+        sandbox,
+        tag,
+        endpoint: endpoint.clone(),
+        user_data_dir: profile_of(endpoint.n),
+        handler,
+        drain: None,
+        _tunnel: tunnel,
+    })
+}
+
+/// What the stderr reader saw.
+#[derive(Clone)]
+enum Announced {
+    Endpoint(u16, String),
+    PortTaken,
+}
+
+async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Running, Attempt> {
+    let failed = |e: BrowserError| Attempt::Failed(e);
     let started = Instant::now();
-    let tag = format!("sandboxd-browser-{}-{n}", sandbox.session_id());
-    let user_data_dir = format!("/tmp/chromium-{n}");
+    let tag = tag_of(&*sandbox, n);
+    let user_data_dir = profile_of(n);
     // Caches and config go under the profile, not into /workspace (HOME), where the model
     // would find them among its files.
     // A profile left by an earlier Chromium (same number after a tool restart) would hold a
     // stale DevToolsActivePort and a SingletonLock.
     match sandbox.remove(&user_data_dir, true).await {
         Ok(()) | Err(SandboxError::NotFound { .. }) => {}
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(failed(e.into())),
     }
-    let req = SpawnRequest::new(chromium_argv(&user_data_dir))
+    let mut req = SpawnRequest::new(helpers::argv(
+        "sandboxd_detach.py",
+        &chromium_argv(&user_data_dir, port)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    ));
+    for (k, v) in helpers::env() {
+        req = req.env(k, v);
+    }
+    let req = req
         .env("SANDBOXD_TAG", &tag)
         .env("XDG_CONFIG_HOME", format!("{user_data_dir}/xdg-config"))
         .env("XDG_CACHE_HOME", format!("{user_data_dir}/xdg-cache"))
         .cwd("/tmp");
-    let mut process = sandbox.spawn(req).await?;
+    let mut process = sandbox.spawn(req).await.map_err(|e| failed(e.into()))?;
     let dead = CancellationToken::new();
     let log = Arc::new(Mutex::new(String::new()));
-    let (announce, mut announced) = tokio::sync::watch::channel(None::<(u16, String)>);
+    let (announce, mut announced) = tokio::sync::watch::channel(None::<Announced>);
     // Chromium's output must be read or it blocks on a full pipe; its end means Chromium exited.
     let drain = {
         let dead = dead.clone();
@@ -196,11 +321,15 @@ pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, Browser
                     Ok(OutputChunk::Stderr(b)) => {
                         for &byte in b.iter() {
                             if byte == b'\n' {
-                                if announce.borrow().is_none()
-                                    && let Some(found) =
-                                        parse_announcement(&String::from_utf8_lossy(&line))
-                                {
-                                    let _ = announce.send(Some(found));
+                                if announce.borrow().is_none() {
+                                    let text = String::from_utf8_lossy(&line);
+                                    if let Some((port, path)) = parse_announcement(&text) {
+                                        let _ =
+                                            announce.send(Some(Announced::Endpoint(port, path)));
+                                    } else if text.contains("Cannot start http server for devtools")
+                                    {
+                                        let _ = announce.send(Some(Announced::PortTaken));
+                                    }
                                 }
                                 line.clear();
                             } else if line.len() < 512 {
@@ -235,11 +364,11 @@ pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, Browser
             .rev()
             .collect::<Vec<_>>()
             .join("\n");
-        BrowserError::Start(if tail.is_empty() {
+        Attempt::Failed(BrowserError::Start(if tail.is_empty() {
             why
         } else {
             format!("{why}; Chromium said:\n{tail}")
-        })
+        }))
     };
     let deadline = tokio::time::Instant::from_std(started + START_TIMEOUT);
     let found = tokio::select! {
@@ -250,30 +379,42 @@ pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, Browser
         }
         _ = tokio::time::sleep_until(deadline) => None,
     };
-    let Some((port, ws_path)) = found else {
-        drain.abort();
-        let _ = sandbox.kill_tagged(&tag).await;
-        return Err(fail(format!(
-            "no DevTools endpoint after {START_TIMEOUT:?}"
-        )));
+    let (got_port, ws_path) = match found {
+        Some(Announced::Endpoint(p, path)) if p == port => (p, path),
+        other => {
+            drain.abort();
+            let _ = sandbox.kill_tagged(&tag).await;
+            return Err(match other {
+                Some(Announced::PortTaken) => Attempt::PortTaken,
+                Some(Announced::Endpoint(p, _)) => fail(format!(
+                    "Chromium announced DevTools on port {p}, not on the port {port} sandboxd chose"
+                )),
+                None => fail(format!("no DevTools endpoint after {START_TIMEOUT:?}")),
+            });
+        }
     };
     tracing::debug!(elapsed = ?started.elapsed(), "chromium: DevTools endpoint is up");
-    let connected = connect(sandbox.clone(), port, &ws_path, &tag, dead.clone()).await;
+    let connected = connect(sandbox.clone(), got_port, &ws_path, &tag, dead.clone()).await;
     match connected {
         Ok((browser, handler, tunnel)) => Ok(Running {
             browser,
             dead,
             sandbox,
             tag,
+            endpoint: Endpoint {
+                n,
+                port: got_port,
+                ws_path,
+            },
             user_data_dir,
             handler,
-            drain,
+            drain: Some(drain),
             _tunnel: tunnel,
         }),
         Err(e) => {
             drain.abort();
             let _ = sandbox.kill_tagged(&tag).await;
-            Err(e)
+            Err(failed(e))
         }
     }
 }
@@ -369,7 +510,7 @@ mod tests {
 
     #[test]
     fn required_flags_are_there() {
-        let argv = chromium_argv("/tmp/chromium-3");
+        let argv = chromium_argv("/tmp/chromium-3", 40000);
         for flag in [
             "--headless=new",
             "--no-sandbox",
@@ -379,5 +520,10 @@ mod tests {
             assert!(argv.iter().any(|a| a == flag), "{flag}");
         }
         assert!(argv.contains(&"--user-data-dir=/tmp/chromium-3".to_string()));
+        assert!(argv.contains(&"--remote-debugging-port=40000".to_string()));
+        for port in 0..5 {
+            let p = pick_port();
+            assert!((PORT_RANGE.0..PORT_RANGE.1).contains(&p), "{port}: {p}");
+        }
     }
 }

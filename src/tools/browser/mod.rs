@@ -2,7 +2,9 @@
 //! CDP through a one-connection tunnel (see chromium.rs and sandbox/tunnel.rs).
 //!
 //! Chromium starts on the first action and is restarted, with a note, when it crashed or was
-//! killed. Every action returns the browser state (url, title, tabs, numbered elements,
+//! killed. In a kept session it outlives this process: its endpoint and tabs are saved on
+//! the host after every action (`tools::saved`), and the first action of a later process
+//! adopts that Chromium with its tabs instead of starting one. Every action returns the browser state (url, title, tabs, numbered elements,
 //! scroll position) and a viewport screenshot. The agent reads the same state between steps
 //! through `BrowserUse::current_state` / `BrowserState::to_prompt`.
 
@@ -49,8 +51,14 @@ const DESCRIPTION: &str = "Drive a headless Chromium inside the sandbox. The san
          for; switch_tab(tab_id); open_tab(url); close_tab(tab_id); screenshot. Indexes refer to \
          the latest state: after the page changes, use the new ones.";
 
+/// The record kind in `tools::saved`.
+const RECORD: &str = "browser";
+
 pub struct BrowserUse {
     sandbox: Arc<dyn Sandbox>,
+    /// A kept session's record, and the browser an earlier process left (adopted once).
+    saved: Option<super::saved::SavedTools>,
+    adoptable: std::sync::Mutex<Option<session::Saved>>,
     live: tokio::sync::Mutex<Option<Live>>,
     starts: AtomicU32,
     /// The LLM step of extract_content; set per run, since the browser outlives runs.
@@ -62,10 +70,30 @@ impl BrowserUse {
     pub fn new(sandbox: Arc<dyn Sandbox>) -> Self {
         Self {
             sandbox,
+            saved: None,
+            adoptable: std::sync::Mutex::new(None),
             live: tokio::sync::Mutex::new(None),
             starts: AtomicU32::new(0),
             extractor: std::sync::Mutex::new(None),
             last: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Saves the browser's endpoint and tabs in `saved` after every action, so it outlives
+    /// this process, and adopts the one an earlier process saved there.
+    pub fn with_saved(mut self, saved: super::saved::SavedTools) -> Self {
+        if let Some(record) = saved.load::<session::Saved>(RECORD) {
+            self.starts
+                .store(record.endpoint.n.saturating_add(1), Ordering::Relaxed);
+            self.adoptable = std::sync::Mutex::new(Some(record));
+        }
+        self.saved = Some(saved);
+        self
+    }
+
+    fn save(&self, live: &Live) {
+        if let Some(saved) = &self.saved {
+            saved.save(RECORD, &live.saved());
         }
     }
 
@@ -106,6 +134,9 @@ impl BrowserUse {
         if let Some(live) = self.live.lock().await.take() {
             live.running.shutdown().await;
         }
+        if let Some(saved) = &self.saved {
+            saved.clear(RECORD);
+        }
     }
 
     fn remember(&self, state: &BrowserState) {
@@ -114,7 +145,28 @@ impl BrowserUse {
         }
     }
 
-    async fn start(&self) -> Result<Live, BrowserError> {
+    /// Adopts the browser an earlier process left, else starts one.
+    async fn start(&self, notes: &mut Vec<String>) -> Result<Live, BrowserError> {
+        let adoptable = self.adoptable.lock().ok().and_then(|mut a| a.take());
+        if let Some(record) = adoptable {
+            match Live::adopt(self.sandbox.clone(), &record).await {
+                Ok(live) => return Ok(live),
+                Err(e) => {
+                    tracing::debug!(error = %e, "browser: the saved one could not be adopted");
+                    let _ = self
+                        .sandbox
+                        .kill_tagged(&format!(
+                            "sandboxd-browser-{}-{}",
+                            self.sandbox.session_id(),
+                            record.endpoint.n
+                        ))
+                        .await;
+                    notes.push(format!(
+                        "the browser an earlier sandboxd process left in this session could not be reached ({e}), so a fresh one was started: its tabs are gone"
+                    ));
+                }
+            }
+        }
         let n = self.starts.fetch_add(1, Ordering::Relaxed);
         Live::start(self.sandbox.clone(), n).await
     }
@@ -134,7 +186,7 @@ impl BrowserUse {
         let mut retried = false;
         loop {
             if guard.is_none() {
-                *guard = Some(self.start().await.map_err(fatal_or_observation)?);
+                *guard = Some(self.start(&mut notes).await.map_err(fatal_or_observation)?);
             }
             let Some(live) = guard.as_mut() else {
                 return Err(ToolError::Internal("the browser vanished".into()));
@@ -163,7 +215,7 @@ impl BrowserUse {
                         live.running.shutdown().await;
                     }
                     if retried || action.uses_index() {
-                        *guard = Some(self.start().await.map_err(fatal_or_observation)?);
+                        *guard = Some(self.start(&mut notes).await.map_err(fatal_or_observation)?);
                         let state = self.capture(&mut guard, &mut notes).await;
                         return Ok((Err("the action was not carried out because Chromium stopped; look at the fresh state and try again".into()), state, notes));
                     }
@@ -174,6 +226,9 @@ impl BrowserUse {
                 Err(e) => Err(e.to_string()),
             };
             let state = self.capture(&mut guard, &mut notes).await;
+            if let Some(live) = guard.as_ref() {
+                self.save(live);
+            }
             return Ok((outcome, state, notes));
         }
     }
@@ -229,6 +284,11 @@ impl Drop for BrowserUse {
         let Some(live) = self.live.get_mut().take() else {
             return;
         };
+        // A kept session's browser is left running for the next process (its record says
+        // where); the session's removal takes it along otherwise.
+        if self.saved.is_some() {
+            return;
+        }
         // Killing the processes inside the container needs the runtime; without one, the
         // session's container going away takes them along.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {

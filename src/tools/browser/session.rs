@@ -28,6 +28,14 @@ const SCREENSHOT_QUALITY: i64 = 75;
 /// A navigation started by a click or a key gets this long to finish before the state is taken.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The host-side record of a kept session's browser: its endpoint and its tabs (target ids).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Saved {
+    pub endpoint: chromium::Endpoint,
+    pub tabs: Vec<String>,
+    pub current: usize,
+}
+
 pub struct Live {
     pub running: Running,
     pub tabs: Vec<Page>,
@@ -55,6 +63,67 @@ impl Live {
         live.watch_dialogs(&live.tabs[0]);
         live.sync_tabs().await;
         Ok(live)
+    }
+
+    /// Takes over the Chromium an earlier process left running (see `Saved`): its pages
+    /// become the tabs again, in the recorded order, the recorded one current.
+    pub async fn adopt(sandbox: Arc<dyn Sandbox>, saved: &Saved) -> Result<Live, BrowserError> {
+        let mut running = chromium::adopt(sandbox, &saved.endpoint).await?;
+        running.browser.fetch_targets().await?;
+        // The driver attaches to the existing pages in the background: wait until the
+        // recorded ones are there (a tab closed meanwhile never comes, hence the bound).
+        let mut pages = Vec::new();
+        for _ in 0..40 {
+            pages = running.browser.pages().await?;
+            let all_there = saved
+                .tabs
+                .iter()
+                .all(|t| pages.iter().any(|p| p.target_id().as_ref() == t.as_str()));
+            if all_there && !pages.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let position = |p: &Page| {
+            saved
+                .tabs
+                .iter()
+                .position(|t| p.target_id().as_ref() == t.as_str())
+                .unwrap_or(usize::MAX)
+        };
+        pages.sort_by_key(position);
+        let mut live = Live {
+            running,
+            tabs: Vec::new(),
+            current: 0,
+            closed: HashSet::new(),
+            dialogs: Arc::new(Mutex::new(Vec::new())),
+        };
+        let current = saved.tabs.get(saved.current).and_then(|id| {
+            pages
+                .iter()
+                .position(|p| p.target_id().as_ref() == id.as_str())
+        });
+        for page in pages {
+            live.watch_dialogs(&page);
+            live.tabs.push(page);
+        }
+        live.current = current.unwrap_or(live.tabs.len().saturating_sub(1));
+        live.ensure_tab().await?;
+        Ok(live)
+    }
+
+    /// What a later process needs to adopt this browser.
+    pub fn saved(&self) -> Saved {
+        Saved {
+            endpoint: self.running.endpoint.clone(),
+            tabs: self
+                .tabs
+                .iter()
+                .map(|p| p.target_id().as_ref().to_string())
+                .collect(),
+            current: self.current,
+        }
     }
 
     pub fn page(&self) -> Result<&Page, BrowserError> {

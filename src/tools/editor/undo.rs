@@ -1,11 +1,17 @@
 //! The editor's undo history: per file, the bytes each edit replaced (or "did not exist" for a
-//! create), kept for the life of the tool, which is the life of the session.
+//! create), kept for the life of the tool, which is the life of the session. In a kept
+//! session it is also saved on the host after every change (`tools::saved`, the newest
+//! versions up to `MAX_SAVED_BYTES`), so a later sandboxd process can undo an edit of an
+//! earlier one.
 //!
 //! Undo restores the exact bytes an edit replaced, and undoing a create removes the file
 //! (OpenManus wrote the created text back instead). The history is bounded so that a model
 //! editing a large file in a loop cannot grow the host process without limit.
 
 use std::collections::HashMap;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
 
 use super::{Outcome, StrReplaceEditor, model, text};
 use crate::sandbox::SandboxError;
@@ -16,6 +22,64 @@ pub(super) const MAX_HISTORY_BYTES: usize = 64 << 20;
 
 /// Per file: the versions before each edit, oldest first; `None` means "did not exist".
 pub(super) type History = HashMap<String, Vec<Option<Vec<u8>>>>;
+
+/// What of the history is saved for a later process, in bytes of file content: the newest
+/// versions of every file first.
+pub(super) const MAX_SAVED_BYTES: usize = 8 << 20;
+
+/// The record kind in `tools::saved`.
+pub(super) const RECORD: &str = "undo";
+
+/// The saved form: per file, its versions oldest first, base64 (None: did not exist).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct Saved {
+    files: Vec<(String, Vec<Option<String>>)>,
+}
+
+/// The newest versions of `history` that fit `MAX_SAVED_BYTES`.
+pub(super) fn to_saved(history: &History) -> Saved {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut budget = MAX_SAVED_BYTES;
+    let mut files = Vec::new();
+    for (path, versions) in history {
+        let mut kept = Vec::new();
+        for v in versions.iter().rev() {
+            let size = v.as_ref().map_or(0, Vec::len);
+            if size > budget {
+                break;
+            }
+            budget -= size;
+            kept.push(v.as_ref().map(|b| b64.encode(b)));
+        }
+        if !kept.is_empty() {
+            kept.reverse();
+            files.push((path.clone(), kept));
+        }
+    }
+    Saved { files }
+}
+
+/// A saved history back in memory (entries that do not decode are skipped), under the cap.
+pub(super) fn from_saved(saved: Saved) -> History {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut history = History::new();
+    for (path, versions) in saved.files {
+        if !path.starts_with('/') {
+            continue;
+        }
+        for v in versions {
+            let before = match v {
+                None => None,
+                Some(text) => match b64.decode(text) {
+                    Ok(bytes) => Some(bytes),
+                    Err(_) => continue,
+                },
+            };
+            remember(&mut history, &path, before);
+        }
+    }
+    history
+}
 
 /// Records the version an edit replaced, dropping the oldest versions past the history cap.
 pub(super) fn remember(history: &mut History, path: &str, before: Option<Vec<u8>>) {
@@ -63,6 +127,7 @@ impl StrReplaceEditor {
         if history.get(&key).is_some_and(Vec::is_empty) {
             history.remove(&key);
         }
+        self.persist(&history);
         Ok(match before {
             None => format!("Undid the creation of {path}: the file was removed."),
             Some(bytes) => format!(
@@ -76,6 +141,30 @@ impl StrReplaceEditor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_saved_history_keeps_the_newest_versions() {
+        let mut h = History::new();
+        let big = |b: u8| Some(vec![b; MAX_SAVED_BYTES / 2 + 1]);
+        remember(&mut h, "/a", None);
+        remember(&mut h, "/a", big(1));
+        remember(&mut h, "/a", big(2));
+        remember(&mut h, "/a", Some(b"newest".to_vec()));
+        let json = serde_json::to_vec(&to_saved(&h)).unwrap();
+        let back = from_saved(serde_json::from_slice(&json).unwrap());
+        // The oldest big version and everything before it did not fit.
+        let firsts: Vec<Option<u8>> = back["/a"]
+            .iter()
+            .map(|v| v.as_ref().and_then(|b| b.first().copied()))
+            .collect();
+        assert_eq!(firsts, vec![Some(2), Some(b'n')]);
+        assert!(
+            from_saved(Saved {
+                files: vec![("relative".into(), vec![None])]
+            })
+            .is_empty()
+        );
+    }
 
     #[test]
     fn the_history_is_bounded_but_keeps_each_files_newest_version() {

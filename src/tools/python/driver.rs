@@ -1,5 +1,12 @@
 //! The host side of the in-sandbox python driver (images/sandbox/helpers/sandboxd_py.py):
-//! starting it, running one cell under a deadline, interrupting it and killing it.
+//! reaching it, running one cell under a deadline, interrupting it and killing it.
+//!
+//! The driver is a daemon of the container listening on a unix socket in a private directory,
+//! so it outlives this process: a later `sandboxd run --session ID` reaches the same
+//! interpreter and its variables. This process reaches it through one exec of
+//! sandboxd_pyrelay.py, which finds the running driver or starts one, then copies frames
+//! between its stdin/stdout and the socket. The relay's exit status says whose end it was
+//! (the driver's, with its status and last words, or the relay's own).
 //!
 //! Everything the driver sends is hostile input: it runs the model's code in the same
 //! process, so a cell can write anything to the protocol channel. Frames are bounded by
@@ -52,24 +59,49 @@ pub(super) enum CellEnd {
     Died(String),
 }
 
-/// One running interpreter.
+/// The relay's exit statuses (see sandboxd_pyrelay.py); any other status is the relay's own
+/// death (it was killed), which leaves the interpreter running.
+const RELAY_DRIVER_ALIVE: i64 = 75;
+const RELAY_CANNOT_START: i64 = 76;
+const RELAY_DRIVER_EXITED: i64 = 77;
+/// The relay's last line when the driver exited.
+const EXIT_MARKER: &str = "sandboxd_pyrelay: the interpreter exited with status ";
+/// Why a connection ended when a later sandboxd process took the interpreter over.
+const REPLACED: &str =
+    "another sandboxd process connected to this session's python interpreter and took it over";
+/// Cell ids stay below this (they travel as JSON numbers).
+const MAX_CELL_ID: u64 = 1 << 53;
+
+/// One connection to the session's interpreter.
 pub(super) struct Driver {
     framed: FramedProcess,
     pid: u32,
     next_id: u64,
-    /// A cell whose reply was not read yet (its caller was cancelled or dropped).
+    /// A cell whose reply was not read yet (its caller was cancelled or dropped, or an
+    /// earlier process left it running).
     in_flight: Option<u64>,
+    /// How many cells the interpreter had run when this connection opened (0: a fresh one).
+    pub(super) cells_before: u64,
+}
+
+/// How a lost connection ended, as the relay's status tells it.
+pub(super) enum Loss {
+    /// The interpreter is gone (or was killed because its channel was corrupted): why, and
+    /// its last words.
+    Died(String, Option<String>),
+    /// Only the connection is gone: the relay died; the interpreter and its variables may
+    /// still be there for the next call.
+    Connection(String),
 }
 
 impl Driver {
-    /// Starts an interpreter and waits for its hello.
+    /// Connects to the session's interpreter (starting one if none runs) and reads its hello.
     pub(super) async fn start(
         sandbox: &dyn Sandbox,
         max_body: usize,
     ) -> Result<Self, SandboxError> {
-        // -u: -I ignores PYTHONUNBUFFERED, and cell output must reach its files unbuffered.
-        let mut req = SpawnRequest::new(helpers::argv("sandboxd_py.py", &[]));
-        req.argv.insert(2, "-u".into());
+        // The relay passes its environment and /workspace on to a driver it starts.
+        let mut req = SpawnRequest::new(helpers::argv("sandboxd_pyrelay.py", &[]));
         for (k, v) in helpers::env() {
             req = req.env(k, v);
         }
@@ -92,16 +124,23 @@ impl Driver {
         let pid = hello["pid"]
             .as_u64()
             .filter(|p| *p > 1 && *p <= u32::MAX as u64);
-        match (hello["hello"].as_str(), pid) {
-            (Some("sandboxd_py"), Some(pid)) => Ok(Self {
+        let id = |v: &Value| v.as_u64().filter(|n| *n < MAX_CELL_ID);
+        let last_id = id(&hello["last_id"]);
+        let running = match &hello["running"] {
+            Value::Null => Some(None),
+            v => id(v).filter(|n| *n > 0).map(Some),
+        };
+        match (hello["hello"].as_str(), pid, last_id, running) {
+            (Some("sandboxd_py"), Some(pid), Some(last_id), Some(running)) => Ok(Self {
                 framed,
                 pid: pid as u32,
-                next_id: 1,
-                in_flight: None,
+                next_id: last_id.max(running.unwrap_or(0)) + 1,
+                in_flight: running,
+                cells_before: hello["cells"].as_u64().unwrap_or(0),
             }),
             _ => Err(SandboxError::Protocol {
                 helper: "sandboxd_py".into(),
-                message: format!("unexpected hello {hello}"),
+                message: format!("unexpected hello {}", tail_chars(&hello.to_string(), 300)),
             }),
         }
     }
@@ -119,13 +158,17 @@ impl Driver {
         cancel: &CancellationToken,
     ) -> CellEnd {
         let id = self.next_id;
-        self.next_id += 1;
+        self.next_id = (self.next_id + 1).min(MAX_CELL_ID - 1);
         let header = json!({"op": "execute", "id": id, "output_cap": output_cap});
-        if let Err(e) = self.framed.send(&header, code.as_bytes()).await {
-            return CellEnd::Died(e.to_string());
+        let until = Instant::now() + deadline;
+        // A driver (or whatever holds its socket) that does not read must not hold the call
+        // past its deadline.
+        match tokio::time::timeout_at(until, self.framed.send(&header, code.as_bytes())).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return CellEnd::Died(e.to_string()),
+            Err(_) => return CellEnd::TimedOut(None),
         }
         self.in_flight = Some(id);
-        let until = Instant::now() + deadline;
         tokio::select! {
             reply = self.reply(id) => return reply.map_or_else(CellEnd::Died, CellEnd::Done),
             _ = sleep_until(until) => {}
@@ -149,9 +192,14 @@ impl Driver {
     }
 
     async fn interrupt(&mut self, id: u64) -> Result<(), SandboxError> {
-        self.framed
-            .send(&json!({"op": "interrupt", "id": id}), &[])
-            .await
+        let frame = json!({"op": "interrupt", "id": id});
+        match timeout(INTERRUPT_EVERY, self.framed.send(&frame, &[])).await {
+            Ok(sent) => sent,
+            Err(_) => Err(SandboxError::Protocol {
+                helper: "sandboxd_py".into(),
+                message: "the interpreter does not read what sandboxd sends".into(),
+            }),
+        }
     }
 
     /// Interrupts cell `id` (repeatedly) and waits up to GRACE for its reply.
@@ -174,6 +222,9 @@ impl Driver {
                 SandboxError::Protocol { message, .. } => message,
                 other => other.to_string(),
             })?;
+            if header["replaced"] == true {
+                return Err(REPLACED.into());
+            }
             if header["id"].as_u64() != Some(id) {
                 continue;
             }
@@ -182,34 +233,52 @@ impl Driver {
         }
     }
 
-    /// Says why the interpreter died, from its exit code, and its last words (a fatal error
-    /// and the cell lines it was running), if any. Consumes the dead driver.
-    pub(super) async fn obituary(
-        self,
-        sandbox: &dyn Sandbox,
-        what_happened: String,
-    ) -> (String, Option<String>) {
+    /// Says how the connection was lost, from the relay's exit status: the interpreter
+    /// died (its status and last words), or only the relay did. Consumes the driver.
+    pub(super) async fn obituary(self, sandbox: &dyn Sandbox, what_happened: String) -> Loss {
+        if what_happened == REPLACED {
+            // The interpreter is fine and in use by that process: leave it alone.
+            return Loss::Connection(REPLACED.into());
+        }
         let pid = self.pid;
         let code = timeout(Duration::from_secs(3), self.framed.exit_code())
             .await
             .ok()
             .flatten();
-        let cause = match code {
-            Some(code) => describe_exit(code),
-            None => {
-                // Still running: its channel was corrupted (a cell wrote on it). Make sure it is gone.
-                let _ = kill_tree(sandbox, pid).await;
-                format!(
-                    "its channel to sandboxd was corrupted ({}), so it was killed",
-                    tail_chars(&what_happened, 200)
-                )
-            }
-        };
         let words = what_happened
             .split_once("its last words: ")
-            .map(|(_, w)| last_words(w))
-            .filter(|w| !w.is_empty() && w != "(none)");
-        (cause, words)
+            .map(|(_, w)| w.to_string())
+            .unwrap_or_default();
+        match code {
+            Some(RELAY_DRIVER_EXITED) => {
+                let (status, words) = exit_marker(&words);
+                let cause = match status {
+                    Some(status) => describe_exit(status),
+                    None => "it exited".into(),
+                };
+                let words = Some(last_words(&words)).filter(|w| !w.is_empty());
+                Loss::Died(cause, words)
+            }
+            Some(RELAY_DRIVER_ALIVE) | Some(RELAY_CANNOT_START) | None => {
+                // Its channel was corrupted (a cell wrote on it or closed it) while it still
+                // runs: make sure it is gone, so the next call starts clean.
+                let _ = kill_tree(sandbox, pid).await;
+                Loss::Died(
+                    format!(
+                        "its channel to sandboxd was corrupted ({}), so it was killed",
+                        tail_chars(&what_happened, 200)
+                    ),
+                    None,
+                )
+            }
+            Some(code) => Loss::Connection(format!(
+                "the relay process that connects sandboxd to it inside the sandbox {}",
+                match code {
+                    c if c > 128 && c < 160 => format!("was killed by signal {}", c - 128),
+                    c => format!("exited with code {c}"),
+                }
+            )),
+        }
     }
 
     /// Kills the interpreter and every process it started; `Err` when that is not confirmed.
@@ -217,9 +286,12 @@ impl Driver {
         kill_tree(sandbox, self.pid).await
     }
 
-    /// Asks an idle interpreter to leave (processes it started keep running).
+    /// Asks an idle interpreter to leave (processes it started keep running), and waits
+    /// until it has (its relay ends then), so the next connection finds a fresh one.
     pub(super) async fn exit(mut self) {
-        let _ = self.framed.send(&json!({"op": "exit"}), &[]).await;
+        if self.framed.send(&json!({"op": "exit"}), &[]).await.is_ok() {
+            let _ = timeout(Duration::from_secs(2), self.framed.exit_code()).await;
+        }
     }
 }
 
@@ -274,6 +346,19 @@ fn tail_chars(s: &str, n: usize) -> &str {
     match s.char_indices().rev().nth(n) {
         Some((i, _)) => &s[i..],
         None => s,
+    }
+}
+
+/// The driver's exit status from the relay's last line, and the words before it.
+fn exit_marker(words: &str) -> (Option<i64>, String) {
+    let words = words.trim_end();
+    let (before, last) = words.rsplit_once('\n').unwrap_or(("", words));
+    match last
+        .strip_prefix(EXIT_MARKER)
+        .map(|n| n.trim().parse::<i64>())
+    {
+        Some(Ok(status)) if (0..=255).contains(&status) => (Some(status), before.to_string()),
+        _ => (None, words.to_string()),
     }
 }
 
@@ -377,6 +462,26 @@ mod tests {
             "Fatal Python error: Segmentation fault\n  File \"<cell-3>\", line 2 in <module>"
         );
         assert_eq!(last_words("  plain words \n"), "plain words");
+    }
+
+    #[test]
+    fn the_relay_names_the_drivers_status() {
+        let (s, w) = exit_marker(
+            "Fatal Python error: x\nsandboxd_pyrelay: the interpreter exited with status 139\n",
+        );
+        assert_eq!((s, w.as_str()), (Some(139), "Fatal Python error: x"));
+        assert_eq!(
+            exit_marker("sandboxd_pyrelay: the interpreter exited with status 137").0,
+            Some(137)
+        );
+        for bad in [
+            "",
+            "words",
+            "sandboxd_pyrelay: the interpreter exited with status 9999",
+            "sandboxd_pyrelay: the interpreter exited with status x",
+        ] {
+            assert_eq!(exit_marker(bad).0, None, "{bad}");
+        }
     }
 
     #[test]
