@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sandboxd::config::{LimitRequest, PoolConfig, SessionsConfig};
-use sandboxd::sandbox::{CreateOptions, SessionManager, ShellOptions};
+use sandboxd::config::{PoolConfig, SessionsConfig};
+use sandboxd::sandbox::{SessionManager, ShellOptions};
 
 use super::Ctx;
-use super::bench::{bench_image, bench_owner, docker_cli, hardened_run_args, row, section};
+use super::bench::{bench_image, bench_session, docker_cli, hardened_run_args, row, section};
 
 /// CubeSandbox's published P99 of 50 concurrent creates (blog, 2026-06-01, 96-core bare metal).
 const CUBE_P99_50_MS: f64 = 137.0;
@@ -49,13 +49,7 @@ async fn fill(m: &SessionManager, size: usize) -> anyhow::Result<()> {
 /// Create (or claim) a session and have its first command answered; the time it took.
 async fn create_to_first(m: &SessionManager) -> anyhow::Result<(Duration, String)> {
     let t = Instant::now();
-    let s = m
-        .create(
-            &bench_owner()?,
-            &LimitRequest::default(),
-            CreateOptions::default(),
-        )
-        .await?;
+    let s = bench_session(m).await?;
     let out = s.sandbox.shell("true", ShellOptions::default()).await?;
     anyhow::ensure!(out.exit_code == Some(0), "the first command failed");
     Ok((t.elapsed(), s.id.clone()))
@@ -130,13 +124,7 @@ pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     let (mut engine_part, mut shell_part) = (Vec::new(), Vec::new());
     for _ in 0..10 {
         let t = Instant::now();
-        let s = cold
-            .create(
-                &bench_owner()?,
-                &LimitRequest::default(),
-                CreateOptions::default(),
-            )
-            .await?;
+        let s = bench_session(&cold).await?;
         let created = t.elapsed();
         s.sandbox.shell("true", ShellOptions::default()).await?;
         let total = t.elapsed();
@@ -225,13 +213,7 @@ async fn idle_density(ctx: &Ctx) -> anyhow::Result<()> {
     let before = rss_bytes();
     let mut sessions = Vec::new();
     for _ in 0..k {
-        let s = m
-            .create(
-                &bench_owner()?,
-                &LimitRequest::default(),
-                CreateOptions::default(),
-            )
-            .await?;
+        let s = bench_session(&m).await?;
         // Idle as a used session is: its shell and file helper started.
         s.sandbox.warm_up().await?;
         sessions.push(s);

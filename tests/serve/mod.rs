@@ -1,6 +1,8 @@
 //! Test plumbing for `sandboxd serve`: a data directory and config per test, users made with
 //! the real `sandboxd users` command, and the server as a real process on a loopback port.
-//! Dropping the environment removes every container its users' sessions made.
+//! Dropping the environment removes every container its users' sessions and its serve's warm
+//! pool made. A session's container is found through the store (its runtime id): one that
+//! came from the pool carries the pool's scope as owner label, not the user.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -80,8 +82,14 @@ impl Env {
 
     /// Starts `sandboxd serve` on a free loopback port and waits until it listens.
     pub fn start(&self) -> Serve {
+        self.start_logging("warn,sandboxd::access=info")
+    }
+
+    /// `start` with another SANDBOXD_LOG filter (what `Serve::log` collects).
+    pub fn start_logging(&self, filter: &str) -> Serve {
         let mut child = self
             .cmd()
+            .env("SANDBOXD_LOG", filter)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -115,6 +123,26 @@ impl Env {
     pub fn user_ids(&self) -> Vec<String> {
         self.user_ids.lock().unwrap().clone()
     }
+
+    /// The owner label of this environment's serve's warm sandboxes.
+    pub fn pool_owner(&self) -> String {
+        sandboxd::server::pool_owner(&self.dir.path().join("data"))
+            .unwrap()
+            .to_string()
+    }
+
+    /// The runtime id (the `sandboxd.session` label) the store recorded for an API session.
+    pub async fn runtime_id(&self, id: &str) -> String {
+        use sandboxd::store::Store as _;
+        let store = sandboxd::store::SqliteStore::open(&self.db()).await.unwrap();
+        store
+            .session(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .runtime_id
+            .unwrap()
+    }
 }
 
 impl Drop for Env {
@@ -125,6 +153,9 @@ impl Drop for Env {
                     let _ = Command::new("docker").args(["rm", "-f", &c]).output();
                 }
             }
+        }
+        for c in containers_of(&self.pool_owner()) {
+            let _ = Command::new("docker").args(["rm", "-f", &c]).output();
         }
     }
 }
@@ -146,6 +177,42 @@ pub fn containers_of(owner: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether a container with this `sandboxd.session` label exists (`running`: and runs).
+pub fn container_of(runtime_id: &str, running: bool) -> bool {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            if running { "-q" } else { "-aq" },
+            "--filter",
+            &format!("label=sandboxd.session={runtime_id}"),
+        ])
+        .output()
+        .expect("docker ps");
+    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+}
+
+/// The `sandboxd.session` labels of the containers (running or not) with owner label `owner`
+/// that the process `pid` created.
+pub fn sessions_created_by(owner: &str, pid: u32) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=sandboxd.owner={owner}"),
+            "--format",
+            "{{.Label \"sandboxd.creator\"}} {{.Label \"sandboxd.session\"}}",
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(creator, _)| creator.split(':').next() == Some(pid.to_string().as_str()))
+        .map(|(_, session)| session.to_string())
+        .collect()
+}
+
 pub struct Serve {
     child: Child,
     pub base: String,
@@ -155,6 +222,23 @@ pub struct Serve {
 impl Serve {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// Waits until the log has a line containing `text` (bounded, so a bug cannot hang).
+    pub fn wait_for_log(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.log.lock().unwrap().contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "serve never logged {text:?}: {}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn kill9(&mut self) {
