@@ -14,7 +14,8 @@
 //! names is adopted for the row's owner with the row's limits, every other one of the scope
 //! (warm sandboxes of a process that died, a claim whose row ended) is removed.
 //!
-//! Then periodically: sessions idle past their timeout are ended and removed, live sessions
+//! Then periodically: orphans whose creator is gone are removed (the manager's reconcile),
+//! sessions idle past their timeout are ended and removed, live sessions
 //! whose row ended elsewhere (`sandboxd users rm`) are removed, last-use times are persisted,
 //! and old rows past the retention are purged.
 
@@ -94,6 +95,15 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
 
 /// One pass of the periodic upkeep.
 pub async fn tick(st: &AppState) {
+    // Orphans that appeared after the start-up reconcile: a create the engine finished after
+    // a killed process had gone (a warm sandbox of its pool, say) is never started by anyone.
+    match st.backend.reconcile_unkept().await {
+        Ok(removed) if !removed.is_empty() => {
+            tracing::info!(?removed, "removed containers whose creator is gone")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not look for orphaned containers"),
+    }
     let now = now_ms();
     for live in st.backend.all().await {
         let row = match st.store.session(&live.id).await {

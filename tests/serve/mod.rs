@@ -213,6 +213,51 @@ pub fn sessions_created_by(owner: &str, pid: u32) -> Vec<String> {
         .collect()
 }
 
+/// Waits (bounded) until, of the containers with one of `owners` that process `pid` created,
+/// exactly those of the sessions in `expected` are left. A create the engine finished after
+/// the process was killed shows up late and goes at the next upkeep tick, so this does not
+/// look only once.
+pub async fn wait_for_leftovers(owners: &[String], pid: u32, expected: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut left: Vec<String> = owners
+            .iter()
+            .flat_map(|o| sessions_created_by(o, pid))
+            .collect();
+        left.sort();
+        let mut want = expected.to_vec();
+        want.sort();
+        if left == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the killed serve left orphans: {left:?} (expected {want:?}): {}",
+            owners
+                .iter()
+                .map(|o| describe_containers(o))
+                .collect::<String>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `docker ps -a` of the containers with owner label `owner` (for failure messages).
+pub fn describe_containers(owner: &str) -> String {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=sandboxd.owner={owner}"),
+            "--format",
+            "{{.Names}} {{.Status}} created {{.CreatedAt}} creator {{.Label \"sandboxd.creator\"}}",
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub struct Serve {
     child: Child,
     pub base: String,
