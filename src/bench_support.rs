@@ -17,9 +17,7 @@ impl Drop for Responder {
 
 /// Serves `app` (which answers `POST /v1/chat/completions`) on a loopback port and returns
 /// a client for it with the default LLM settings, and the guard that keeps it serving.
-pub async fn local_responder(
-    app: axum::Router,
-) -> std::io::Result<(Arc<LlmClient>, Responder)> {
+pub async fn local_responder(app: axum::Router) -> std::io::Result<(Arc<LlmClient>, Responder)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move {

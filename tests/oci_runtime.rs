@@ -128,5 +128,9 @@ async fn sessions_run_under_gvisor_when_runsc_is_registered() {
         ls.stderr_lossy()
     );
     let find = sh("find /workspace -name in.txt").await.stdout_lossy();
-    assert_eq!(find.trim(), "/workspace/in.txt", "find works where ls does not");
+    assert_eq!(
+        find.trim(),
+        "/workspace/in.txt",
+        "find works where ls does not"
+    );
 }

@@ -111,7 +111,9 @@ async fn inside_the_container_nothing_is_granted() {
     assert_eq!(ifaces.trim(), "lo");
     // The root is mounted read-only, and writes to it fail (gVisor checks the permission
     // before the mount, so it says "Permission denied" where Linux says "Read-only").
-    let root = sh("awk '$2 == \"/\" {print $4}' /proc/mounts").await.stdout_lossy();
+    let root = sh("awk '$2 == \"/\" {print $4}' /proc/mounts")
+        .await
+        .stdout_lossy();
     assert!(
         root.trim().split(',').any(|o| o == "ro"),
         "the root is not mounted read-only: {root}"

@@ -44,7 +44,11 @@ fn inspect(runtime_id: &str) -> Value {
         .args(["inspect", &format!("sandboxd-{runtime_id}")])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice::<Value>(&out.stdout).unwrap()[0].clone()
 }
 
@@ -88,8 +92,12 @@ async fn api_sessions_claim_from_the_pool_and_a_crash_leaves_no_pooled_container
     assert_eq!(v["limits"]["memory_mb"], 256, "{v}");
 
     let out = api.exec(&id, "ls -A /workspace; echo $((6*7))").await;
-    assert_eq!(out["stdout"], "42\n", "an empty /workspace, a working shell: {out}");
-    api.exec(&id, "echo from the pool > /workspace/note.txt").await;
+    assert_eq!(
+        out["stdout"], "42\n",
+        "an empty /workspace, a working shell: {out}"
+    );
+    api.exec(&id, "echo from the pool > /workspace/note.txt")
+        .await;
 
     // kill -9, then a new start: the claimed sandbox is adopted from the store, every other
     // container the dead process made (its warm ones, the refill's) is removed.

@@ -18,8 +18,8 @@ use super::{
     Agent, AgentSettings, AgentTask, Event, EventKind, EventSink, FanOut, Image, MemorySink,
 };
 use super::{NullSink, RunContext, RunRequest, run_in_session};
-use crate::config::{Config, LimitRequest, Limits, SessionsConfig};
 use crate::bench_support::local_responder;
+use crate::config::{Config, LimitRequest, Limits, SessionsConfig};
 use crate::sandbox::Sandbox;
 use crate::sandbox::{CreateOptions, Owner, Runtime, SessionManager};
 use crate::tools::ToolRegistry;

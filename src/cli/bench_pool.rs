@@ -16,6 +16,14 @@ use super::bench::{bench_image, bench_session, docker_cli, hardened_run_args, ro
 const CUBE_P99_50_MS: f64 = 137.0;
 
 async fn manager(ctx: &Ctx, pool: usize) -> anyhow::Result<Arc<SessionManager>> {
+    manager_with(ctx, pool, ctx.config.pool.refill_delay_ms).await
+}
+
+async fn manager_with(
+    ctx: &Ctx,
+    pool: usize,
+    refill_delay_ms: u64,
+) -> anyhow::Result<Arc<SessionManager>> {
     Ok(SessionManager::with_pool(
         Arc::new(ctx.runtime().await?),
         ctx.config.limits.clone(),
@@ -26,6 +34,7 @@ async fn manager(ctx: &Ctx, pool: usize) -> anyhow::Result<Arc<SessionManager>> 
         },
         PoolConfig {
             size: pool,
+            refill_delay_ms,
             ..ctx.config.pool.clone()
         },
     ))
@@ -53,6 +62,46 @@ async fn create_to_first(m: &SessionManager) -> anyhow::Result<(Duration, String
     let out = s.sandbox.shell("true", ShellOptions::default()).await?;
     anyhow::ensure!(out.exit_code == Some(0), "the first command failed");
     Ok((t.elapsed(), s.id.clone()))
+}
+
+/// Claims from a pool whose refill task runs, as in `mcp` and `serve`: each claim waits (not
+/// timed) for a full pool, then the claim and the first command are timed, the claim wakes
+/// the refill, which starts `refill_delay_ms` later. Returns (claim → first command, claim).
+async fn claims_with_refill(
+    ctx: &Ctx,
+    rounds: usize,
+    refill_delay_ms: u64,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let size = 2;
+    let m = manager_with(ctx, size, refill_delay_ms).await?;
+    let task = m.spawn_pool();
+    let (mut total, mut claim) = (Vec::new(), Vec::new());
+    let result = async {
+        for _ in 0..rounds {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while m.pool_ready() < size {
+                anyhow::ensure!(Instant::now() < deadline, "the pool did not refill");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // The previous container's removal settles too, as between real claims.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let t = Instant::now();
+            let s = bench_session(&m).await?;
+            let claimed = t.elapsed();
+            let out = s.sandbox.shell("true", ShellOptions::default()).await?;
+            anyhow::ensure!(out.exit_code == Some(0), "the first command failed");
+            total.push(t.elapsed());
+            claim.push(claimed);
+            m.admin_remove(&s.id).await?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Some(task) = task {
+        task.abort();
+    }
+    m.remove_all().await;
+    result.map(|()| (total, claim))
 }
 
 /// `n` creates at once; each one's time from the common start to its first command.
@@ -149,8 +198,35 @@ pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
         warm.admin_remove(&id).await?;
     }
     warm.remove_all().await;
+    // As in `mcp` and `serve`: the refill task runs and each claim wakes it. Immediately
+    // (refill_delay_ms = 0, before this issue) and after the configured delay.
+    let rounds = n.clamp(10, 50);
+    let (mut at_once, _) = claims_with_refill(ctx, rounds, 0).await?;
+    let delay = ctx.config.pool.refill_delay_ms.max(1);
+    let (mut delayed, mut claim_part) = claims_with_refill(ctx, rounds, delay).await?;
     row(
-        "warm claim → first `true` answered",
+        "warm claim → first `true`, refill task woken at once",
+        &mut at_once,
+        "",
+        &mut [],
+        "p50 ≤ 5 ms, p99 ≤ 20 ms",
+    );
+    row(
+        &format!("warm claim → first `true`, refill {delay} ms after the claim"),
+        &mut delayed,
+        "",
+        &mut [],
+        "p50 ≤ 5 ms, p99 ≤ 20 ms",
+    );
+    row(
+        "  of which: the claim (create returns)",
+        &mut claim_part,
+        "",
+        &mut [],
+        "—",
+    );
+    row(
+        "warm claim → first `true` answered (pool full, no refill running)",
         &mut claims,
         "cold create",
         &mut cold_times.clone(),

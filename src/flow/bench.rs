@@ -20,8 +20,8 @@ use crate::agent::{
     Event, EventKind, EventSink, FinishReason, History, Image, NullSink, RunContext, RunRequest,
     run_in_session,
 };
-use crate::config::Config;
 use crate::bench_support::local_responder;
+use crate::config::Config;
 use crate::llm::{LlmClient, Usage};
 use crate::sandbox::manager::Session;
 use crate::tools::ask_human::NoHuman;

@@ -134,7 +134,8 @@ impl DockerRuntime {
             return Err(match &e {
                 // Debian's runsc (2022) on Linux >= 6.11 (gVisor issue 10704).
                 bollard::errors::Error::DockerResponseServerError { message, .. }
-                    if message.contains("cannot run with network enabled in root network namespace") =>
+                    if message
+                        .contains("cannot run with network enabled in root network namespace") =>
                 {
                     SandboxError::Backend {
                         backend: BACKEND,

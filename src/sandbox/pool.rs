@@ -340,6 +340,7 @@ impl SessionManager {
         let weak = Arc::downgrade(self);
         let wake = self.refill.clone();
         let every = Duration::from_secs(self.pool_config.refill_interval_secs.max(1));
+        let settle = Duration::from_millis(self.pool_config.refill_delay_ms);
         Some(tokio::spawn(async move {
             loop {
                 {
@@ -355,7 +356,13 @@ impl SessionManager {
                     }
                 }
                 tokio::select! {
-                    _ = wake.notified() => {}
+                    _ = wake.notified() => {
+                        // A claim woke the refill: its session's first command goes first,
+                        // before a new container's create, start and warm-up take the cores.
+                        if !settle.is_zero() {
+                            tokio::time::sleep(settle).await;
+                        }
+                    }
                     _ = tokio::time::sleep(every) => {}
                 }
             }

@@ -134,7 +134,9 @@ impl Env {
     /// The runtime id (the `sandboxd.session` label) the store recorded for an API session.
     pub async fn runtime_id(&self, id: &str) -> String {
         use sandboxd::store::Store as _;
-        let store = sandboxd::store::SqliteStore::open(&self.db()).await.unwrap();
+        let store = sandboxd::store::SqliteStore::open(&self.db())
+            .await
+            .unwrap();
         store
             .session(id)
             .await
