@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use serde_json::{Value, json};
+
 use crate::llm::{ApiType, Endpoint, LlmClient, LlmSettings};
 
 /// The responder's server task; dropping it stops the server.
@@ -36,4 +38,15 @@ pub async fn local_responder(app: axum::Router) -> std::io::Result<(Arc<LlmClien
         Arc::new(LlmClient::new(endpoint, None, settings)),
         Responder(server),
     ))
+}
+
+/// A chat completion whose one tool call is `name(arguments)`, numbered `i`.
+pub fn tool_call_completion(i: impl std::fmt::Display, name: &str, arguments: &str) -> Value {
+    json!({
+        "id": format!("bench-{i}"), "object": "chat.completion", "created": 0, "model": "bench",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": format!("call_{i}"), "type": "function",
+                "function": {"name": name, "arguments": arguments}}]}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    })
 }

@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::State;
 use axum::routing::post;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{
     Agent, AgentSettings, AgentTask, Event, EventKind, EventSink, FanOut, Image, MemorySink,
 };
 use super::{NullSink, RunContext, RunRequest, run_in_session};
-use crate::bench_support::local_responder;
+use crate::bench_support::{local_responder, tool_call_completion};
 use crate::config::{Config, LimitRequest, Limits, SessionsConfig};
 use crate::sandbox::Sandbox;
 use crate::sandbox::{CreateOptions, Owner, Runtime, SessionManager};
@@ -56,13 +56,7 @@ impl EventSink for Marks {
 
 async fn answer(State(n): State<Arc<AtomicU64>>, Json(_body): Json<Value>) -> Json<Value> {
     let i = n.fetch_add(1, Ordering::Relaxed);
-    Json(json!({
-        "id": format!("bench-{i}"), "object": "chat.completion", "created": 0, "model": "bench",
-        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
-            "tool_calls": [{"id": format!("call_{i}"), "type": "function",
-                "function": {"name": "bash", "arguments": "{\"command\":\"true\"}"}}]}}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-    }))
+    Json(tool_call_completion(i, "bash", r#"{"command":"true"}"#))
 }
 
 /// Runs `steps` measured agent steps against `sandbox` and returns the duration of each
@@ -120,13 +114,11 @@ async fn terminate_answer(
         }
         Err(_) => 0,
     };
-    Json(json!({
-        "id": format!("bench-{i}"), "object": "chat.completion", "created": 0, "model": "bench",
-        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
-            "tool_calls": [{"id": format!("call_{i}"), "type": "function",
-                "function": {"name": "terminate", "arguments": "{\"status\":\"success\"}"}}]}}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-    }))
+    Json(tool_call_completion(
+        i,
+        "terminate",
+        r#"{"status":"success"}"#,
+    ))
 }
 
 /// Continuing a kept session as `sandboxd run --session ID` does in a new process: a new

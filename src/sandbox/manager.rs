@@ -345,10 +345,21 @@ impl SessionManager {
         if found.limits.is_none() {
             tracing::warn!(session = %id, "the session recorded no limits (made by an older sandboxd); using the configured ones");
         }
+        self.attach_found(owner, found).await
+    }
+
+    /// Attaches a sandbox found on the backend as a session of `owner`, with its recorded
+    /// limits within today's ceilings, and puts it in the table.
+    pub(super) async fn attach_found(
+        &self,
+        owner: &Owner,
+        found: super::runtime::FoundSandbox,
+    ) -> Result<Arc<Session>, SandboxError> {
         let limits = found.limits_within(&self.limits);
         let sandbox = self.runtime.attach(&found, &limits).await?;
+        let id = found.session_id.clone();
         let session = Session::new(
-            id.into(),
+            id.clone(),
             owner.clone(),
             sandbox,
             limits,
@@ -357,7 +368,7 @@ impl SessionManager {
         );
         // Two lookups may race to attach; the first one in the table wins.
         let mut t = lock(&self.table);
-        Ok(t.sessions.entry(id.into()).or_insert(session).clone())
+        Ok(t.sessions.entry(id).or_insert(session).clone())
     }
 
     /// Removes a session of `owner` and its sandbox; another owner's is "not found".

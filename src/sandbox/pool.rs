@@ -205,18 +205,7 @@ impl SessionManager {
             .filter(|f| f.pooled && f.owner.as_ref() == Some(scope))
             .ok_or_else(not_found)?;
         found.limits = Some(limits.clone());
-        let limits = found.limits_within(&self.limits);
-        let sandbox = self.runtime.attach(&found, &limits).await?;
-        let session = Session::new(
-            id.into(),
-            owner.clone(),
-            sandbox,
-            limits,
-            found.keep,
-            found.handle,
-        );
-        let mut t = lock(&self.table);
-        Ok(t.sessions.entry(id.into()).or_insert(session).clone())
+        self.attach_found(owner, found).await
     }
 
     /// Warm sandboxes ready now.

@@ -196,6 +196,19 @@ pub fn container_of(runtime_id: &str, running: bool) -> bool {
 /// The `sandboxd.session` labels of the containers (running or not) with owner label `owner`
 /// that the process `pid` created.
 pub fn sessions_created_by(owner: &str, pid: u32) -> Vec<String> {
+    ps_of_owner(
+        owner,
+        "{{.Label \"sandboxd.creator\"}} {{.Label \"sandboxd.session\"}}",
+    )
+    .lines()
+    .filter_map(|l| l.split_once(' '))
+    .filter(|(creator, _)| creator.split(':').next() == Some(pid.to_string().as_str()))
+    .map(|(_, session)| session.to_string())
+    .collect()
+}
+
+/// `docker ps -a --format FORMAT` of the containers with owner label `owner`.
+fn ps_of_owner(owner: &str, format: &str) -> String {
     let out = Command::new("docker")
         .args([
             "ps",
@@ -203,16 +216,11 @@ pub fn sessions_created_by(owner: &str, pid: u32) -> Vec<String> {
             "--filter",
             &format!("label=sandboxd.owner={owner}"),
             "--format",
-            "{{.Label \"sandboxd.creator\"}} {{.Label \"sandboxd.session\"}}",
+            format,
         ])
         .output()
         .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(creator, _)| creator.split(':').next() == Some(pid.to_string().as_str()))
-        .map(|(_, session)| session.to_string())
-        .collect()
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Waits (bounded) until, of the containers with one of `owners` that process `pid` created,
@@ -246,18 +254,10 @@ pub async fn wait_for_leftovers(owners: &[String], pid: u32, expected: &[String]
 
 /// `docker ps -a` of the containers with owner label `owner` (for failure messages).
 pub fn describe_containers(owner: &str) -> String {
-    let out = Command::new("docker")
-        .args([
-            "ps",
-            "-a",
-            "--filter",
-            &format!("label=sandboxd.owner={owner}"),
-            "--format",
-            "{{.Names}} {{.Status}} created {{.CreatedAt}} creator {{.Label \"sandboxd.creator\"}}",
-        ])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    ps_of_owner(
+        owner,
+        "{{.Names}} {{.Status}} created {{.CreatedAt}} creator {{.Label \"sandboxd.creator\"}}",
+    )
 }
 
 pub struct Serve {
