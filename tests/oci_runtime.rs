@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use sandboxd::config::{Config, LimitRequest, SessionsConfig};
 use sandboxd::sandbox::docker::DockerRuntime;
-use sandboxd::sandbox::{CreateOptions, SessionManager, ShellOptions};
+use sandboxd::sandbox::{CreateOptions, Owner, SessionManager, ShellOptions};
 use sandboxd::tools::ToolContext;
 
 #[tokio::test]
@@ -83,7 +83,17 @@ async fn sessions_run_under_gvisor_when_runsc_is_registered() {
         support::test_limits(),
         SessionsConfig::default(),
     );
-    let (s, _guard) = support::session(&m).await;
+    // Its own owner: the other test here looks for "test" sessions in the created state,
+    // which a runsc create passes through for about a second.
+    let s = m
+        .create(
+            &Owner::new("test-gvisor").unwrap(),
+            &LimitRequest::default(),
+            CreateOptions::default(),
+        )
+        .await
+        .unwrap();
+    let _guard = support::Cleanup(s.id.clone());
     let sh = |c: &'static str| {
         let sb = s.sandbox.clone();
         async move { sb.shell(c, ShellOptions::default()).await.unwrap() }
