@@ -237,6 +237,10 @@ pub struct PoolConfig {
     pub max_age_secs: u64,
     /// How often the pool is checked and refilled besides the refill after each claim.
     pub refill_interval_secs: u64,
+    /// How long the refill a claim wakes waits before it starts: a new container's create,
+    /// start and warm-up take the cores for a few hundred ms, which the claimed session's
+    /// first command would otherwise share (BENCHMARKS.md). 0 = refill at once.
+    pub refill_delay_ms: u64,
 }
 
 impl Default for PoolConfig {
@@ -245,6 +249,7 @@ impl Default for PoolConfig {
             size: 2,
             max_age_secs: 3600,
             refill_interval_secs: 10,
+            refill_delay_ms: 100,
         }
     }
 }

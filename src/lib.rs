@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod bench_stats;
+pub mod bench_support;
 pub mod config;
 pub mod flow;
 pub mod llm;

@@ -2,8 +2,10 @@
 //! `tokio::time::pause()`: it fills to its size, claims take warm sandboxes and wake a
 //! refill, nothing is ever handed out twice, the global cap holds for warm plus live
 //! sandboxes, old and stale-image sandboxes are replaced, lowered limits are applied or
-//! fall back to a cold create, mismatches and kept sessions create cold, the reconciler
-//! tells a crashed process's pool from a live one's. No Docker; virtual time.
+//! fall back to a cold create, mismatches and kept sessions create cold (unless the pool is
+//! scoped: then kept sessions claim, and only the caller's records adopt a claim later), the
+//! refill a claim wakes waits `refill_delay_ms`, the reconciler tells a crashed process's
+//! pool from a live one's. No Docker; virtual time.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
@@ -33,6 +35,7 @@ fn pooled(rt: &Arc<FakeRuntime>, size: usize, max: usize) -> Arc<SessionManager>
             size,
             max_age_secs: 600,
             refill_interval_secs: 10,
+            ..PoolConfig::default()
         },
     )
 }
@@ -361,6 +364,7 @@ async fn the_memory_budget_shrinks_the_pool_first_then_reaps_the_longest_idle() 
             size: 4,
             max_age_secs: 600,
             refill_interval_secs: 10,
+            ..PoolConfig::default()
         },
     );
     // One sandbox measured, 30 MiB each: only three fit in 100 MiB.
@@ -396,4 +400,105 @@ async fn the_memory_budget_shrinks_the_pool_first_then_reaps_the_longest_idle() 
     // Without a budget nothing is measured or removed.
     let none = pooled(&rt, 2, 16);
     assert!(none.enforce_memory_budget().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_refill_a_claim_wakes_waits_refill_delay_ms_before_it_creates() {
+    let rt = FakeRuntime::new();
+    let m = SessionManager::with_pool(
+        rt.clone(),
+        Limits::default(),
+        SessionsConfig::default(),
+        PoolConfig {
+            size: 1,
+            refill_interval_secs: 3600,
+            refill_delay_ms: 200,
+            ..PoolConfig::default()
+        },
+    );
+    let _task = m.spawn_pool().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!((m.pool_ready(), rt.creates()), (1, 1));
+    let a = owner("a");
+    let s = m.create(&a, &LimitRequest::default(), FRESH).await.unwrap();
+    assert_eq!(m.pool_ready(), 0);
+    // Within the delay the claimed session has the host to itself: no create has started.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(rt.creates(), 1, "the refill started before refill_delay_ms");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        rt.creates(),
+        2,
+        "the refill did not start after refill_delay_ms"
+    );
+    assert_eq!(m.pool_ready(), 1);
+    m.remove(&a, &s.id).await.unwrap();
+    m.remove_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scoped_pool_serves_kept_sessions_and_only_its_records_can_adopt_a_claim() {
+    let rt = FakeRuntime::new();
+    let scope = owner("serve-pool:abc");
+    let scoped = |rt: &Arc<FakeRuntime>| {
+        SessionManager::with_scoped_pool(
+            rt.clone(),
+            Limits::default(),
+            SessionsConfig::default(),
+            PoolConfig {
+                size: 1,
+                ..PoolConfig::default()
+            },
+            scope.clone(),
+        )
+    };
+    let m = scoped(&rt);
+    m.refill_pool().await;
+    let warm = rt.found();
+    assert_eq!(warm.len(), 1);
+    assert!(warm[0].pooled && warm[0].keep && warm[0].owner.as_ref() == Some(&scope));
+    // A kept session claims from a scoped pool (an unscoped one creates kept sessions cold).
+    let a = owner("serve:a");
+    let kept = CreateOptions { keep: true };
+    let s = m.create(&a, &LimitRequest::default(), kept).await.unwrap();
+    assert_eq!(
+        s.id, warm[0].session_id,
+        "the kept session is the warm sandbox"
+    );
+    assert!(s.keep);
+
+    // A later process: the labels name only the scope, so the user cannot find it; the
+    // records' adopt binds it to its owner with the recorded limits.
+    let later = scoped(&rt);
+    let err = later.get(&a, &s.id).await.err().unwrap();
+    assert!(matches!(err, SandboxError::SessionNotFound { .. }), "{err}");
+    let recorded = Limits {
+        memory_mb: 256,
+        ..Limits::default()
+    };
+    let adopted = later.adopt(&a, &s.id, &recorded).await.unwrap();
+    assert_eq!(adopted.limits.memory_mb, 256);
+    assert_eq!(later.get(&a, &s.id).await.unwrap().id, s.id);
+    let b = owner("serve:b");
+    assert!(
+        later.get(&b, &s.id).await.is_err(),
+        "another owner sees nothing"
+    );
+    assert!(later.adopt(&b, &s.id, &recorded).await.is_err());
+
+    // Without a scope, or for a sandbox outside it, nothing is adopted.
+    let unscoped = pooled(&rt, 1, 16);
+    assert!(unscoped.adopt(&a, &s.id, &recorded).await.is_err());
+    let other = SessionManager::with_scoped_pool(
+        rt.clone(),
+        Limits::default(),
+        SessionsConfig::default(),
+        PoolConfig::default(),
+        owner("serve-pool:other"),
+    );
+    assert!(other.adopt(&a, &s.id, &recorded).await.is_err());
+    // A process's reconcile leaves a running kept sandbox of a scope alone, live creator or not.
+    rt.set_alive(ME, false);
+    assert!(unscoped.reconcile().await.unwrap().is_empty());
+    rt.set_alive(ME, true);
 }

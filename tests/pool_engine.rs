@@ -226,7 +226,11 @@ async fn a_rebuilt_image_under_the_same_tag_replaces_the_pool() {
     }
     let _untag = Untag(tag.clone());
     let engine = sandboxd::sandbox::docker::connect().await.unwrap();
-    let m = pooled(DockerRuntime::new(engine, tag.clone(), None), 2, 16);
+    let m = pooled(
+        DockerRuntime::new(engine, tag.clone(), support::oci_runtime()),
+        2,
+        16,
+    );
     m.refill_pool().await;
     seen.pool(&m);
     let old = m.pool_sessions();

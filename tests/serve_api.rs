@@ -562,9 +562,9 @@ async fn removing_or_rotating_a_user_revokes_the_key_and_ends_their_sessions() {
     let lou = env.add_user("lou", &[]);
     let serve = env.start();
     let api = Api::new(&serve, &kim);
-    api.session().await;
-    let kim_id = env.user_ids()[0].clone();
-    assert_eq!(serve::containers_of(&format!("serve:{kim_id}")).len(), 1);
+    let kim_session = api.session().await;
+    let kim_rt = env.runtime_id(&kim_session).await;
+    assert!(serve::container_of(&kim_rt, true));
 
     // Rotation: the old key stops working at once, the new one works.
     let out = env.cmd().args(["users", "rotate", "lou"]).output().unwrap();
@@ -585,7 +585,7 @@ async fn removing_or_rotating_a_user_revokes_the_key_and_ends_their_sessions() {
     let (s, _) = api.json(Method::GET, "/v1/sessions", None).await;
     assert_eq!(s, 401);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    while !serve::containers_of(&format!("serve:{kim_id}")).is_empty() {
+    while serve::container_of(&kim_rt, false) {
         assert!(
             std::time::Instant::now() < deadline,
             "kim's container is still there"

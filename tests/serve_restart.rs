@@ -13,43 +13,18 @@ use reqwest::Method;
 use sandboxd::store::{SessionState, SqliteStore, Store};
 use serde_json::json;
 
-use serve::{Api, Env, containers_of};
+use serve::{Api, Env, container_of};
 
 async fn runtime_id(env: &Env, id: &str) -> String {
-    let store = SqliteStore::open(&env.db()).await.unwrap();
-    store
-        .session(id)
-        .await
-        .unwrap()
-        .unwrap()
-        .runtime_id
-        .unwrap()
+    env.runtime_id(id).await
 }
 
 fn container_running(runtime_id: &str) -> bool {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-q",
-            "--filter",
-            &format!("label=sandboxd.session={runtime_id}"),
-        ])
-        .output()
-        .unwrap();
-    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+    container_of(runtime_id, true)
 }
 
 fn container_exists(runtime_id: &str) -> bool {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=sandboxd.session={runtime_id}"),
-        ])
-        .output()
-        .unwrap();
-    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+    container_of(runtime_id, false)
 }
 
 #[tokio::test]
@@ -68,6 +43,7 @@ async fn kill_9_then_restart_reattaches_ends_and_removes_orphans() {
         runtime_id(&env, &orphan).await,
         runtime_id(&env, &vanished).await,
     );
+    let first_pid = serve.pid();
     serve.kill9();
 
     // While it is down: one row disappears (its container is now nobody's), one container dies.
@@ -118,9 +94,11 @@ async fn kill_9_then_restart_reattaches_ends_and_removes_orphans() {
         )
         .await;
     assert_eq!((s, serve::code(&v)), (409, "conflict"), "{v}");
-    // Every container of this user is one a live session owns.
+    // Of every container the killed process made for this user or in its warm pool (the
+    // sessions may have come from it), only the live session's is left.
     let id = env.user_ids()[0].clone();
-    assert_eq!(containers_of(&format!("serve:{id}")).len(), 1);
+    let owners = [format!("serve:{id}"), env.pool_owner()];
+    serve::wait_for_leftovers(&owners, first_pid, &[kept_rt]).await;
 }
 
 #[tokio::test]

@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::State;
 use axum::routing::post;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{
     Agent, AgentSettings, AgentTask, Event, EventKind, EventSink, FanOut, Image, MemorySink,
 };
 use super::{NullSink, RunContext, RunRequest, run_in_session};
+use crate::bench_support::{local_responder, tool_call_completion};
 use crate::config::{Config, LimitRequest, Limits, SessionsConfig};
-use crate::llm::{ApiType, Endpoint, LlmClient, LlmSettings};
 use crate::sandbox::Sandbox;
 use crate::sandbox::{CreateOptions, Owner, Runtime, SessionManager};
 use crate::tools::ToolRegistry;
@@ -56,13 +56,7 @@ impl EventSink for Marks {
 
 async fn answer(State(n): State<Arc<AtomicU64>>, Json(_body): Json<Value>) -> Json<Value> {
     let i = n.fetch_add(1, Ordering::Relaxed);
-    Json(json!({
-        "id": format!("bench-{i}"), "object": "chat.completion", "created": 0, "model": "bench",
-        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
-            "tool_calls": [{"id": format!("call_{i}"), "type": "function",
-                "function": {"name": "bash", "arguments": "{\"command\":\"true\"}"}}]}}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-    }))
+    Json(tool_call_completion(i, "bash", r#"{"command":"true"}"#))
 }
 
 /// Runs `steps` measured agent steps against `sandbox` and returns the duration of each
@@ -71,28 +65,10 @@ pub async fn bench_agent_step(
     sandbox: Arc<dyn Sandbox>,
     steps: usize,
 ) -> Result<Vec<Duration>, BenchError> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let app = axum::Router::new()
         .route("/v1/chat/completions", post(answer))
         .with_state(Arc::new(AtomicU64::new(0)));
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-
-    let endpoint = Endpoint {
-        api_type: ApiType::OpenAi,
-        base_url: format!("http://{addr}/v1"),
-        api_key: "bench".into(),
-        model: "bench".into(),
-        deployment: String::new(),
-        api_version: String::new(),
-    };
-    let llm = Arc::new(LlmClient::new(
-        endpoint,
-        None,
-        LlmSettings::from_config(&Default::default()),
-    ));
+    let (llm, responder) = local_responder(app).await?;
     let mut tools = ToolRegistry::new();
     let bash = Bash::new(
         sandbox.clone(),
@@ -115,7 +91,7 @@ pub async fn bench_agent_step(
     let sink = FanOut(vec![marks.clone(), MemorySink::new()]);
     let task = AgentTask::new("benchmark", "bench", sandbox.session_id());
     let outcome = agent.run(task, &sink, CancellationToken::new()).await;
-    server.abort();
+    drop(responder);
     let marks = marks.0.lock().map(|m| m.clone()).unwrap_or_default();
     if !matches!(outcome.reason, super::FinishReason::MaxSteps { .. }) {
         return Err(BenchError::RunEnded(outcome.reason.describe()));
@@ -138,13 +114,11 @@ async fn terminate_answer(
         }
         Err(_) => 0,
     };
-    Json(json!({
-        "id": format!("bench-{i}"), "object": "chat.completion", "created": 0, "model": "bench",
-        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
-            "tool_calls": [{"id": format!("call_{i}"), "type": "function",
-                "function": {"name": "terminate", "arguments": "{\"status\":\"success\"}"}}]}}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-    }))
+    Json(tool_call_completion(
+        i,
+        "terminate",
+        r#"{"status":"success"}"#,
+    ))
 }
 
 /// Continuing a kept session as `sandboxd run --session ID` does in a new process: a new
@@ -159,20 +133,11 @@ pub async fn bench_continue(
     config: Config,
     n: usize,
 ) -> Result<Vec<Duration>, BenchError> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let arrivals = Arc::new(Arrivals::default());
     let app = axum::Router::new()
         .route("/v1/chat/completions", post(terminate_answer))
         .with_state(arrivals.clone());
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    let llm = Arc::new(LlmClient::new(
-        bench_endpoint(addr),
-        None,
-        LlmSettings::from_config(&Default::default()),
-    ));
+    let (llm, responder) = local_responder(app).await?;
     let dir = std::env::temp_dir().join(format!("sandboxd-bench-continue-{}", std::process::id()));
     let ctx = RunContext {
         llm,
@@ -221,19 +186,8 @@ pub async fn bench_continue(
         Ok(samples)
     }
     .await;
-    server.abort();
+    drop(responder);
     let _ = first.remove(&owner, &session.id).await;
     let _ = std::fs::remove_dir_all(&dir);
     result
-}
-
-fn bench_endpoint(addr: std::net::SocketAddr) -> Endpoint {
-    Endpoint {
-        api_type: ApiType::OpenAi,
-        base_url: format!("http://{addr}/v1"),
-        api_key: "bench".into(),
-        model: "bench".into(),
-        deployment: String::new(),
-        api_version: String::new(),
-    }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use sandboxd::bench_stats::percentile;
 use sandboxd::config::LimitRequest;
+use sandboxd::sandbox::manager::Session;
 use sandboxd::sandbox::{CreateOptions, Owner, SessionManager, ShellOptions};
 
 use super::Ctx;
@@ -25,6 +26,18 @@ pub(crate) struct BenchArgs {
 /// The owner of the benchmark's sessions.
 pub(crate) fn bench_owner() -> anyhow::Result<Owner> {
     Ok(Owner::new("bench")?)
+}
+
+/// A fresh session of the benchmark's owner with the configured limits: every group's
+/// prologue (the caller removes it).
+pub(crate) async fn bench_session(manager: &SessionManager) -> anyhow::Result<Arc<Session>> {
+    Ok(manager
+        .create(
+            &bench_owner()?,
+            &LimitRequest::default(),
+            CreateOptions::default(),
+        )
+        .await?)
 }
 
 /// p50 and p99 of a sample, in milliseconds.
@@ -153,13 +166,7 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     let (mut ours, mut base) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let t = Instant::now();
-        let s = manager
-            .create(
-                &bench_owner()?,
-                &LimitRequest::default(),
-                CreateOptions::default(),
-            )
-            .await?;
+        let s = bench_session(manager).await?;
         s.sandbox.shell("true", ShellOptions::default()).await?;
         ours.push(t.elapsed());
         manager.remove(&s.owner, &s.id).await?;
@@ -176,13 +183,7 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         "≤ 1.2× docker run -d",
     );
 
-    let s = manager
-        .create(
-            &bench_owner()?,
-            &LimitRequest::default(),
-            CreateOptions::default(),
-        )
-        .await?;
+    let s = bench_session(manager).await?;
     let container = format!("sandboxd-{}", s.id);
     s.sandbox.shell("true", ShellOptions::default()).await?;
     let mut ours = Vec::with_capacity(n);
@@ -314,13 +315,7 @@ fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
 async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     use sandboxd::tools::ToolContext;
     section("Tools (through the registry, as the model calls them)");
-    let s = manager
-        .create(
-            &bench_owner()?,
-            &LimitRequest::default(),
-            CreateOptions::default(),
-        )
-        .await?;
+    let s = bench_session(manager).await?;
     let container = format!("sandboxd-{}", s.id);
     let registry =
         sandboxd::tools::session::server_tools(s.sandbox.clone(), &s.limits, &ctx.config);
@@ -434,13 +429,7 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
 
 async fn agent(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     section("Agent (fake LLM answering at once, bash `true` each step)");
-    let s = manager
-        .create(
-            &bench_owner()?,
-            &LimitRequest::default(),
-            CreateOptions::default(),
-        )
-        .await?;
+    let s = bench_session(manager).await?;
     let mut steps = sandboxd::agent::bench::bench_agent_step(s.sandbox.clone(), n.max(20))
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -482,13 +471,7 @@ async fn flow(
     n: usize,
 ) -> anyhow::Result<()> {
     section("Planning flow (fake LLM answering at once; 50-step plans)");
-    let s = manager
-        .create(
-            &bench_owner()?,
-            &LimitRequest::default(),
-            CreateOptions::default(),
-        )
-        .await?;
+    let s = bench_session(manager).await?;
     let mut b = sandboxd::flow::bench::bench_flow(s.clone(), config, n.max(20))
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -513,13 +496,7 @@ async fn flow(
 
 async fn browser(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     section("Browser (Chromium inside the sandbox, CDP through the tunnel)");
-    let s = manager
-        .create(
-            &bench_owner()?,
-            &LimitRequest::default(),
-            CreateOptions::default(),
-        )
-        .await?;
+    let s = bench_session(manager).await?;
     let mut b = sandboxd::tools::browser::bench::bench_browser(s.sandbox.clone(), n.max(10))
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
@@ -562,13 +539,7 @@ async fn mcp(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Resul
 
 async fn research(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     section("Research (a local 1 MiB article; the page server on loopback)");
-    let s = manager
-        .create(
-            &bench_owner()?,
-            &LimitRequest::default(),
-            CreateOptions::default(),
-        )
-        .await?;
+    let s = bench_session(manager).await?;
     let mut b = sandboxd::tools::web::bench::bench_fetch(s.sandbox.clone(), n.max(10))
         .await
         .map_err(|e| anyhow::anyhow!(e))?;

@@ -6,16 +6,24 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sandboxd::config::{LimitRequest, PoolConfig, SessionsConfig};
-use sandboxd::sandbox::{CreateOptions, SessionManager, ShellOptions};
+use sandboxd::config::{PoolConfig, SessionsConfig};
+use sandboxd::sandbox::{SessionManager, ShellOptions};
 
 use super::Ctx;
-use super::bench::{bench_image, bench_owner, docker_cli, hardened_run_args, row, section};
+use super::bench::{bench_image, bench_session, docker_cli, hardened_run_args, row, section};
 
 /// CubeSandbox's published P99 of 50 concurrent creates (blog, 2026-06-01, 96-core bare metal).
 const CUBE_P99_50_MS: f64 = 137.0;
 
 async fn manager(ctx: &Ctx, pool: usize) -> anyhow::Result<Arc<SessionManager>> {
+    manager_with(ctx, pool, ctx.config.pool.refill_delay_ms).await
+}
+
+async fn manager_with(
+    ctx: &Ctx,
+    pool: usize,
+    refill_delay_ms: u64,
+) -> anyhow::Result<Arc<SessionManager>> {
     Ok(SessionManager::with_pool(
         Arc::new(ctx.runtime().await?),
         ctx.config.limits.clone(),
@@ -26,6 +34,7 @@ async fn manager(ctx: &Ctx, pool: usize) -> anyhow::Result<Arc<SessionManager>> 
         },
         PoolConfig {
             size: pool,
+            refill_delay_ms,
             ..ctx.config.pool.clone()
         },
     ))
@@ -49,16 +58,50 @@ async fn fill(m: &SessionManager, size: usize) -> anyhow::Result<()> {
 /// Create (or claim) a session and have its first command answered; the time it took.
 async fn create_to_first(m: &SessionManager) -> anyhow::Result<(Duration, String)> {
     let t = Instant::now();
-    let s = m
-        .create(
-            &bench_owner()?,
-            &LimitRequest::default(),
-            CreateOptions::default(),
-        )
-        .await?;
+    let s = bench_session(m).await?;
     let out = s.sandbox.shell("true", ShellOptions::default()).await?;
     anyhow::ensure!(out.exit_code == Some(0), "the first command failed");
     Ok((t.elapsed(), s.id.clone()))
+}
+
+/// Claims from a pool whose refill task runs, as in `mcp` and `serve`: each claim waits (not
+/// timed) for a full pool, then the claim and the first command are timed, the claim wakes
+/// the refill, which starts `refill_delay_ms` later. Returns (claim → first command, claim).
+async fn claims_with_refill(
+    ctx: &Ctx,
+    rounds: usize,
+    refill_delay_ms: u64,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let size = 2;
+    let m = manager_with(ctx, size, refill_delay_ms).await?;
+    let task = m.spawn_pool();
+    let (mut total, mut claim) = (Vec::new(), Vec::new());
+    let result = async {
+        for _ in 0..rounds {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while m.pool_ready() < size {
+                anyhow::ensure!(Instant::now() < deadline, "the pool did not refill");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // The previous container's removal settles too, as between real claims.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let t = Instant::now();
+            let s = bench_session(&m).await?;
+            let claimed = t.elapsed();
+            let out = s.sandbox.shell("true", ShellOptions::default()).await?;
+            anyhow::ensure!(out.exit_code == Some(0), "the first command failed");
+            total.push(t.elapsed());
+            claim.push(claimed);
+            m.admin_remove(&s.id).await?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Some(task) = task {
+        task.abort();
+    }
+    m.remove_all().await;
+    result.map(|()| (total, claim))
 }
 
 /// `n` creates at once; each one's time from the common start to its first command.
@@ -130,13 +173,7 @@ pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     let (mut engine_part, mut shell_part) = (Vec::new(), Vec::new());
     for _ in 0..10 {
         let t = Instant::now();
-        let s = cold
-            .create(
-                &bench_owner()?,
-                &LimitRequest::default(),
-                CreateOptions::default(),
-            )
-            .await?;
+        let s = bench_session(&cold).await?;
         let created = t.elapsed();
         s.sandbox.shell("true", ShellOptions::default()).await?;
         let total = t.elapsed();
@@ -161,8 +198,35 @@ pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
         warm.admin_remove(&id).await?;
     }
     warm.remove_all().await;
+    // As in `mcp` and `serve`: the refill task runs and each claim wakes it. Immediately
+    // (refill_delay_ms = 0, before this issue) and after the configured delay.
+    let rounds = n.clamp(10, 50);
+    let (mut at_once, _) = claims_with_refill(ctx, rounds, 0).await?;
+    let delay = ctx.config.pool.refill_delay_ms.max(1);
+    let (mut delayed, mut claim_part) = claims_with_refill(ctx, rounds, delay).await?;
     row(
-        "warm claim → first `true` answered",
+        "warm claim → first `true`, refill task woken at once",
+        &mut at_once,
+        "",
+        &mut [],
+        "p50 ≤ 5 ms, p99 ≤ 20 ms",
+    );
+    row(
+        &format!("warm claim → first `true`, refill {delay} ms after the claim"),
+        &mut delayed,
+        "",
+        &mut [],
+        "p50 ≤ 5 ms, p99 ≤ 20 ms",
+    );
+    row(
+        "  of which: the claim (create returns)",
+        &mut claim_part,
+        "",
+        &mut [],
+        "—",
+    );
+    row(
+        "warm claim → first `true` answered (pool full, no refill running)",
         &mut claims,
         "cold create",
         &mut cold_times.clone(),
@@ -225,13 +289,7 @@ async fn idle_density(ctx: &Ctx) -> anyhow::Result<()> {
     let before = rss_bytes();
     let mut sessions = Vec::new();
     for _ in 0..k {
-        let s = m
-            .create(
-                &bench_owner()?,
-                &LimitRequest::default(),
-                CreateOptions::default(),
-            )
-            .await?;
+        let s = bench_session(&m).await?;
         // Idle as a used session is: its shell and file helper started.
         s.sandbox.warm_up().await?;
         sessions.push(s);

@@ -2,7 +2,10 @@
 
 use std::process::ExitCode;
 
-use sandboxd::sandbox::{docker, docker_image};
+use std::sync::Arc;
+
+use sandboxd::config::{LimitRequest, Limits, SessionsConfig};
+use sandboxd::sandbox::{CreateOptions, Owner, SessionManager, ShellOptions, docker, docker_image};
 
 use super::Ctx;
 
@@ -78,6 +81,25 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
             "not available (apt-get install runsc, add it to /etc/docker/daemon.json \"runtimes\", reload dockerd)"
         }
     );
+    // Registered is not working: Debian's runsc refuses to start on some kernels. One real
+    // session under it says which, in the engine's words.
+    if has_runsc && let Ok(e) = &engine {
+        let image = if ctx.config.docker.image.is_empty() {
+            docker_image::image_tag()
+        } else {
+            ctx.config.docker.image.clone()
+        };
+        match probe_runtime(e, image, "runsc", &ctx.config.limits).await {
+            Ok(()) => println!(
+                "  info  gVisor (runsc) ran a session here. Known gaps of Debian's runsc (README: Stronger isolation): coreutils' ls/stat fail (statx), a command over the memory limit kills the whole session, exec'd processes get no Docker seccomp profile"
+            ),
+            Err(err) => check(
+                runtime != "runsc",
+                format!("gVisor (runsc) cannot run a session here: {err}"),
+                "register it with scripts/gvisor.sh (it adds --network=none, needed on Linux >= 6.11), or set [docker] runtime = \"\"",
+            ),
+        }
+    }
     if runtime.is_empty() {
         println!("  info  OCI runtime: Docker's default (runc)");
     } else {
@@ -152,4 +174,27 @@ async fn research(
         format!("web_search: {answering} engine(s) answer"),
         "configure a SearXNG instance ([research] searxng_url) or a Brave/Tavily key, or check the network",
     );
+}
+
+/// Creates one session under the OCI runtime `name`, has its shell answer and removes it.
+async fn probe_runtime(
+    engine: &docker::Engine,
+    image: String,
+    name: &str,
+    limits: &Limits,
+) -> Result<(), String> {
+    let rt = docker::DockerRuntime::new(engine.clone(), image, Some(name.into()));
+    let m = SessionManager::new(Arc::new(rt), limits.clone(), SessionsConfig::default());
+    let owner = Owner::new("doctor").map_err(|e| e.to_string())?;
+    let s = m
+        .create(&owner, &LimitRequest::default(), CreateOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let out = s.sandbox.shell("true", ShellOptions::default()).await;
+    let _ = m.remove(&owner, &s.id).await;
+    match out {
+        Ok(o) if o.exit_code == Some(0) => Ok(()),
+        Ok(o) => Err(format!("the first command exited with {:?}", o.exit_code)),
+        Err(e) => Err(e.to_string()),
+    }
 }

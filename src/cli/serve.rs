@@ -56,10 +56,15 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
         .runtime()
         .await
         .context("cannot prepare the sandbox runtime")?;
-    let manager = SessionManager::new(
+    // The pool is scoped to this data directory: API sessions are kept across restarts, and
+    // the store's records say which warm sandboxes they claimed (see src/server/mod.rs).
+    let scope = sandboxd::server::pool_owner(&ctx.config.data_dir())?;
+    let manager = SessionManager::with_scoped_pool(
         Arc::new(runtime.clone()),
         ctx.config.limits.clone(),
         ctx.config.sessions.clone(),
+        ctx.config.pool.clone(),
+        scope,
     );
     let server = Server::start(ctx.config.clone(), store, manager, Arc::new(runtime), addr).await?;
     let r = &server.reconciled;

@@ -20,8 +20,9 @@ use crate::agent::{
     Event, EventKind, EventSink, FinishReason, History, Image, NullSink, RunContext, RunRequest,
     run_in_session,
 };
+use crate::bench_support::local_responder;
 use crate::config::Config;
-use crate::llm::{ApiType, Endpoint, LlmClient, LlmSettings, Usage};
+use crate::llm::{LlmClient, Usage};
 use crate::sandbox::manager::Session;
 use crate::tools::ask_human::NoHuman;
 use crate::tools::planning::PlanBook;
@@ -73,25 +74,6 @@ async fn answer(Json(body): Json<Value>) -> Json<Value> {
         "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
     }))
-}
-
-async fn responder() -> Result<(Arc<LlmClient>, tokio::task::JoinHandle<()>), BenchError> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let app = axum::Router::new().route("/v1/chat/completions", post(answer));
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    let endpoint = Endpoint {
-        api_type: ApiType::OpenAi,
-        base_url: format!("http://{addr}/v1"),
-        api_key: "bench".into(),
-        model: "bench".into(),
-        deployment: String::new(),
-        api_version: String::new(),
-    };
-    let settings = LlmSettings::from_config(&Default::default());
-    Ok((Arc::new(LlmClient::new(endpoint, None, settings)), server))
 }
 
 /// A runner whose steps succeed at once.
@@ -174,9 +156,10 @@ pub async fn bench_flow(
     config: &Config,
     n: usize,
 ) -> Result<FlowBench, BenchError> {
-    let (llm, server) = responder().await?;
+    let app = axum::Router::new().route("/v1/chat/completions", post(answer));
+    let (llm, responder) = local_responder(app).await?;
     let result = measure(&llm, session, config, n).await;
-    server.abort();
+    drop(responder);
     result
 }
 

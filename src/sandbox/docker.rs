@@ -131,11 +131,22 @@ impl DockerRuntime {
             .await
         {
             let _ = self.remove_container(&created.id).await;
-            return Err(docker_err(
-                "start the session container",
-                &spec.session_id,
-                e,
-            ));
+            return Err(match &e {
+                // Debian's runsc (2022) on Linux >= 6.11 (gVisor issue 10704).
+                bollard::errors::Error::DockerResponseServerError { message, .. }
+                    if message
+                        .contains("cannot run with network enabled in root network namespace") =>
+                {
+                    SandboxError::Backend {
+                        backend: BACKEND,
+                        operation: "start the session container".into(),
+                        message: format!(
+                            "{message}: this runsc cannot set up a network on this kernel; sessions need none, so register it with \"runtimeArgs\": [\"--network=none\"] (scripts/gvisor.sh does), or set [docker] runtime = \"\""
+                        ),
+                    }
+                }
+                _ => docker_err("start the session container", &spec.session_id, e),
+            });
         }
         Ok(Arc::new(self.sandbox(
             created.id,

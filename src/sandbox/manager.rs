@@ -38,6 +38,26 @@ pub struct Session {
 }
 
 impl Session {
+    pub(super) fn new(
+        id: String,
+        owner: Owner,
+        sandbox: Arc<dyn Sandbox>,
+        limits: Limits,
+        keep: bool,
+        handle: String,
+    ) -> Arc<Session> {
+        Arc::new(Session {
+            id,
+            owner,
+            sandbox,
+            limits,
+            keep,
+            handle,
+            slots: Default::default(),
+            last_used: std::sync::Mutex::new(Instant::now()),
+        })
+    }
+
     pub fn touch(&self) {
         if let Ok(mut t) = self.last_used.lock() {
             *t = Instant::now();
@@ -113,6 +133,8 @@ pub struct SessionManager {
     pub(super) limits: Limits,
     pub(super) config: SessionsConfig,
     pub(super) pool_config: PoolConfig,
+    /// The owner label warm sandboxes carry, if the pool is scoped (`with_scoped_pool`).
+    pub(super) pool_scope: Option<Owner>,
     pub(super) table: Arc<std::sync::Mutex<Table>>,
     /// Wakes the pool's refill task (after a claim).
     pub(super) refill: Arc<tokio::sync::Notify>,
@@ -150,7 +172,7 @@ pub(super) fn new_session_id() -> String {
 }
 
 /// Session ids are ours (hex); anything else cannot name a session and is not looked up.
-fn plausible_id(id: &str) -> bool {
+pub(super) fn plausible_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
@@ -172,11 +194,37 @@ impl SessionManager {
         config: SessionsConfig,
         pool: PoolConfig,
     ) -> Arc<Self> {
+        Self::make(runtime, limits, config, pool, None)
+    }
+
+    /// A manager whose warm sandboxes carry `scope` as their owner label and are kept, for
+    /// a caller that records every claim itself and outlives restarts (`serve`: its store).
+    /// Such a pool also serves kept sessions. At its next start the caller re-adopts the
+    /// claimed sandboxes its records name (`adopt`) and removes the rest of the scope: an
+    /// unscoped pool's claims die with their process, which kept sessions must not.
+    pub fn with_scoped_pool(
+        runtime: Arc<dyn Runtime>,
+        limits: Limits,
+        config: SessionsConfig,
+        pool: PoolConfig,
+        scope: Owner,
+    ) -> Arc<Self> {
+        Self::make(runtime, limits, config, pool, Some(scope))
+    }
+
+    fn make(
+        runtime: Arc<dyn Runtime>,
+        limits: Limits,
+        config: SessionsConfig,
+        pool: PoolConfig,
+        pool_scope: Option<Owner>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             runtime,
             limits,
             config,
             pool_config: pool,
+            pool_scope,
             table: Arc::default(),
             refill: Arc::default(),
             fills: tokio_util::task::TaskTracker::new(),
@@ -197,16 +245,14 @@ impl SessionManager {
             .map_err(|e| SandboxError::InvalidRequest(e.to_string()))?;
         let reservation = self.reserve(owner)?;
         if let Some(warm) = self.claim(&limits, options.keep).await {
-            let session = Arc::new(Session {
-                id: warm.session_id.clone(),
-                owner: owner.clone(),
-                sandbox: warm.sandbox,
+            let session = Session::new(
+                warm.session_id.clone(),
+                owner.clone(),
+                warm.sandbox,
                 limits,
-                keep: false,
-                handle: warm.handle,
-                slots: Default::default(),
-                last_used: std::sync::Mutex::new(Instant::now()),
-            });
+                options.keep,
+                warm.handle,
+            );
             lock(&self.table)
                 .sessions
                 .insert(warm.session_id, session.clone());
@@ -219,6 +265,7 @@ impl SessionManager {
             owner: Some(owner.clone()),
             limits,
             keep: options.keep,
+            pooled: false,
         };
         // The creation runs as its own task, so a caller that gives up (a client that
         // disconnects, a cancelled future) cannot leave a sandbox nobody knows about: the
@@ -238,16 +285,14 @@ impl SessionManager {
             helper: "the session manager".into(),
             message: "the sandbox creation task ended without an answer".into(),
         })??;
-        let session = Arc::new(Session {
-            id: spec.session_id.clone(),
-            owner: owner.clone(),
+        let session = Session::new(
+            spec.session_id.clone(),
+            owner.clone(),
             sandbox,
-            limits: spec.limits,
-            keep: spec.keep,
+            spec.limits,
+            spec.keep,
             handle,
-            slots: Default::default(),
-            last_used: std::sync::Mutex::new(Instant::now()),
-        });
+        );
         lock(&self.table)
             .sessions
             .insert(spec.session_id, session.clone());
@@ -300,21 +345,30 @@ impl SessionManager {
         if found.limits.is_none() {
             tracing::warn!(session = %id, "the session recorded no limits (made by an older sandboxd); using the configured ones");
         }
+        self.attach_found(owner, found).await
+    }
+
+    /// Attaches a sandbox found on the backend as a session of `owner`, with its recorded
+    /// limits within today's ceilings, and puts it in the table.
+    pub(super) async fn attach_found(
+        &self,
+        owner: &Owner,
+        found: super::runtime::FoundSandbox,
+    ) -> Result<Arc<Session>, SandboxError> {
         let limits = found.limits_within(&self.limits);
         let sandbox = self.runtime.attach(&found, &limits).await?;
-        let session = Arc::new(Session {
-            id: id.into(),
-            owner: owner.clone(),
+        let id = found.session_id.clone();
+        let session = Session::new(
+            id.clone(),
+            owner.clone(),
             sandbox,
             limits,
-            keep: found.keep,
-            handle: found.handle,
-            slots: Default::default(),
-            last_used: std::sync::Mutex::new(Instant::now()),
-        });
+            found.keep,
+            found.handle,
+        );
         // Two lookups may race to attach; the first one in the table wins.
         let mut t = lock(&self.table);
-        Ok(t.sessions.entry(id.into()).or_insert(session).clone())
+        Ok(t.sessions.entry(id).or_insert(session).clone())
     }
 
     /// Removes a session of `owner` and its sandbox; another owner's is "not found".

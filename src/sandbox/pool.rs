@@ -7,7 +7,11 @@
 //!   this process's records (a backend's labels cannot change after creation). Limits below
 //!   the profile's are applied through `Runtime::update_limits`; a backend that declines, a
 //!   failed update, a profile mismatch (tmpfs sizes and ulimits are fixed at creation), a
-//!   kept session or an empty pool all mean a cold create, never an error.
+//!   kept session (unless the pool is scoped) or an empty pool all mean a cold create,
+//!   never an error.
+//! - A scoped pool (`with_scoped_pool`, for `serve`) labels its sandboxes with the scope as
+//!   owner and as kept: the caller records each claim, and at its next start re-adopts the
+//!   claimed ones (`adopt`) and removes the rest of its scope.
 //! - A sandbox is never given back: when its session ends it is destroyed, like any other.
 //! - Refills run after every claim and on a timer; the pool never exceeds its size, and
 //!   warm plus live sandboxes never exceed the global session cap. Sandboxes older than
@@ -24,9 +28,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::manager::{SessionManager, Table, lock};
+use super::manager::{Session, SessionManager, Table, lock, plausible_id};
 use super::runtime::{Runtime, SandboxSpec, SandboxState};
-use super::{Sandbox, SandboxError};
+use super::{Owner, Sandbox, SandboxError};
 use crate::config::Limits;
 
 /// A warm sandbox waiting in the pool.
@@ -105,7 +109,11 @@ impl SessionManager {
     /// A warm sandbox for a session with `limits`, already lowered to them, or None (then the
     /// caller creates one cold). Wakes the refill task when it takes one.
     pub(super) async fn claim(&self, limits: &Limits, keep: bool) -> Option<Warm> {
-        if keep || self.pool_config.size == 0 || !fits_profile(limits, &self.limits) {
+        // A kept session must outlive this process: only a scoped pool's sandboxes can,
+        // since its caller records the claim and re-adopts it (an unscoped one is an orphan
+        // once its creator is gone).
+        let keep_ok = !keep || self.pool_scope.is_some();
+        if !keep_ok || self.pool_config.size == 0 || !fits_profile(limits, &self.limits) {
             return None;
         }
         let warm = lock(&self.table).pool.pop_front()?;
@@ -158,6 +166,46 @@ impl SessionManager {
 
     fn pool_closed(&self) -> bool {
         lock(&self.table).pool_closed
+    }
+
+    /// The owner label of this manager's warm sandboxes, if its pool is scoped.
+    pub fn pool_scope(&self) -> Option<&Owner> {
+        self.pool_scope.as_ref()
+    }
+
+    /// Takes back a sandbox of this manager's pool scope that an earlier process claimed
+    /// for `owner`, on the word of the caller's own records (the labels cannot say who
+    /// claimed it): `limits` are what those records say the session got, with what the host
+    /// enforces per call capped by today's ceilings. Without a scope, or for anything but a
+    /// pooled sandbox of the scope, the session is "not found".
+    pub async fn adopt(
+        &self,
+        owner: &Owner,
+        id: &str,
+        limits: &Limits,
+    ) -> Result<Arc<Session>, SandboxError> {
+        let not_found = || SandboxError::SessionNotFound { id: id.into() };
+        let Some(scope) = &self.pool_scope else {
+            return Err(not_found());
+        };
+        if !plausible_id(id) {
+            return Err(not_found());
+        }
+        if let Some(s) = lock(&self.table).sessions.get(id) {
+            return if &s.owner == owner {
+                Ok(s.clone())
+            } else {
+                Err(not_found())
+            };
+        }
+        let mut found = self
+            .runtime
+            .find(id)
+            .await?
+            .filter(|f| f.pooled && f.owner.as_ref() == Some(scope))
+            .ok_or_else(not_found)?;
+        found.limits = Some(limits.clone());
+        self.attach_found(owner, found).await
     }
 
     /// Warm sandboxes ready now.
@@ -232,11 +280,17 @@ impl SessionManager {
                 let filling = Filling(self.table.clone());
                 let runtime = self.runtime.clone();
                 let table = self.table.clone();
-                let profile = self.limits.clone();
+                let spec = SandboxSpec {
+                    session_id: super::manager::new_session_id(),
+                    owner: self.pool_scope.clone(),
+                    limits: self.limits.clone(),
+                    keep: self.pool_scope.is_some(),
+                    pooled: true,
+                };
                 let revision = revision.clone();
                 self.fills.spawn(async move {
                     let _filling = filling;
-                    fill_one(runtime, table, profile, revision).await
+                    fill_one(runtime, table, spec, revision).await
                 })
             })
             .collect();
@@ -275,6 +329,7 @@ impl SessionManager {
         let weak = Arc::downgrade(self);
         let wake = self.refill.clone();
         let every = Duration::from_secs(self.pool_config.refill_interval_secs.max(1));
+        let settle = Duration::from_millis(self.pool_config.refill_delay_ms);
         Some(tokio::spawn(async move {
             loop {
                 {
@@ -290,7 +345,13 @@ impl SessionManager {
                     }
                 }
                 tokio::select! {
-                    _ = wake.notified() => {}
+                    _ = wake.notified() => {
+                        // A claim woke the refill: its session's first command goes first,
+                        // before a new container's create, start and warm-up take the cores.
+                        if !settle.is_zero() {
+                            tokio::time::sleep(settle).await;
+                        }
+                    }
                     _ = tokio::time::sleep(every) => {}
                 }
             }
@@ -302,15 +363,9 @@ impl SessionManager {
 async fn fill_one(
     runtime: Arc<dyn Runtime>,
     table: Arc<std::sync::Mutex<Table>>,
-    profile: Limits,
+    spec: SandboxSpec,
     revision: Option<String>,
 ) -> Result<(), SandboxError> {
-    let spec = SandboxSpec {
-        session_id: super::manager::new_session_id(),
-        owner: None,
-        limits: profile,
-        keep: false,
-    };
     let (handle, sandbox) = runtime.create(&spec).await?;
     if let Err(e) = sandbox.warm_up().await {
         let _ = runtime.remove(&handle).await;

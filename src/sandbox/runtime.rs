@@ -25,17 +25,21 @@ pub const LABEL_CREATOR: &str = "sandboxd.creator";
 /// The limits the session was created with, as JSON: a container's memory, CPU and
 /// process limits cannot change after creation, so a re-attached session must know them.
 pub const LABEL_LIMITS: &str = "sandboxd.limits";
-/// A sandbox made ahead of time for the warm pool: it has no owner label. Once a session
-/// claims it, the binding lives only in the claiming process's records (labels cannot
-/// change), so it is never re-attached by another process and dies with its creator.
+/// A sandbox made ahead of time for the warm pool: it has no owner label, or the pool's
+/// scope (see `SessionManager::with_scoped_pool`). Once a session claims it, the binding
+/// lives only in the records of the claiming process (labels cannot change): an unscoped
+/// one is never re-attached by another process and dies with its creator; a scoped one is
+/// kept, and the scope's next process re-adopts it from its own records or removes it.
 pub const LABEL_POOL: &str = "sandboxd.pool";
 
 /// What a new session's sandbox is made from.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
     pub session_id: String,
-    /// None for a warm-pool sandbox, made before anyone owns it (labelled `sandboxd.pool`).
+    /// None for a warm-pool sandbox, made before anyone owns it; or the pool's scope.
     pub owner: Option<Owner>,
+    /// Made for the warm pool (labelled `sandboxd.pool`).
+    pub pooled: bool,
     /// Already lowered by the request and within the admin's ceilings.
     pub limits: Limits,
     /// Kept sessions outlive the process that made them (`--keep`).
@@ -56,10 +60,12 @@ impl SandboxSpec {
                 serde_json::to_string(&self.limits).unwrap_or_default(),
             ),
         ]);
-        match &self.owner {
-            Some(owner) => labels.insert(LABEL_OWNER.to_string(), owner.to_string()),
-            None => labels.insert(LABEL_POOL.to_string(), "true".to_string()),
-        };
+        if let Some(owner) = &self.owner {
+            labels.insert(LABEL_OWNER.to_string(), owner.to_string());
+        }
+        if self.pooled {
+            labels.insert(LABEL_POOL.to_string(), "true".to_string());
+        }
         labels
     }
 }

@@ -10,6 +10,12 @@
 //! runs, every event stream: each one selects on it, so an open stream cannot hold the
 //! drain), and requests in flight get `[server] drain_secs` before the server returns anyway.
 //! API sessions' containers are kept for the next start to re-attach; /mcp sandboxes go.
+//!
+//! The warm pool: `serve`'s manager has a pool scoped to its data directory (`pool_owner`),
+//! so API sessions (kept) claim from it as /mcp sessions do; the claim is recorded in the
+//! store (the session's runtime id), which is how the next start re-adopts a claimed
+//! sandbox and removes the rest of the scope (reconcile.rs). The pool fills while serving
+//! and is closed, its warm sandboxes removed, on shutdown.
 
 pub mod admin;
 pub mod auth;
@@ -28,6 +34,7 @@ pub mod settings;
 pub mod types;
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,8 +51,23 @@ use utoipa_axum::routes;
 pub use settings::{QuotasConfig, ServerConfig};
 
 use crate::config::Config;
-use crate::sandbox::SessionManager;
+use crate::sandbox::{Owner, SandboxError, SessionManager};
 use crate::store::Store;
+
+/// The owner-label prefix of a serve's warm sandboxes.
+pub const POOL_OWNER_PREFIX: &str = "serve-pool:";
+
+/// The owner label of the warm sandboxes of the serve whose data directory is `data_dir`:
+/// the prefix and a digest of the directory's path, so that serves with their own data
+/// directories sharing an engine each know their own pool and leave the others' alone.
+pub fn pool_owner(data_dir: &Path) -> Result<Owner, SandboxError> {
+    use sha2::{Digest, Sha256};
+    let path = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let digest = Sha256::digest(path.as_os_str().as_encoded_bytes());
+    Owner::new(format!("{POOL_OWNER_PREFIX}{}", &hex::encode(digest)[..16]))
+}
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -309,6 +331,9 @@ impl Server {
         // The manager's one reaper: idle /mcp sessions (API sessions have their own timeouts,
         // kept by `upkeep`, and are touched in the manager on every use).
         let reaper = state.backend.manager().spawn_reaper();
+        // The warm pool fills once the start-up reconcile is done (it must not take a fresh
+        // warm sandbox for an orphan) and is closed by `remove_mcp_sessions` below.
+        let pool = state.backend.manager().spawn_pool();
         let app = app(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
         let until = shutdown.clone();
         let server = axum::serve(self.listener, app)
@@ -325,6 +350,9 @@ impl Server {
         state.runs.shutdown(drain).await;
         upkeep.abort();
         reaper.abort();
+        if let Some(pool) = pool {
+            pool.abort();
+        }
         state.mcp.close_all().await;
         state.backend.remove_mcp_sessions().await;
         Ok(())

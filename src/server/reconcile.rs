@@ -9,7 +9,13 @@
 //! which is random per store), so several `serve`s with their own data directories can share
 //! an engine without taking each other's sessions for orphans.
 //!
-//! Then periodically: sessions idle past their timeout are ended and removed, live sessions
+//! The warm pool's sandboxes carry this serve's pool scope as owner (see `pool_owner`), and
+//! a session that claimed one is known only by its row: a running one that an active row
+//! names is adopted for the row's owner with the row's limits, every other one of the scope
+//! (warm sandboxes of a process that died, a claim whose row ended) is removed.
+//!
+//! Then periodically: orphans whose creator is gone are removed (the manager's reconcile),
+//! sessions idle past their timeout are ended and removed, live sessions
 //! whose row ended elsewhere (`sandboxd users rm`) are removed, last-use times are persisted,
 //! and old rows past the retention are purged.
 
@@ -18,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::AppState;
-use super::backend::OWNER_PREFIX;
-use crate::sandbox::SandboxState;
+use super::backend::{Backend, OWNER_PREFIX};
+use crate::sandbox::{SandboxState, SessionInfo};
 use crate::store::{SessionState, now_ms};
 
 /// What the start-up reconcile did.
@@ -35,16 +41,30 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
     let unkept = st.backend.reconcile_unkept().await?;
     out.removed_containers.extend(unkept);
     let containers = st.backend.containers().await?;
+    let manager = st.backend.manager();
+    let scope = manager.pool_scope().map(|o| o.to_string());
+    let of_scope = |c: &SessionInfo| c.pooled && scope.as_deref() == Some(c.owner.as_str());
     let mut kept: HashSet<String> = HashSet::new();
     for row in st.store.active_sessions().await? {
         let found = row.runtime_id.as_deref().and_then(|r| {
-            containers
-                .iter()
-                .find(|c| c.session_id == r && c.owner == format!("{OWNER_PREFIX}{}", row.owner))
+            containers.iter().find(|c| {
+                c.session_id == r
+                    && (c.owner == format!("{OWNER_PREFIX}{}", row.owner) || of_scope(c))
+            })
         });
         let reason = match (row.state, found) {
             (SessionState::Running, Some(c)) if c.state == SandboxState::Running => {
-                match st.backend.reattach(&row, &c.session_id).await {
+                // A claimed warm sandbox is bound to the row's owner first (its labels
+                // name only the scope), then re-attached like any other.
+                let attached = async {
+                    if of_scope(c) {
+                        let owner = Backend::owner_of(&row.owner)?;
+                        manager.adopt(&owner, &c.session_id, &row.limits).await?;
+                    }
+                    st.backend.reattach(&row, &c.session_id).await
+                }
+                .await;
+                match attached {
                     Ok(_) => {
                         kept.insert(c.session_id.clone());
                         out.reattached.push(row.id.clone());
@@ -64,7 +84,8 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
     let ours: HashSet<String> = st.store.owner_ids().await?.into_iter().collect();
     for c in containers {
         let owner = c.owner.strip_prefix(OWNER_PREFIX);
-        if owner.is_some_and(|o| ours.contains(o)) && !kept.contains(&c.session_id) {
+        let ours = owner.is_some_and(|o| ours.contains(o)) || of_scope(&c);
+        if ours && !kept.contains(&c.session_id) {
             st.backend.remove_runtime(&c.session_id).await?;
             out.removed_containers.push(c.session_id);
         }
@@ -74,6 +95,15 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
 
 /// One pass of the periodic upkeep.
 pub async fn tick(st: &AppState) {
+    // Orphans that appeared after the start-up reconcile: a create the engine finished after
+    // a killed process had gone (a warm sandbox of its pool, say) is never started by anyone.
+    match st.backend.reconcile_unkept().await {
+        Ok(removed) if !removed.is_empty() => {
+            tracing::info!(?removed, "removed containers whose creator is gone")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not look for orphaned containers"),
+    }
     let now = now_ms();
     for live in st.backend.all().await {
         let row = match st.store.session(&live.id).await {

@@ -1,6 +1,8 @@
 //! Test plumbing for `sandboxd serve`: a data directory and config per test, users made with
 //! the real `sandboxd users` command, and the server as a real process on a loopback port.
-//! Dropping the environment removes every container its users' sessions made.
+//! Dropping the environment removes every container its users' sessions and its serve's warm
+//! pool made. A session's container is found through the store (its runtime id): one that
+//! came from the pool carries the pool's scope as owner label, not the user.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -80,8 +82,14 @@ impl Env {
 
     /// Starts `sandboxd serve` on a free loopback port and waits until it listens.
     pub fn start(&self) -> Serve {
+        self.start_logging("warn,sandboxd::access=info")
+    }
+
+    /// `start` with another SANDBOXD_LOG filter (what `Serve::log` collects).
+    pub fn start_logging(&self, filter: &str) -> Serve {
         let mut child = self
             .cmd()
+            .env("SANDBOXD_LOG", filter)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -115,6 +123,28 @@ impl Env {
     pub fn user_ids(&self) -> Vec<String> {
         self.user_ids.lock().unwrap().clone()
     }
+
+    /// The owner label of this environment's serve's warm sandboxes.
+    pub fn pool_owner(&self) -> String {
+        sandboxd::server::pool_owner(&self.dir.path().join("data"))
+            .unwrap()
+            .to_string()
+    }
+
+    /// The runtime id (the `sandboxd.session` label) the store recorded for an API session.
+    pub async fn runtime_id(&self, id: &str) -> String {
+        use sandboxd::store::Store as _;
+        let store = sandboxd::store::SqliteStore::open(&self.db())
+            .await
+            .unwrap();
+        store
+            .session(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .runtime_id
+            .unwrap()
+    }
 }
 
 impl Drop for Env {
@@ -125,6 +155,9 @@ impl Drop for Env {
                     let _ = Command::new("docker").args(["rm", "-f", &c]).output();
                 }
             }
+        }
+        for c in containers_of(&self.pool_owner()) {
+            let _ = Command::new("docker").args(["rm", "-f", &c]).output();
         }
     }
 }
@@ -146,6 +179,87 @@ pub fn containers_of(owner: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether a container with this `sandboxd.session` label exists (`running`: and runs).
+pub fn container_of(runtime_id: &str, running: bool) -> bool {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            if running { "-q" } else { "-aq" },
+            "--filter",
+            &format!("label=sandboxd.session={runtime_id}"),
+        ])
+        .output()
+        .expect("docker ps");
+    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+}
+
+/// The `sandboxd.session` labels of the containers (running or not) with owner label `owner`
+/// that the process `pid` created.
+pub fn sessions_created_by(owner: &str, pid: u32) -> Vec<String> {
+    ps_of_owner(
+        owner,
+        "{{.Label \"sandboxd.creator\"}} {{.Label \"sandboxd.session\"}}",
+    )
+    .lines()
+    .filter_map(|l| l.split_once(' '))
+    .filter(|(creator, _)| creator.split(':').next() == Some(pid.to_string().as_str()))
+    .map(|(_, session)| session.to_string())
+    .collect()
+}
+
+/// `docker ps -a --format FORMAT` of the containers with owner label `owner`.
+fn ps_of_owner(owner: &str, format: &str) -> String {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=sandboxd.owner={owner}"),
+            "--format",
+            format,
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits (bounded) until, of the containers with one of `owners` that process `pid` created,
+/// exactly those of the sessions in `expected` are left. A create the engine finished after
+/// the process was killed shows up late and goes at the next upkeep tick, so this does not
+/// look only once.
+pub async fn wait_for_leftovers(owners: &[String], pid: u32, expected: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut left: Vec<String> = owners
+            .iter()
+            .flat_map(|o| sessions_created_by(o, pid))
+            .collect();
+        left.sort();
+        let mut want = expected.to_vec();
+        want.sort();
+        if left == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the killed serve left orphans: {left:?} (expected {want:?}): {}",
+            owners
+                .iter()
+                .map(|o| describe_containers(o))
+                .collect::<String>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `docker ps -a` of the containers with owner label `owner` (for failure messages).
+pub fn describe_containers(owner: &str) -> String {
+    ps_of_owner(
+        owner,
+        "{{.Names}} {{.Status}} created {{.CreatedAt}} creator {{.Label \"sandboxd.creator\"}}",
+    )
+}
+
 pub struct Serve {
     child: Child,
     pub base: String,
@@ -155,6 +269,23 @@ pub struct Serve {
 impl Serve {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// Waits until the log has a line containing `text` (bounded, so a bug cannot hang).
+    pub fn wait_for_log(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.log.lock().unwrap().contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "serve never logged {text:?}: {}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn kill9(&mut self) {

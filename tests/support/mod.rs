@@ -29,12 +29,22 @@ pub async fn image(engine: &docker::Engine) -> String {
         .expect("the sandbox image is missing and could not be built: run `sandboxd image build`")
 }
 
+/// The OCI runtime the tests' sessions run under: SANDBOXD_DOCKER_RUNTIME (the variable of
+/// `[docker] runtime`, which the `sandboxd` processes tests start read too), else Docker's
+/// default. `SANDBOXD_DOCKER_RUNTIME=runsc cargo test --test runtime_hardening` runs the
+/// hardening tests under gVisor.
+pub fn oci_runtime() -> Option<String> {
+    std::env::var("SANDBOXD_DOCKER_RUNTIME")
+        .ok()
+        .filter(|r| !r.is_empty())
+}
+
 pub async fn runtime() -> DockerRuntime {
     let engine = docker::connect()
         .await
         .expect("these tests need a running Docker engine (CI starts one)");
     let tag = image(&engine).await;
-    DockerRuntime::new(engine, tag, None)
+    DockerRuntime::new(engine, tag, oci_runtime())
 }
 
 pub fn test_limits() -> Limits {
