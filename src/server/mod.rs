@@ -16,6 +16,7 @@ pub mod auth;
 pub mod backend;
 pub mod bench;
 pub mod error;
+pub mod exec_stream;
 pub mod files;
 pub mod health;
 pub mod http;
@@ -133,6 +134,7 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
             routes!(sessions::get_session, sessions::delete_session),
         ))
         .routes(l(Long, routes!(sessions::exec)))
+        .routes(l(Long, routes!(exec_stream::exec_stream)))
         .routes(l(Short, routes!(sessions::list_tools)))
         .routes(l(Long, routes!(sessions::call_tool)))
         .routes(l(Short, routes!(files::list_dir)))
