@@ -313,7 +313,13 @@ impl Server {
         let reaper = state.backend.manager().spawn_reaper();
         let app = app(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
         let until = shutdown.clone();
-        let server = axum::serve(self.listener, app)
+        // TCP_NODELAY: SSE events and streamed output are small writes; with Nagle each waits
+        // for the previous one's (delayed, up to 40 ms) ACK.
+        use axum::serve::ListenerExt as _;
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let server = axum::serve(listener, app)
             .with_graceful_shutdown(async move { until.cancelled().await });
         let drain = Duration::from_secs(state.config.server.drain_secs);
         let bound = async {
