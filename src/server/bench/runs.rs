@@ -254,12 +254,9 @@ async fn traced_run(
     model.gate(tag).notify_one();
     let mut reader = SseReader::new(resp);
     let mut events = Vec::new();
+    // To the stream's end: it ends once the run is in a terminal state and all is sent.
     while let Some(e) = reader.next().await? {
-        let last = e.kind == "run_finished";
         events.push(e);
-        if last {
-            break;
-        }
     }
     Ok(RunTrace {
         id,
