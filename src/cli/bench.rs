@@ -573,8 +573,9 @@ async fn research(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
 }
 
 async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
+    use sandboxd::server::bench::runs;
     section("Service (`sandboxd serve`)");
-    let mut b = sandboxd::server::bench::bench_exec(manager, ctx.config.clone(), n).await?;
+    let mut b = sandboxd::server::bench::bench_exec(manager.clone(), ctx.config.clone(), n).await?;
     let (api50, _) = percentiles(&mut b.api);
     let (lib50, _) = percentiles(&mut b.library);
     row(
@@ -584,8 +585,77 @@ async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Res
         &mut b.library,
         "≤ 1 ms added at p50",
     );
+    row(
+        "`echo x` via POST …/exec/stream, request to its first `stdout` event",
+        &mut b.stream_first,
+        "sync exec of `true`",
+        &mut b.api.clone(),
+        "—",
+    );
+    let latency = runs::bench_event_latency(manager.clone(), ctx.config.clone(), n).await;
+    match latency {
+        Ok(mut l) => {
+            row(
+                "event latency: agent emits (`at`) → SSE client has it (every event; `at` is ms-truncated)",
+                &mut l.by_stamp,
+                "",
+                &mut [],
+                "p50 ≤ 5 ms",
+            );
+            row(
+                "event latency: model answer handed over → client has `token_usage` (µs clock)",
+                &mut l.by_answer,
+                "",
+                &mut [],
+                "p50 ≤ 5 ms",
+            );
+        }
+        Err(e) => println!("| event latency | not measured: {e} | | | | | p50 ≤ 5 ms |"),
+    }
+    // 20 users' sessions at once: a manager whose session limits leave room for them.
+    let mut load_config = ctx.config.clone();
+    load_config.sessions.max = load_config.sessions.max.max(24);
+    load_config.sessions.max_per_owner = load_config.sessions.max_per_owner.max(24);
+    let load_ctx = Ctx {
+        config: load_config.clone(),
+    };
+    drop(manager);
+    let load_manager = load_ctx.manager().await?;
+    let load = runs::bench_load(load_manager, load_config, 20, 5).await;
+    let load_note = match load {
+        Ok(mut l) => {
+            row(
+                &format!(
+                    "step latency, {} users × 5-step runs at once (fake model, bash `true`)",
+                    l.users
+                ),
+                &mut l.step_latency,
+                "",
+                &mut [],
+                "all complete",
+            );
+            let per_s = |d: Duration| l.events as f64 / d.as_secs_f64().max(1e-9);
+            let mut note = format!(
+                "Load: {}/{} runs succeeded; {} events in {:.2} s from the first POST ({:.0} events/s), {:.2} s from the first event to the last ({:.0} events/s); the slowest run's first step came {:.2} s after its POST (session creation included).",
+                l.completed,
+                l.users,
+                l.events,
+                l.wall.as_secs_f64(),
+                per_s(l.wall),
+                l.event_window.as_secs_f64(),
+                per_s(l.event_window),
+                l.slowest_start.as_secs_f64(),
+            );
+            for f in l.failures.iter().take(5) {
+                note.push_str(&format!("\n- failed: {f}"));
+            }
+            note
+        }
+        Err(e) => format!("Load: not measured: {e}"),
+    };
     println!();
     println!("API overhead at p50: {:.3} ms", api50 - lib50);
+    println!("{load_note}");
     println!();
     Ok(())
 }

@@ -15,7 +15,7 @@ use crate::config::LimitRequest;
 use crate::sandbox::manager::Session;
 use crate::sandbox::{
     AttachedProcess, CreateOptions, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox,
-    SandboxError, SessionManager, ShellOptions, ShellOutput, SpawnRequest,
+    SandboxError, SessionManager, ShellOptions, ShellOutput, ShellStream, SpawnRequest,
 };
 
 pub struct LazySandbox {
@@ -135,6 +135,15 @@ impl Sandbox for LazySandbox {
 
     async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError> {
         self.sb().await?.shell(command, opts).await
+    }
+
+    async fn shell_stream(
+        &self,
+        command: &str,
+        opts: ShellOptions,
+        to: ShellStream,
+    ) -> Result<ShellOutput, SandboxError> {
+        self.sb().await?.shell_stream(command, opts, to).await
     }
 
     async fn restart_shell(&self) -> Result<(), SandboxError> {

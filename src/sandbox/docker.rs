@@ -434,6 +434,27 @@ pub(super) fn engine_err(e: bollard::errors::Error) -> SandboxError {
     }
 }
 
+/// Whether an engine message means the container stopped, or is being removed, under the
+/// call. Docker 20.10 answers an exec that races a removal with a 409 ("is not running"), a
+/// 404, or a 500 from the OCI runtime ("cannot exec in a stopped state", "... in a deleted
+/// state"); all of them mean the sandbox is gone, not that sandboxd failed.
+pub(super) fn says_gone(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "not running",
+        "paused",
+        "removal in progress",
+        "is being removed",
+        "marked for removal",
+        "cannot exec in a stopped",
+        "cannot exec in a deleted",
+        "no such container",
+        "is dead",
+    ]
+    .iter()
+    .any(|p| m.contains(p))
+}
+
 /// Sorts a bollard error into gone-container, unreachable-engine or a plain refusal.
 pub(super) fn docker_err(
     operation: &str,
@@ -450,14 +471,12 @@ pub(super) fn docker_err(
             message,
         },
         E::DockerResponseServerError {
-            status_code: 409,
+            status_code: 409 | 500,
             message,
-        } if message.contains("not running") || message.contains("paused") => {
-            SandboxError::SandboxGone {
-                session: session.into(),
-                message,
-            }
-        }
+        } if says_gone(&message) => SandboxError::SandboxGone {
+            session: session.into(),
+            message,
+        },
         E::DockerResponseServerError { message, .. } => SandboxError::Backend {
             backend: BACKEND,
             operation: operation.into(),

@@ -109,13 +109,22 @@ impl ExecBackend for DockerExec {
         })
     }
 
+    /// Running, and not being removed: during `docker rm -f` the engine may still say
+    /// `running` for a moment while the status already reads `removing`.
     async fn is_alive(&self) -> bool {
-        matches!(
-            self.docker
-                .inspect_container(&self.container_id, None::<InspectContainerOptions>)
-                .await,
-            Ok(info) if info.state.as_ref().and_then(|s| s.running) == Some(true)
-        )
+        use bollard::models::ContainerStateStatusEnum as S;
+        let info = self
+            .docker
+            .inspect_container(&self.container_id, None::<InspectContainerOptions>)
+            .await;
+        let Ok(info) = info else {
+            return false;
+        };
+        let Some(state) = info.state else {
+            return false;
+        };
+        state.running == Some(true)
+            && !matches!(state.status, Some(S::REMOVING | S::DEAD | S::STOPPING))
     }
 }
 

@@ -20,6 +20,14 @@ impl<B: ExecBackend> ExecSandbox<B> {
         op: serde_json::Value,
         body: &[u8],
     ) -> Result<(serde_json::Value, bytes::Bytes), SandboxError> {
+        self.gone_if_dead(self.fs_call_once(op, body).await).await
+    }
+
+    async fn fs_call_once(
+        &self,
+        op: serde_json::Value,
+        body: &[u8],
+    ) -> Result<(serde_json::Value, bytes::Bytes), SandboxError> {
         let max_body = self.limits.max_file_bytes() as usize + 4096;
         let mut guard = self.fs.lock().await;
         for attempt in 0..2 {

@@ -19,7 +19,7 @@ use super::shell::PersistentShell;
 use super::tar_safety::{self, TarLimits};
 use super::{
     AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Sandbox, SandboxError,
-    ShellOptions, ShellOutput, SpawnRequest, resolve_path,
+    ShellOptions, ShellOutput, ShellStream, SpawnRequest, resolve_path,
 };
 use crate::config::Limits;
 
@@ -63,6 +63,37 @@ impl<B: ExecBackend> ExecSandbox<B> {
     pub fn backend(&self) -> &B {
         &self.backend
     }
+
+    /// A failure of a sandbox that no longer runs is the sandbox being gone. When a container
+    /// is removed under a call, the engine answers with a refusal, or writes its own error
+    /// into the process's stream (Docker: "task … not found", "cannot exec in a stopped
+    /// state", "OCI runtime exec failed"), which reads as a helper breaking its protocol;
+    /// neither is sandboxd failing. The engine may report the dying container as running for
+    /// a moment after such an error, so a running answer is checked once more.
+    pub(super) async fn gone_if_dead<T>(
+        &self,
+        r: Result<T, SandboxError>,
+    ) -> Result<T, SandboxError> {
+        match r {
+            Err(
+                e @ (SandboxError::Protocol { .. }
+                | SandboxError::Backend { .. }
+                | SandboxError::KillUnconfirmed { .. }),
+            ) if !self.still_running().await => Err(SandboxError::SandboxGone {
+                session: self.session_id.clone(),
+                message: format!("it stopped running during the call: {e}"),
+            }),
+            other => other,
+        }
+    }
+
+    async fn still_running(&self) -> bool {
+        if !self.backend.is_alive().await {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        self.backend.is_alive().await
+    }
 }
 
 pub(super) fn fs_error(
@@ -99,7 +130,7 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         req.timeout = req
             .timeout
             .min(Duration::from_secs(self.limits.max_timeout_secs));
-        self.collect(&req, &tag).await
+        self.gone_if_dead(self.collect(&req, &tag).await).await
     }
 
     async fn spawn(&self, req: SpawnRequest) -> Result<AttachedProcess, SandboxError> {
@@ -114,7 +145,22 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         opts.timeout = opts
             .timeout
             .min(Duration::from_secs(self.limits.max_timeout_secs));
-        self.shell.run(self, command, &opts).await
+        self.gone_if_dead(self.shell.run(self, command, &opts).await)
+            .await
+    }
+
+    async fn shell_stream(
+        &self,
+        command: &str,
+        opts: ShellOptions,
+        to: ShellStream,
+    ) -> Result<ShellOutput, SandboxError> {
+        let mut opts = opts;
+        opts.timeout = opts
+            .timeout
+            .min(Duration::from_secs(self.limits.max_timeout_secs));
+        self.gone_if_dead(self.shell.run_streamed(self, command, &opts, &to).await)
+            .await
     }
 
     async fn restart_shell(&self) -> Result<(), SandboxError> {

@@ -23,6 +23,7 @@ mod owner;
 mod pool;
 pub mod runtime;
 pub mod shell;
+mod shell_scan;
 pub mod slots;
 pub mod tar_safety;
 pub mod tunnel;
@@ -54,6 +55,54 @@ pub trait Sandbox: Send + Sync {
 
     /// Runs a shell line in the session's persistent bash: cwd and exported variables persist.
     async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError>;
+
+    /// `shell`, with the output sent to `to` as it comes instead of returned: the same
+    /// persistent bash (cwd and exports persist across both), the same timeout and caps. Each
+    /// stream's first half-cap goes out live; past it only the last half-cap is kept and sent
+    /// when the command ends, after a `Cut` naming what was dropped (the sync call's bytes,
+    /// in pieces). The returned output has empty stdout and stderr. When the caller stops
+    /// (`to.cancel`, or the receiver dropped) the command is killed as on a timeout, and the
+    /// answer's `note` says so.
+    ///
+    /// This default, for sandboxes without a streaming shell, runs `shell` and sends its
+    /// whole output at the end; a stop replaces the shell.
+    async fn shell_stream(
+        &self,
+        command: &str,
+        opts: ShellOptions,
+        to: ShellStream,
+    ) -> Result<ShellOutput, SandboxError> {
+        if !to.send(ShellPiece::Started).await {
+            return Ok(ShellOutput::stopped_before_start());
+        }
+        let out = tokio::select! {
+            out = self.shell(command, opts) => out?,
+            _ = to.stopped() => {
+                // Dropping the call mid-command leaves the shell unsynchronized: replace it.
+                self.restart_shell().await?;
+                return Ok(ShellOutput {
+                    note: Some("the command was stopped because its caller went away; the shell was restarted".into()),
+                    ..Default::default()
+                });
+            }
+        };
+        for (stream, data) in [
+            (StdStream::Stdout, &out.stdout),
+            (StdStream::Stderr, &out.stderr),
+        ] {
+            for piece in data.chunks(MAX_PIECE) {
+                let piece = ShellPiece::Output(stream, bytes::Bytes::copy_from_slice(piece));
+                if !to.send(piece).await {
+                    break;
+                }
+            }
+        }
+        Ok(ShellOutput {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            ..out
+        })
+    }
 
     /// Throws the persistent shell away; the next call starts a fresh one.
     async fn restart_shell(&self) -> Result<(), SandboxError>;

@@ -15,7 +15,13 @@
 //!
 //! The command's stdin is /dev/null: a program that waits for input gets EOF at once instead
 //! of hanging until the timeout.
+//!
+//! A streamed call (`run_streamed`, behind `Sandbox::shell_stream` and the API's streamed
+//! exec) is the same protocol in the same shell: only where the output goes differs (pieces
+//! to a bounded channel instead of a buffer, see shell_scan.rs), and a caller that leaves is
+//! treated as a timeout: the command's process tree is killed and the shell kept.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -25,8 +31,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
 use super::output::CappedBuffer;
+use super::shell_scan::{Kept, Scanner, StreamCap};
 use super::{
-    AttachedProcess, OutputChunk, Sandbox, SandboxError, ShellOptions, ShellOutput, SpawnRequest,
+    AttachedProcess, OutputChunk, Sandbox, SandboxError, ShellOptions, ShellOutput, ShellPiece,
+    ShellStream, SpawnRequest, StdStream,
 };
 
 /// How long a timed-out command gets to die before the shell itself is replaced.
@@ -50,6 +58,8 @@ pub struct PersistentShell {
 enum Outcome {
     Done(i32),
     TimedOut,
+    /// The streamed call's caller went away.
+    Stopped,
     Died(String),
 }
 
@@ -65,13 +75,45 @@ impl PersistentShell {
         command: &str,
         opts: &ShellOptions,
     ) -> Result<ShellOutput, SandboxError> {
+        self.run_with(host, command, opts, None).await
+    }
+
+    /// `run`, with the output sent to `to` as it comes (see `Sandbox::shell_stream`): the same
+    /// shell, so cwd and variables are shared with `run`. A stop is handled as a timeout is
+    /// (the command's process tree killed and the shell kept when that works), so a client
+    /// that leaves costs neither the session's state nor a stray process.
+    pub async fn run_streamed(
+        &self,
+        host: &dyn Sandbox,
+        command: &str,
+        opts: &ShellOptions,
+        to: &ShellStream,
+    ) -> Result<ShellOutput, SandboxError> {
+        self.run_with(host, command, opts, Some(to)).await
+    }
+
+    async fn run_with(
+        &self,
+        host: &dyn Sandbox,
+        command: &str,
+        opts: &ShellOptions,
+        to: Option<&ShellStream>,
+    ) -> Result<ShellOutput, SandboxError> {
         if command.contains('\0') {
             return Err(SandboxError::InvalidRequest(
                 "the command contains a NUL byte, which bash cannot take".into(),
             ));
         }
         let started = Instant::now();
-        let mut guard = self.inner.lock().await;
+        // A streamed caller that leaves while the session's previous command still runs
+        // never gets its command started.
+        let mut guard = match to {
+            None => self.inner.lock().await,
+            Some(to) => tokio::select! {
+                g = self.inner.lock() => g,
+                _ = to.stopped() => return Ok(ShellOutput::stopped_before_start()),
+            },
+        };
         let mut note = self.take_note();
         if guard
             .as_mut()
@@ -92,16 +134,25 @@ impl PersistentShell {
         };
 
         let nonce = format!("{:032x}", rand::random::<u128>());
-        let out_marker = format!("\n__SBXO_{nonce}_");
-        let err_marker = format!("\n__SBXE_{nonce}__\n");
+        // The sentinels follow the command's output directly (no newline of their own before
+        // them), so the only output a scanner holds back is a trailing `_…` that may begin
+        // one: a streamed line goes out with its newline at once.
+        let out_marker = format!("__SBXO_{nonce}_");
+        let err_marker = format!("__SBXE_{nonce}__\n");
         // After the command: drop DEBUG/RETURN/ERR traps it may have set (they would see the
         // nonce), then print the sentinels with `builtin printf`, so a script's own printf
         // function cannot break the protocol. (An external printf would be immune to a
         // redefined `builtin` too, but costs two forks per command on the hot path.)
         let line = format!(
-            "eval {} </dev/null; __sbx_rc=$?; builtin trap - DEBUG RETURN ERR; builtin printf '\\n__SBXO_{nonce}_%d__\\n' \"$__sbx_rc\"; builtin printf '\\n__SBXE_{nonce}__\\n' >&2\n",
+            "eval {} </dev/null; __sbx_rc=$?; builtin trap - DEBUG RETURN ERR; builtin printf '__SBXO_{nonce}_%d__\\n' \"$__sbx_rc\"; builtin printf '__SBXE_{nonce}__\\n' >&2\n",
             ansi_c_quote(command)
         );
+        if let Some(to) = to
+            && !to.send(ShellPiece::Started).await
+        {
+            self.restore_note(note);
+            return Ok(ShellOutput::stopped_before_start());
+        }
         if let Err(e) = running.process.stdin.write_all(line.as_bytes()).await {
             *guard = None;
             self.set_note(format!("the shell had died ({e}); it will be restarted"));
@@ -112,31 +163,43 @@ impl PersistentShell {
         }
         let _ = running.process.stdin.flush().await;
 
-        let mut out = Scanner::new(out_marker, opts.output_cap);
-        let mut err = Scanner::new(err_marker, opts.output_cap);
+        let kept = |stream| match to {
+            None => Kept::Buffer(CappedBuffer::new(opts.output_cap)),
+            Some(_) => Kept::Stream(StreamCap::new(stream, opts.output_cap)),
+        };
+        let mut out = Scanner::new(out_marker, kept(StdStream::Stdout));
+        let mut err = Scanner::new(err_marker, kept(StdStream::Stderr));
         let deadline = tokio::time::Instant::now() + opts.timeout;
-        let mut outcome = read_until_done(&mut running.process, &mut out, &mut err, deadline).await;
+        let mut outcome =
+            read_until_done(&mut running.process, &mut out, &mut err, deadline, to).await;
 
-        if matches!(outcome, Outcome::TimedOut) {
+        if matches!(outcome, Outcome::TimedOut | Outcome::Stopped) {
+            let why = if matches!(outcome, Outcome::Stopped) {
+                "was stopped"
+            } else {
+                "timed out"
+            };
             let pid = running.pid;
             let mut killed = killtree(host, "--descendants", pid).await;
             let grace = tokio::time::Instant::now() + KILL_GRACE;
-            match read_until_done(&mut running.process, &mut out, &mut err, grace).await {
-                Outcome::Done(_) if killed.is_ok() => outcome = Outcome::TimedOut,
-                Outcome::Done(_) | Outcome::TimedOut => {
+            // Nothing is sent while the shell resynchronizes (the caller may be gone); what
+            // the command still prints is kept, capped, and sent after.
+            match read_until_done(&mut running.process, &mut out, &mut err, grace, None).await {
+                Outcome::Done(_) if killed.is_ok() => {}
+                Outcome::Done(_) | Outcome::TimedOut | Outcome::Stopped => {
                     // A builtin looping in bash itself, or descendants that would not die:
                     // replace the whole shell, and verify that too.
                     killed = killtree(host, "--tree", pid).await;
                     *guard = None;
-                    self.set_note("the previous command timed out inside the shell itself, so the shell was restarted: the working directory and variables were reset".into());
+                    self.set_note(format!("the previous command {why} inside the shell itself, so the shell was restarted: the working directory and variables were reset"));
                 }
-                Outcome::Died(why) => outcome = Outcome::Died(why),
+                Outcome::Died(reason) => outcome = Outcome::Died(reason),
             }
             // Never claim a kill that did not happen.
             if let Err(detail) = killed {
                 *guard = None;
                 return Err(SandboxError::KillUnconfirmed {
-                    what: "the timed-out command".into(),
+                    what: format!("the command that {why}"),
                     detail,
                 });
             }
@@ -147,7 +210,7 @@ impl PersistentShell {
             if let Some(dead) = guard.take() {
                 shell_exit = (dead.process.exit_code)().await.map(|c| c as i32);
             }
-            if !host.is_alive().await {
+            if !still_alive(host, shell_exit).await {
                 return Err(SandboxError::SandboxGone {
                     session: host.session_id().to_string(),
                     message: format!("the shell ended ({why}) and the container is not running"),
@@ -165,10 +228,12 @@ impl PersistentShell {
         {
             oom_note = Some("the command was killed by the out-of-memory killer: it reached the sandbox's memory limit".to_string());
         }
-        let (stdout, stdout_truncated) = out.finish();
-        let (stderr, stderr_truncated) = err.finish();
+        // The next command may start now; a streamed call's held tail is sent after.
+        drop(guard);
+        let (stdout, stdout_truncated, out_rest) = settle(out.finish());
+        let (stderr, stderr_truncated, err_rest) = settle(err.finish());
         let timed_out = matches!(outcome, Outcome::TimedOut);
-        let died_note = match &outcome {
+        let outcome_note = match &outcome {
             Outcome::Died(_) if shell_exit.is_some() => Some(format!(
                 "the shell itself ended with status {} during this command (an `exit`, or a kill); the next command gets a fresh shell, so cd and variables are reset",
                 shell_exit.unwrap_or_default()
@@ -176,20 +241,28 @@ impl PersistentShell {
             Outcome::Died(why) => Some(format!(
                 "the shell exited during this command ({why}); the next command gets a fresh shell"
             )),
+            Outcome::Stopped => Some("the command was stopped because its caller went away, and its processes were killed".into()),
             _ => None,
         };
+        if let Some(to) = to {
+            for piece in out_rest.into_iter().chain(err_rest) {
+                if !to.send(piece).await {
+                    break;
+                }
+            }
+        }
         Ok(ShellOutput {
             exit_code: match outcome {
                 Outcome::Done(code) => Some(code),
                 Outcome::Died(_) => shell_exit,
-                Outcome::TimedOut => None,
+                Outcome::TimedOut | Outcome::Stopped => None,
             },
             stdout,
             stderr,
             stdout_truncated,
             stderr_truncated,
             timed_out,
-            note: join_notes(join_notes(note, died_note), oom_note),
+            note: join_notes(join_notes(note, outcome_note), oom_note),
             duration: started.elapsed(),
         })
     }
@@ -208,6 +281,13 @@ impl PersistentShell {
 
     fn take_note(&self) -> Option<String> {
         self.pending_note.lock().ok().and_then(|mut n| n.take())
+    }
+
+    /// Puts back a note taken for a call that did not run, for the next one.
+    fn restore_note(&self, note: Option<String>) {
+        if let Some(n) = note {
+            self.set_note(n);
+        }
     }
 
     fn set_note(&self, note: String) {
@@ -259,6 +339,19 @@ pub async fn oom_kill_count(host: &dyn Sandbox) -> Option<u64> {
         }
     }
     None
+}
+
+/// Whether the sandbox still runs after its shell died. A shell killed by a signal may be
+/// the container being killed, which the engine reports a moment later: look twice then.
+async fn still_alive(host: &dyn Sandbox, shell_exit: Option<i32>) -> bool {
+    if !host.is_alive().await {
+        return false;
+    }
+    if shell_exit.is_some_and(|c| c < 128) {
+        return true;
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    host.is_alive().await
 }
 
 /// Discards stray output left by background jobs and tells whether the shell still runs.
@@ -325,19 +418,38 @@ async fn start(host: &dyn Sandbox) -> Result<Running, SandboxError> {
     }
 }
 
+/// Reads the shell's output until both sentinels came, the deadline passed, the shell died
+/// or (streamed) the caller stopped. A streamed call's pieces are sent as they are made; the
+/// wait for a slow reader counts against the deadline too.
 async fn read_until_done(
     process: &mut AttachedProcess,
     out: &mut Scanner,
     err: &mut Scanner,
     deadline: tokio::time::Instant,
+    to: Option<&ShellStream>,
 ) -> Outcome {
-    while out.code.is_none() || !err.done {
+    loop {
+        if let Some(to) = to {
+            for scanner in [&mut *out, &mut *err] {
+                if let Some(stop) = flush(to, scanner, deadline).await {
+                    return stop;
+                }
+            }
+        }
+        if out.code.is_some() && err.done {
+            return Outcome::Done(out.code.unwrap_or(-1));
+        }
         // Checked here too: a flood of output keeps the stream ready and never lets the
         // timeout below fire.
         if tokio::time::Instant::now() >= deadline {
             return Outcome::TimedOut;
         }
-        match tokio::time::timeout_at(deadline, process.output.next()).await {
+        let next = tokio::select! {
+            biased;
+            _ = stopped(to) => return Outcome::Stopped,
+            next = tokio::time::timeout_at(deadline, process.output.next()) => next,
+        };
+        match next {
             Err(_) => return Outcome::TimedOut,
             Ok(None) => return Outcome::Died("its output closed".into()),
             Ok(Some(Err(e))) => return Outcome::Died(e.to_string()),
@@ -345,88 +457,51 @@ async fn read_until_done(
             Ok(Some(Ok(OutputChunk::Stderr(b)))) => err.push(&b),
         }
     }
-    Outcome::Done(out.code.unwrap_or(-1))
 }
 
-/// Finds the sentinel in a stream while passing everything before it to a capped buffer.
-struct Scanner {
-    marker: Vec<u8>,
-    pending: Vec<u8>,
-    kept: CappedBuffer,
-    code: Option<i32>,
-    done: bool,
+/// Sends a streamed scanner's waiting pieces; a piece leaves the outbox only once the
+/// channel has room for it, so a deadline in between loses nothing.
+async fn flush(
+    to: &ShellStream,
+    scanner: &mut Scanner,
+    deadline: tokio::time::Instant,
+) -> Option<Outcome> {
+    let outbox = scanner.kept.outbox()?;
+    while !outbox.is_empty() {
+        let permit = tokio::select! {
+            permit = to.tx.reserve() => match permit {
+                Ok(p) => p,
+                Err(_) => return Some(Outcome::Stopped),
+            },
+            _ = to.cancel.cancelled() => return Some(Outcome::Stopped),
+            _ = tokio::time::sleep_until(deadline) => return Some(Outcome::TimedOut),
+        };
+        if let Some(piece) = outbox.pop_front() {
+            permit.send(piece);
+        }
+    }
+    None
 }
 
-impl Scanner {
-    fn new(marker: String, cap: usize) -> Self {
-        Self {
-            marker: marker.into_bytes(),
-            pending: Vec::new(),
-            kept: CappedBuffer::new(cap),
-            code: None,
-            done: false,
-        }
-    }
-
-    /// Linear in the bytes seen and never holds more than the cap plus a few dozen bytes:
-    /// the stream is hostile, and a forged marker must not make the host buffer or rescan.
-    fn push(&mut self, data: &[u8]) {
-        if self.done {
-            return;
-        }
-        self.pending.extend_from_slice(data);
-        // Stdout's marker is followed by `<code>__\n` (at most 11 digits and a sign).
-        const CODE_ROOM: usize = 16;
-        let with_code = self.marker.ends_with(b"_");
-        loop {
-            let Some(at) = find(&self.pending, &self.marker) else {
-                let keep = self.marker.len() + CODE_ROOM;
-                if self.pending.len() > keep {
-                    let commit = self.pending.len() - keep;
-                    self.kept.push(&self.pending[..commit]);
-                    self.pending.drain(..commit);
-                }
-                return;
-            };
-            self.kept.push(&self.pending[..at]);
-            self.pending.drain(..at);
-            if !with_code {
-                self.pending.clear();
-                self.done = true;
-                return;
-            }
-            let rest = &self.pending[self.marker.len()..];
-            match find(&rest[..rest.len().min(CODE_ROOM)], b"__\n") {
-                Some(end) => {
-                    self.code = std::str::from_utf8(&rest[..end])
-                        .ok()
-                        .and_then(|s| s.parse().ok());
-                    self.pending.clear();
-                    self.done = true;
-                    return;
-                }
-                // Not enough bytes yet to tell: wait, holding only the marker and a few bytes.
-                None if rest.len() < CODE_ROOM => return,
-                // Marker-like bytes without a code after them are output, not a sentinel.
-                None => {
-                    self.kept.push(&self.pending[..1]);
-                    self.pending.drain(..1);
-                }
-            }
-        }
-    }
-
-    fn finish(mut self) -> (Vec<u8>, bool) {
-        if !self.done {
-            let pending = std::mem::take(&mut self.pending);
-            self.kept.push(&pending);
-        }
-        self.kept.finish()
+async fn stopped(to: Option<&ShellStream>) {
+    match to {
+        Some(to) => to.stopped().await,
+        None => std::future::pending().await,
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+/// A finished scanner's bytes (a plain call) or its pieces still to send (a streamed one).
+fn settle(kept: Kept) -> (Vec<u8>, bool, VecDeque<ShellPiece>) {
+    match kept {
+        Kept::Buffer(b) => {
+            let (bytes, cut) = b.finish();
+            (bytes, cut, VecDeque::new())
+        }
+        Kept::Stream(s) => {
+            let (rest, cut) = s.finish();
+            (Vec::new(), cut, rest)
+        }
+    }
 }
 
 /// Quotes arbitrary text as a bash ANSI-C string in which only [A-Za-z0-9 ] stay literal.
@@ -453,32 +528,5 @@ mod tests {
         assert_eq!(ansi_c_quote("a'b"), "$'a\\x27b'");
         assert_eq!(ansi_c_quote("x\ny"), "$'x\\x0ay'");
         assert!(!ansi_c_quote("'; rm -rf / #").contains('\''.to_string().repeat(2).as_str()));
-    }
-
-    #[test]
-    fn a_forged_marker_without_a_code_is_output_and_nothing_piles_up() {
-        let mut s = Scanner::new("\n__SBXO_abc_".into(), 1024);
-        s.push(b"\n__SBXO_abc_");
-        for _ in 0..1000 {
-            s.push(&[b'z'; 1000]);
-            assert!(s.pending.len() <= 64, "pending grew to {}", s.pending.len());
-        }
-        assert_eq!(s.code, None);
-        s.push(b"\n__SBXO_abc_7__\n");
-        assert_eq!(s.code, Some(7));
-        let (out, cut) = s.finish();
-        assert!(cut && out.starts_with(b"\n__SBXO_abc_zzz"));
-    }
-
-    #[test]
-    fn scanner_finds_a_split_sentinel_and_keeps_exact_output() {
-        let mut s = Scanner::new("\n__SBXO_abc_".into(), 1024);
-        s.push(b"hello");
-        s.push(b"\n__SB");
-        s.push(b"XO_abc_4");
-        assert_eq!(s.code, None);
-        s.push(b"2__\n");
-        assert_eq!(s.code, Some(42));
-        assert_eq!(s.finish().0, b"hello");
     }
 }

@@ -170,6 +170,58 @@ impl Default for ShellOptions {
     }
 }
 
+/// Which output stream of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StdStream {
+    Stdout,
+    Stderr,
+}
+
+/// One piece of a streamed shell call (`Sandbox::shell_stream`), in the order it happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShellPiece {
+    /// The command was handed to the shell (the session's command before it has ended).
+    Started,
+    /// Output bytes as the command wrote them (at most `MAX_PIECE` bytes each); any bytes,
+    /// valid UTF-8 or not.
+    Output(StdStream, Bytes),
+    /// The stream passed half its cap: from here on only its last half-cap of bytes is kept,
+    /// and they come after a `Cut` when the command ends.
+    Holding(StdStream),
+    /// `bytes` were cut from the middle of the stream here; the kept tail follows.
+    Cut { stream: StdStream, bytes: u64 },
+}
+
+/// The largest `ShellPiece::Output` a streamed call sends.
+pub const MAX_PIECE: usize = 16 * 1024;
+
+/// Where a streamed shell call sends its pieces, and how its caller stops it. Cancelling
+/// `cancel` or dropping the receiver of `tx` stops the command as a timeout would.
+#[derive(Debug, Clone)]
+pub struct ShellStream {
+    pub tx: tokio::sync::mpsc::Sender<ShellPiece>,
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+impl ShellStream {
+    /// Resolves when the caller no longer wants the command: cancelled, or the receiver gone.
+    pub async fn stopped(&self) {
+        tokio::select! {
+            _ = self.cancel.cancelled() => {}
+            _ = self.tx.closed() => {}
+        }
+    }
+
+    /// Sends one piece unless the caller stops first; false when it did.
+    pub async fn send(&self, piece: ShellPiece) -> bool {
+        tokio::select! {
+            r = self.tx.send(piece) => r.is_ok(),
+            _ = self.cancel.cancelled() => false,
+        }
+    }
+}
+
 /// What one persistent-shell call produced.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ShellOutput {
@@ -186,6 +238,14 @@ pub struct ShellOutput {
 }
 
 impl ShellOutput {
+    /// The answer of a streamed call whose caller left before the command started.
+    pub fn stopped_before_start() -> Self {
+        Self {
+            note: Some("the command was not run: its caller went away first".into()),
+            ..Default::default()
+        }
+    }
+
     pub fn stdout_lossy(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
     }

@@ -22,6 +22,7 @@ pub mod auth;
 pub mod backend;
 pub mod bench;
 pub mod error;
+pub mod exec_stream;
 pub mod files;
 pub mod health;
 pub mod http;
@@ -155,6 +156,7 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
             routes!(sessions::get_session, sessions::delete_session),
         ))
         .routes(l(Long, routes!(sessions::exec)))
+        .routes(l(Long, routes!(exec_stream::exec_stream)))
         .routes(l(Short, routes!(sessions::list_tools)))
         .routes(l(Long, routes!(sessions::call_tool)))
         .routes(l(Short, routes!(files::list_dir)))
@@ -336,7 +338,13 @@ impl Server {
         let pool = state.backend.manager().spawn_pool();
         let app = app(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
         let until = shutdown.clone();
-        let server = axum::serve(self.listener, app)
+        // TCP_NODELAY: SSE events and streamed output are small writes; with Nagle each waits
+        // for the previous one's (delayed, up to 40 ms) ACK.
+        use axum::serve::ListenerExt as _;
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let server = axum::serve(listener, app)
             .with_graceful_shutdown(async move { until.cancelled().await });
         let drain = Duration::from_secs(state.config.server.drain_secs);
         let bound = async {

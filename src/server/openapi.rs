@@ -8,6 +8,7 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use super::error::{ErrorBody, ErrorCode};
+use super::exec_stream::{ExecCut, ExecExit, ExecHolding, ExecText};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -17,7 +18,7 @@ use super::error::{ErrorBody, ErrorCode};
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     modifiers(&BearerAuth),
-    components(schemas(ErrorCode, ErrorBody)),
+    components(schemas(ErrorCode, ErrorBody, ExecText, ExecHolding, ExecCut, ExecExit)),
     tags(
         (name = "sessions", description = "Sandboxes and their persistent shell"),
         (name = "tools", description = "The agent's tools, called directly"),

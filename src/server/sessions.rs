@@ -307,23 +307,21 @@ pub async fn delete_session(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/exec", tag = "sessions", request_body = ExecBody,
-    params(("id" = String, Path, description = "The session id")),
-    responses((status = 200, description = "The command ran (see exit_code and timed_out)", body = ExecResult), ErrorResponses),
-    security(("bearer" = [])))]
-pub async fn exec(
-    State(st): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(body): ApiJson<ExecBody>,
-) -> Result<Json<ExecResult>, ApiError> {
+/// Checks an exec body and finds its session: the sync and the streamed exec take the same
+/// body, the same session states and the same timeout and output caps.
+pub async fn exec_target(
+    st: &AppState,
+    caller: &Caller,
+    id: &str,
+    body: &ExecBody,
+) -> Result<(Arc<Live>, ShellOptions), ApiError> {
     if body.command.trim().is_empty() {
         return Err(ApiError::invalid("field `command`: must not be empty"));
     }
     if body.command.contains('\0') {
         return Err(ApiError::invalid("field `command`: contains a NUL byte"));
     }
-    let live = live_session(&st, &caller, &id).await?;
+    let live = live_session(st, caller, id).await?;
     let max = live.limits.max_timeout_secs.max(1);
     let timeout = match body.timeout {
         None => st.config.agent.bash_timeout_secs.clamp(1, max),
@@ -339,6 +337,20 @@ pub async fn exec(
         timeout: Duration::from_secs(timeout),
         output_cap: live.limits.output_cap(),
     };
+    Ok((live, opts))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/exec", tag = "sessions", request_body = ExecBody,
+    params(("id" = String, Path, description = "The session id")),
+    responses((status = 200, description = "The command ran (see exit_code and timed_out)", body = ExecResult), ErrorResponses),
+    security(("bearer" = [])))]
+pub async fn exec(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<ExecBody>,
+) -> Result<Json<ExecResult>, ApiError> {
+    let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
     let out = match live.sandbox.shell(&body.command, opts).await {
         Ok(o) => o,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),

@@ -18,7 +18,7 @@ use sandboxd::sandbox::exec_sandbox::{ExecBackend, ExecSandbox};
 use sandboxd::sandbox::runtime::{FoundSandbox, Runtime, SandboxSpec};
 use sandboxd::sandbox::{
     AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox, SandboxError,
-    SandboxState, ShellOptions, ShellOutput, SpawnRequest,
+    SandboxState, ShellOptions, ShellOutput, ShellStream, SpawnRequest,
 };
 
 /// The creator this "process" records; the fake treats it as alive unless told otherwise.
@@ -341,6 +341,14 @@ impl Sandbox for FakeSandbox {
     }
     async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError> {
         self.inner.shell(command, opts).await
+    }
+    async fn shell_stream(
+        &self,
+        command: &str,
+        opts: ShellOptions,
+        to: ShellStream,
+    ) -> Result<ShellOutput, SandboxError> {
+        self.inner.shell_stream(command, opts, to).await
     }
     async fn restart_shell(&self) -> Result<(), SandboxError> {
         self.inner.restart_shell().await
