@@ -88,7 +88,7 @@ pub fn not_found(login: &Login, what: &str) -> Response {
 
 pub fn runs(login: &Login) -> Response {
     let filter = if login.user.admin {
-        "<label>User <select id=\"owner-filter\"><option value=\"\">mine</option></select></label>"
+        "<label>User <select id=\"owner-filter\"><option value=\"\">everyone</option></select></label>"
     } else {
         ""
     };

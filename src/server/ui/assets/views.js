@@ -10,8 +10,9 @@ UI.views.runs = async function () {
 
   if (owner) {
     const users = await api('GET', '/v1/users');
+    // An admin's list is everyone's unless filtered to one user.
     for (const u of (users.data || [])) {
-      if (u.id !== me.id) owner.append(el('option', { value: u.id, text: u.name }));
+      owner.append(el('option', { value: u.id, text: u.id === me.id ? u.name + ' (me)' : u.name }));
     }
     owner.addEventListener('change', () => { $('#runs').replaceChildren(); cursor = null; load(); });
   }
