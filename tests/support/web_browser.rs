@@ -154,24 +154,37 @@ pub async fn wait_for(page: &Page, js: &str, limit: Duration, what: &str) {
 }
 
 pub async fn click(page: &Page, selector: &str) {
-    page.find_element(selector)
-        .await
-        .unwrap_or_else(|e| panic!("no {selector}: {e}"))
-        .click()
-        .await
-        .unwrap();
+    act(page, selector, None).await
 }
 
+/// Types into a field, focused by the DOM (a click could land elsewhere while the page is
+/// still growing above it).
 pub async fn type_into(page: &Page, selector: &str, text: &str) {
-    page.find_element(selector)
-        .await
-        .unwrap_or_else(|e| panic!("no {selector}: {e}"))
-        .click()
-        .await
-        .unwrap()
-        .type_str(text)
-        .await
-        .unwrap();
+    act(page, selector, Some(text)).await
+}
+
+/// Clicks or types, retried briefly: right after a navigation CDP may still hand out nodes
+/// of the document being replaced ("Could not find node with given id").
+async fn act(page: &Page, selector: &str, text: Option<&str>) {
+    let mut last = String::new();
+    for _ in 0..40 {
+        let done = match page.find_element(selector).await {
+            Ok(el) => match text {
+                None => el.click().await.map(|_| ()),
+                Some(t) => match el.focus().await {
+                    Ok(el) => el.type_str(t).await.map(|_| ()),
+                    Err(e) => Err(e),
+                },
+            },
+            Err(e) => Err(e),
+        };
+        match done {
+            Ok(()) => return,
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{selector}: {last}");
 }
 
 /// Where the tests keep their screenshots: target/ui-artifacts/.
