@@ -101,7 +101,7 @@ async fn a_run_shows_colours_plot_and_screenshot_survives_a_reload_and_runs_no_i
 
     // Coloured text in the bash card, the plot and the screenshot in theirs.
     wait_for(&page, "[...document.querySelectorAll('.card pre.term span.a-f1')].some(s => s.textContent === 'red alert')", WAIT, "red bash output").await;
-    wait_for(&page, "[...document.querySelectorAll('.card figure.shot img')].filter(i => i.complete && i.naturalWidth > 0).length >= 2", WAIT, "the plot and the screenshot").await;
+    wait_for(&page, "['python', 'browser_use'].every(t => [...document.querySelectorAll('.card')].some(c => c.querySelector('.tool').textContent === t && [...c.querySelectorAll('figure.shot img')].some(i => i.complete && i.naturalWidth > 0)))", WAIT, "the plot and the screenshot").await;
     let cards = eval(&page, "[...document.querySelectorAll('.card')].map(c => [c.querySelector('.tool').textContent, !!c.querySelector('figure.shot img')])").await;
     let cards = cards.as_array().unwrap();
     assert!(

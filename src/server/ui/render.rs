@@ -246,9 +246,9 @@ pub fn fragment(ev: &Value) -> Option<Fragment> {
             format!(
                 "<div class=\"ev ev-final{}\"><div class=\"label\">Final answer{}</div><div class=\"md\">{}</div><div class=\"meta\">{} steps · {} + {} tokens · {:.1} s</div></div>",
                 if failed { " error" } else { "" },
-                match reason.as_str() {
-                    Some("final_answer") => String::new(),
-                    _ => format!(" · {}", esc(&reason_text(&reason))),
+                match reason_text(&reason).as_str() {
+                    "final answer" => String::new(),
+                    r => format!(" · {}", esc(r)),
                 },
                 markdown::to_html(s(ev, "answer")),
                 n(ev, "steps"),
