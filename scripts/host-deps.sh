@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what sandboxd needs on a Debian/Ubuntu host and makes sure a Docker engine answers:
-# mmdebstrap (to build the sandbox image offline) and Docker itself when it is missing.
+# mmdebstrap (to build the sandbox image offline), Debian's chromium (the web UI's browser
+# tests drive it) and Docker itself when it is missing.
 # Idempotent: installs nothing that is already there. Needs root (or sudo).
 set -euo pipefail
 
@@ -9,6 +10,7 @@ SUDO=""
 
 missing=()
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if ! docker info >/dev/null 2>&1; then
     command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
     command -v docker >/dev/null 2>&1 || missing+=(docker-cli)

@@ -15,7 +15,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, serve, pool, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, serve, pool, ui, or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -136,13 +136,17 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     if all || args.group == "pool" {
         super::bench_pool::pool(&ctx, args.iterations).await?;
     }
+    if all || args.group == "ui" {
+        ui(manager.clone(), &ctx, args.iterations.min(10)).await?;
+    }
     if ![
         "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "serve", "pool",
+        "ui",
     ]
     .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, serve, pool or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, serve, pool, ui or all",
             args.group
         );
     }
@@ -656,6 +660,37 @@ async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Res
     println!();
     println!("API overhead at p50: {:.3} ms", api50 - lib50);
     println!("{load_note}");
+    println!();
+    Ok(())
+}
+
+/// The web UI in the host's chromium (SANDBOXD_CHROMIUM, else /usr/bin/chromium).
+async fn ui(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
+    let chromium =
+        std::env::var("SANDBOXD_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    if !std::path::Path::new(&chromium).exists() {
+        anyhow::bail!("bench ui needs chromium on the host ({chromium}); apt-get install chromium");
+    }
+    section("Web UI (host chromium, headless)");
+    let mut b =
+        sandboxd::server::ui::bench::bench_ui(manager, ctx.config.clone(), &chromium, n).await?;
+    row(
+        &format!(
+            "first paint of a finished {}-step run (navigation → whole timeline drawn)",
+            b.steps
+        ),
+        &mut b.first_paint,
+        "raw SSE replay over HTTP",
+        &mut b.raw_replay,
+        "≤ 1000 ms",
+    );
+    row(
+        "event emitted → shown in the page (live run)",
+        &mut b.event_to_page,
+        "plain SSE client",
+        &mut b.event_to_sse,
+        "≤ 100 ms",
+    );
     println!();
     Ok(())
 }

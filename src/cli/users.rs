@@ -4,9 +4,9 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
-use sandboxd::server::auth::new_key;
+use sandboxd::server::accounts::{self, AccountError, expiry};
 use sandboxd::server::settings::Quota;
-use sandboxd::store::{NewUser, QuotaOverride, Store, StoreError, now_ms};
+use sandboxd::store::{QuotaOverride, Store, now_ms};
 
 use super::Ctx;
 use super::serve::open_store;
@@ -82,24 +82,6 @@ impl QuotaArgs {
     }
 }
 
-fn check_name(name: &str) -> anyhow::Result<()> {
-    let ok = (1..=64).contains(&name.len())
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if !ok {
-        bail!(
-            "user name {name:?}: use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
-        );
-    }
-    Ok(())
-}
-
-fn expiry(days: Option<u32>) -> Option<i64> {
-    days.map(|d| now_ms() + i64::from(d) * 86_400_000)
-}
-
 fn when(ms: Option<i64>) -> String {
     ms.and_then(chrono::DateTime::from_timestamp_millis)
         .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
@@ -115,18 +97,16 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
             expires_in_days,
             quota,
         } => {
-            check_name(&name)?;
-            let (text, key) = new_key(expiry(expires_in_days));
-            match store
-                .add_user(NewUser {
-                    name: name.clone(),
-                    admin,
-                    key,
-                    quota: quota.to_override(),
-                })
-                .await
+            match accounts::add(
+                &store,
+                &name,
+                admin,
+                expiry(expires_in_days),
+                quota.to_override(),
+            )
+            .await
             {
-                Ok(u) => {
+                Ok((u, text)) => {
                     eprintln!(
                         "created {}user {} ({}); their API key follows, shown only now:",
                         if admin { "admin " } else { "" },
@@ -135,7 +115,7 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
                     );
                     println!("{text}");
                 }
-                Err(StoreError::UserExists { name }) => {
+                Err(AccountError::Exists(name)) => {
                     bail!(
                         "a user named {name:?} exists; `sandboxd users rotate {name}` gives them a new key"
                     )
@@ -165,8 +145,12 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
             }
         }
         UsersCommand::Rm { name } => {
-            if !store.remove_user(&name, now_ms()).await? {
-                bail!("no user named {name:?} (see `sandboxd users list`)");
+            match accounts::remove(&store, &name).await {
+                Ok(_) => {}
+                Err(AccountError::NoSuchUser(_)) => {
+                    bail!("no user named {name:?} (see `sandboxd users list`)")
+                }
+                Err(e) => return Err(e.into()),
             }
             eprintln!(
                 "removed {name}; their sessions are ended and a running `sandboxd serve` removes their containers within [sessions] reap_interval_secs"
@@ -176,10 +160,13 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
             name,
             expires_in_days,
         } => {
-            let (text, key) = new_key(expiry(expires_in_days));
-            if !store.replace_key(&name, key).await? {
-                bail!("no user named {name:?} (see `sandboxd users list`)");
-            }
+            let text = match accounts::rotate(&store, &name, expiry(expires_in_days)).await {
+                Ok((_, text)) => text,
+                Err(AccountError::NoSuchUser(_)) => {
+                    bail!("no user named {name:?} (see `sandboxd users list`)")
+                }
+                Err(e) => return Err(e.into()),
+            };
             eprintln!("{name} has a new API key (the old one no longer works), shown only now:");
             println!("{text}");
         }

@@ -1,15 +1,18 @@
 //! /v1/me and /v1/users: who the caller is, their quota and usage; the admin's view of
-//! every user. A non-admin gets 404 from /v1/users, as for any object not theirs.
+//! every user, and adding, removing and re-keying them (the flow of `accounts`, shared with
+//! the CLI). A non-admin gets 404 from every /v1/users route, as for any object not theirs.
 
 use std::sync::Arc;
 
 use axum::Extension;
 use axum::Json;
 use axum::extract::State;
+use axum::http::StatusCode;
 
 use super::AppState;
+use super::accounts::{self, AccountError};
 use super::auth::Caller;
-use super::error::{ApiError, ErrorCode, ErrorResponses};
+use super::error::{ApiError, ApiJson, ApiPath, ErrorCode, ErrorResponses};
 use super::settings::Quota;
 use super::types::*;
 use crate::store::{User, now_ms};
@@ -56,15 +59,98 @@ pub async fn users(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<UserView>>, ApiError> {
-    if !caller.is_admin() {
-        return Err(ApiError::new(
-            ErrorCode::NotFound,
-            "no such route for this key (it is for admins)",
-        ));
-    }
+    admin_only(&caller)?;
     let mut out = Vec::new();
     for u in st.store.users().await? {
         out.push(view(&st, &u).await?);
     }
     Ok(Json(out))
+}
+
+fn admin_only(caller: &Caller) -> Result<(), ApiError> {
+    if caller.is_admin() {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::NotFound,
+            "no such route for this key (it is for admins)",
+        ))
+    }
+}
+
+impl From<AccountError> for ApiError {
+    fn from(e: AccountError) -> Self {
+        match e {
+            AccountError::BadName(_) => ApiError::invalid(format!("field `name`: {e}")),
+            AccountError::Exists(name) => ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "a user named {name:?} exists; POST /v1/users/{name}/rotate gives them a new key"
+                ),
+            ),
+            AccountError::NoSuchUser(name) => ApiError::not_found("user", &name),
+            AccountError::Store(e) => e.into(),
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v1/users", tag = "users", request_body = CreateUser,
+    responses((status = 201, description = "The new user and their API key, shown only in this answer", body = NewKey), ErrorResponses),
+    security(("bearer" = [])))]
+pub async fn create_user(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(body): ApiJson<CreateUser>,
+) -> Result<(StatusCode, Json<NewKey>), ApiError> {
+    admin_only(&caller)?;
+    let (user, key) = accounts::add(
+        st.store.as_ref(),
+        &body.name,
+        body.admin,
+        accounts::expiry(body.expires_in_days),
+        Default::default(),
+    )
+    .await?;
+    let user = view(&st, &user).await?;
+    Ok((StatusCode::CREATED, Json(NewKey { user, key })))
+}
+
+#[utoipa::path(delete, path = "/v1/users/{name}", tag = "users",
+    params(("name" = String, Path, description = "The user's name")),
+    responses((status = 204, description = "The user is gone: their key stops working, their sessions end and their containers are removed"), ErrorResponses),
+    security(("bearer" = [])))]
+pub async fn delete_user(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    admin_only(&caller)?;
+    if name == caller.user.name {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "you cannot remove yourself; another admin can, or use `sandboxd users rm`",
+        ));
+    }
+    for row in accounts::remove(st.store.as_ref(), &name).await? {
+        if let Err(e) = st.backend.remove(&row.id, Some(&row)).await {
+            // The reconciler removes what is left of an ended session later.
+            tracing::warn!(session = %row.id, error = %e, "could not remove a removed user's container now");
+        }
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/users/{name}/rotate", tag = "users",
+    params(("name" = String, Path, description = "The user's name")),
+    responses((status = 200, description = "The user's new API key, shown only in this answer; the old key and its web sign-ins stop working", body = NewKey), ErrorResponses),
+    security(("bearer" = [])))]
+pub async fn rotate_user(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<NewKey>, ApiError> {
+    admin_only(&caller)?;
+    let (user, key) = accounts::rotate(st.store.as_ref(), &name, None).await?;
+    let user = view(&st, &user).await?;
+    Ok(Json(NewKey { user, key }))
 }

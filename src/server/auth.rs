@@ -146,7 +146,8 @@ pub async fn authenticate(state: &AppState, token: &str) -> Result<Option<Arc<Us
     Ok(Some(Arc::new(user)))
 }
 
-/// The middleware on every authenticated route: a valid key or 401 (429 when throttled).
+/// The middleware on every authenticated route: a valid key (or the web UI's sign-in cookie,
+/// see `ui::login`) or 401 (429 when throttled).
 pub async fn require_user(
     State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -167,7 +168,19 @@ pub async fn require_user(
             Ok(u) => u,
             Err(e) => return e.into_response(),
         },
-        None => None,
+        // No key: the web UI's sign-in cookie, with its CSRF token on state changes.
+        None => match super::ui::login::from_cookie(&state, req.headers()).await {
+            Ok(Some(login)) => {
+                if super::ui::login::changes_state(req.method())
+                    && let Err(e) = super::ui::login::check_csrf(req.headers(), &login)
+                {
+                    return e.into_response();
+                }
+                Some(Arc::new(login.user))
+            }
+            Ok(None) => None,
+            Err(e) => return e.into_response(),
+        },
     };
     let Some(user) = user else {
         state.throttle.failed(ip);

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::sandbox::{SessionManager, ShellOptions};
 use crate::store::{NewUser, SqliteStore, Store};
 
-struct AlwaysReady;
+pub(crate) struct AlwaysReady;
 
 #[async_trait]
 impl Readiness for AlwaysReady {

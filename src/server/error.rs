@@ -27,6 +27,9 @@ pub enum ErrorCode {
     HostNotAllowed,
     /// 401: no valid API key.
     Unauthorized,
+    /// 403: a request made with the web UI's cookie lacks its CSRF token or comes from
+    /// another origin.
+    CsrfFailed,
     /// 404: no such object, or it belongs to someone else.
     NotFound,
     /// 405
@@ -61,6 +64,7 @@ impl ErrorCode {
         match self {
             InvalidRequest | HostNotAllowed => StatusCode::BAD_REQUEST,
             Unauthorized => StatusCode::UNAUTHORIZED,
+            CsrfFailed => StatusCode::FORBIDDEN,
             NotFound => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Conflict | NotWaiting => StatusCode::CONFLICT,
@@ -327,6 +331,8 @@ pub enum ErrorResponses {
     BadRequest(#[to_schema] ErrorBody),
     #[response(status = 401, description = "unauthorized")]
     Unauthorized(ErrorBody),
+    #[response(status = 403, description = "csrf_failed")]
+    Forbidden(ErrorBody),
     #[response(status = 404, description = "not_found")]
     NotFound(ErrorBody),
     #[response(status = 405, description = "method_not_allowed")]

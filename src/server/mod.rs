@@ -1,5 +1,6 @@
 //! `sandboxd serve`: the multi-user HTTP service. One axum server: the API under /v1, the
-//! MCP endpoint at /mcp (same users' keys), /healthz and /readyz.
+//! MCP endpoint at /mcp (same users' keys), /healthz and /readyz, and the web UI at `/`
+//! (`ui`).
 //!
 //! Layout: `error` (the error shape and extractors), `auth` (keys, bearer check, throttle),
 //! `http` (Host allow-list, time limits, access log), `backend` (the adapter over the
@@ -17,6 +18,7 @@
 //! sandbox and removes the rest of the scope (reconcile.rs). The pool fills while serving
 //! and is closed, its warm sandboxes removed, on shutdown.
 
+pub mod accounts;
 pub mod admin;
 pub mod auth;
 pub mod backend;
@@ -33,6 +35,7 @@ pub mod runs;
 pub mod sessions;
 pub mod settings;
 pub mod types;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -174,7 +177,9 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
         .routes(l(Stream, routes!(runs::routes::run_events)))
         .routes(l(Short, routes!(runs::routes::run_image)))
         .routes(l(Short, routes!(admin::me)))
-        .routes(l(Short, routes!(admin::users)))
+        .routes(l(Short, routes!(admin::users, admin::create_user)))
+        .routes(l(Short, routes!(admin::delete_user)))
+        .routes(l(Short, routes!(admin::rotate_user)))
 }
 
 fn health_routes() -> OpenApiRouter<Shared> {
@@ -203,20 +208,22 @@ pub fn app(state: Shared) -> Router {
     let (health, _) = health_routes().split_for_parts();
     let mut app = api
         .merge(health)
+        .merge(ui::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .with_state(state.clone());
     if let Some(cors) = cors_layer(&state.config.server.cors_origins) {
         app = app.layer(cors);
     }
-    app.layer(from_fn_with_state(
-        http::HostAllowList::new(&state.config.server.allowed_hosts),
-        http::check_host,
-    ))
-    .layer(from_fn(http::access_log))
-    .layer(tower_http::catch_panic::CatchPanicLayer::custom(
-        http::panic_response,
-    ))
+    app.layer(from_fn(ui::security_headers))
+        .layer(from_fn_with_state(
+            http::HostAllowList::new(&state.config.server.allowed_hosts),
+            http::check_host,
+        ))
+        .layer(from_fn(http::access_log))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            http::panic_response,
+        ))
 }
 
 /// CORS only for configured origins, without credentials (keys travel in a header).

@@ -342,6 +342,27 @@ pub struct UserView {
     pub usage: UsageView,
 }
 
+/// A user to create (admins only).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateUser {
+    /// 1-64 letters, digits, `_`, `.` or `-`, starting with a letter or digit.
+    pub name: String,
+    /// Admins see and manage every user's objects.
+    #[serde(default)]
+    pub admin: bool,
+    /// The key stops working after this many days (default: never).
+    #[serde(default)]
+    pub expires_in_days: Option<u32>,
+}
+
+/// A user and their new API key: the only time the key is shown.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NewKey {
+    pub user: UserView,
+    pub key: String,
+}
+
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Health {
     /// "ok", or what is not ready.

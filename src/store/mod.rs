@@ -178,9 +178,38 @@ pub struct Usage {
     pub input_tokens_today: u64,
 }
 
+/// A web UI sign-in being made: the SHA-256 of the cookie's token, never the token.
+#[derive(Debug, Clone)]
+pub struct NewLogin {
+    pub token_hash: [u8; 32],
+    pub user_id: String,
+    /// The CSRF token the page sends back on every state-changing request.
+    pub csrf: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+}
+
+/// A live sign-in: its user (as of now) and CSRF token.
+#[derive(Debug, Clone)]
+pub struct Login {
+    pub user: User,
+    pub csrf: String,
+    pub expires_at: i64,
+}
+
+/// The web UI's sign-ins. A sign-in is bound to the user's key at the time: a rotated or
+/// removed key ends it.
+#[async_trait]
+pub trait Logins: Send + Sync {
+    async fn add_login(&self, login: NewLogin) -> Result<(), StoreError>;
+    /// The sign-in with this token hash, unless it expired or its key changed.
+    async fn login(&self, token_hash: [u8; 32], now: i64) -> Result<Option<Login>, StoreError>;
+    async fn remove_login(&self, token_hash: [u8; 32]) -> Result<(), StoreError>;
+}
+
 /// The store boundary. Every method is one short transaction.
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: Logins + Send + Sync {
     /// A write that proves the store is writable (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 

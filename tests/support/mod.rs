@@ -6,6 +6,7 @@ pub mod fake_llm;
 pub mod fake_runtime;
 pub mod fake_web;
 pub mod rss;
+pub mod web_browser;
 
 use std::sync::Arc;
 

@@ -23,6 +23,7 @@ use rusqlite::{TransactionBehavior, params};
 use tokio::sync::Semaphore;
 
 mod events;
+mod logins;
 mod runs;
 mod sessions;
 mod usage;
@@ -37,6 +38,7 @@ use super::{
 const MIGRATIONS: &[&str] = &[
     include_str!("../schema_v1.sql"),
     include_str!("../schema_v2.sql"),
+    include_str!("../schema_v3.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

@@ -1,0 +1,196 @@
+// run.js: the run view. Follows GET /v1/runs/{id}/events over EventSource (the browser
+// resumes with Last-Event-ID after a drop; events at or below the last seq seen are
+// ignored, so a replay never duplicates a step), has the server render each batch of events
+// into timeline fragments (POST /ui/render), and keeps the header (state, tokens, steps)
+// current. Stop, the answer to ask_human and the follow-up use the runs API.
+'use strict';
+
+UI.views.run = async function () {
+  const { api, el, fragment, $, toast, enc, TERMINAL } = UI;
+  const id = document.body.dataset.run;
+  const timeline = $('#timeline');
+  const cards = new Map(); // call_id -> the card element of that tool call
+  let lastSeq = 0; // the highest seq received
+  let queue = []; // received events not yet rendered, in seq order
+  let rendering = false;
+  let source = null;
+  let run = null;
+  let state = 'queued';
+  const TYPES = ['run_started', 'notice', 'thinking', 'context_trimmed', 'retry', 'token_usage',
+    'assistant_text', 'tool_call', 'tool_result', 'nudge', 'error', 'run_finished', 'run_state',
+    'question_asked', 'question_answered', 'plan_created', 'step_started', 'step_finished',
+    'replanned', 'flow_finished', 'message'];
+
+  const r = await api('GET', '/v1/runs/' + enc(id));
+  if (r.status === 404) {
+    document.title = 'Not found · sandboxd';
+    $('#main').replaceChildren(el('h1', { text: 'Not found' }),
+      el('p', {}, 'There is no run here for you. ', el('a', { href: '/runs', text: 'Your runs' })));
+    return;
+  }
+  if (r.status !== 200) {
+    toast(UI.errorText(r), true);
+    return;
+  }
+  run = r.data;
+  $('#run-title').textContent = run.task.length > 80 ? run.task.slice(0, 80) + '…' : run.task;
+  $('#files-link').setAttribute('href', '/sessions/' + enc(run.session_id) + '/files');
+  setUsage(run.usage.prompt_tokens, run.usage.completion_tokens);
+  setSteps(run.steps);
+  setState(run.state);
+  if (run.question) showQuestion(run.question.text);
+  connect();
+
+  function setState(s) {
+    state = s;
+    const badge = $('#state');
+    badge.textContent = s.replace(/_/g, ' ');
+    badge.className = 'badge st-' + s.replace(/[^a-z_]/g, '');
+    document.body.dataset.state = s;
+    const done = TERMINAL.includes(s);
+    $('#stop').hidden = done;
+    $('#follow-up').hidden = !done;
+    if (done) {
+      $('#answer-box').hidden = true;
+      if (source && lastSeq >= (run.last_seq || 0)) closeStream();
+    }
+  }
+
+  function setUsage(p, c) { $('#usage').textContent = p + ' + ' + c + ' tokens'; }
+  function setSteps(n) { $('#steps').textContent = n + (n === 1 ? ' step' : ' steps'); }
+
+  function showQuestion(text) {
+    $('#question').textContent = 'The agent asks: ' + text;
+    $('#answer-box').hidden = false;
+  }
+
+  function closeStream() {
+    if (source) source.close();
+    source = null;
+    $('#live').textContent = 'complete';
+  }
+
+  function connect() {
+    source = new EventSource('/v1/runs/' + enc(id) + '/events' + (lastSeq ? '?after=' + lastSeq : ''));
+    source.onopen = () => { $('#live').textContent = 'live'; };
+    source.onerror = () => {
+      if (!source) return;
+      if (TERMINAL.includes(state) && lastSeq >= (run.last_seq || 0)) closeStream();
+      else $('#live').textContent = 'reconnecting…';
+    };
+    for (const t of TYPES) source.addEventListener(t, onEvent);
+  }
+
+  function onEvent(e) {
+    let ev;
+    try { ev = JSON.parse(e.data); } catch (err) { return; }
+    const seq = Number(ev.seq || e.lastEventId || 0);
+    if (!(seq > lastSeq)) return; // already seen: a replay after a reconnect
+    lastSeq = seq;
+    run.last_seq = Math.max(run.last_seq || 0, seq);
+    switch (ev.type) {
+      case 'token_usage': setUsage(ev.total_prompt_tokens, ev.total_completion_tokens); setSteps(ev.step); break;
+      case 'run_state': setState(ev.state); break;
+      case 'question_asked': showQuestion(ev.question); break;
+      case 'question_answered': $('#answer-box').hidden = true; break;
+      case 'run_finished':
+        setUsage(ev.prompt_tokens, ev.completion_tokens);
+        setSteps(ev.steps);
+        break;
+    }
+    queue.push(ev);
+    if (!rendering) render();
+    if (ev.type === 'run_finished' || ev.type === 'flow_finished') {
+      // The state change may come after; ask once so the header is right either way.
+      api('GET', '/v1/runs/' + enc(id)).then((r) => { if (r.status === 200) { run = r.data; setState(r.data.state); } });
+    }
+  }
+
+  // Renders what is queued, one request at a time: live events go at once, a replay's
+  // burst in batches (bounded in events and bytes).
+  async function render() {
+    rendering = true;
+    while (queue.length) {
+      let size = 0;
+      let n = 0;
+      while (n < queue.length && n < 500 && size < 4000000) {
+        size += JSON.stringify(queue[n]).length;
+        n += 1;
+      }
+      const batch = queue.slice(0, n);
+      const r = await api('POST', '/ui/render', { events: batch });
+      if (r.status !== 200) {
+        toast('The timeline could not be drawn: ' + UI.errorText(r), true);
+        await new Promise((res) => setTimeout(res, 1000));
+        continue;
+      }
+      queue = queue.slice(n);
+      const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
+      for (const f of r.data.fragments) place(f);
+      document.body.dataset.rendered = String(batch[batch.length - 1].seq || 0);
+      document.body.dataset.renderedMs = String(Math.round(performance.now()));
+      if (stick) window.scrollTo(0, document.body.scrollHeight);
+    }
+    rendering = false;
+  }
+
+  function place(f) {
+    const nodes = fragment(f.html);
+    const wrap = el('div', { class: 'item', 'data-seq': f.seq, 'data-kind': f.kind });
+    wrap.append(nodes);
+    if (f.kind === 'tool_call') {
+      cards.set(f.call_id, wrap);
+      timeline.append(wrap);
+      return;
+    }
+    if (f.kind === 'tool_result' && cards.has(f.call_id)) {
+      const card = cards.get(f.call_id);
+      const status = card.querySelector('.status');
+      status.textContent = f.status === 'error' ? 'error' : 'done';
+      status.className = 'status ' + (f.status === 'error' ? 'error' : 'ok');
+      card.querySelector('.dur').textContent = (f.duration_ms / 1000).toFixed(1) + ' s';
+      card.querySelector('.result').replaceChildren(wrap);
+      return;
+    }
+    timeline.append(wrap);
+  }
+
+  $('#stop').addEventListener('click', async () => {
+    const b = $('#stop');
+    b.disabled = true;
+    b.textContent = 'Stopping…';
+    setStateText('stopping');
+    const r = await api('POST', '/v1/runs/' + enc(id) + '/cancel');
+    b.disabled = false;
+    b.textContent = 'Stop';
+    if (r.status === 200) {
+      setState(r.data.state);
+      toast(r.data.state === 'cancelled' ? 'The run was stopped.' : 'The run had already ended (' + r.data.state + ').');
+    } else {
+      setState(state);
+      toast('Stop failed: ' + UI.errorText(r), true);
+    }
+  });
+
+  function setStateText(t) { $('#state').textContent = t; }
+
+  $('#answer-box').addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const text = $('#answer').value;
+    const r = await api('POST', '/v1/runs/' + enc(id) + '/answer', { answer: text });
+    if (r.status === 200) {
+      $('#answer').value = '';
+      $('#answer-box').hidden = true;
+      toast('Answer sent.');
+    } else {
+      toast('The answer was not taken: ' + UI.errorText(r), true);
+    }
+  });
+
+  $('#follow-up').addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const r = await api('POST', '/v1/runs', { task: $('#follow').value, session_id: run.session_id });
+    if (r.status === 201) location.assign('/runs/' + enc(r.data.id));
+    else toast('The follow-up was not started: ' + UI.errorText(r), true);
+  });
+};

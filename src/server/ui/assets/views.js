@@ -1,0 +1,213 @@
+// views.js: the runs list with the new-task form, the files of a session, and the admin
+// page. Everything shown comes from the /v1 API and is set as text.
+'use strict';
+
+UI.views.runs = async function () {
+  const { api, el, $, toast, enc, when, duration, stateBadge } = UI;
+  const me = (await api('GET', '/v1/me')).data;
+  let cursor = null;
+  const owner = $('#owner-filter');
+
+  if (owner) {
+    const users = await api('GET', '/v1/users');
+    // An admin's list is everyone's unless filtered to one user.
+    for (const u of (users.data || [])) {
+      owner.append(el('option', { value: u.id, text: u.id === me.id ? u.name + ' (me)' : u.name }));
+    }
+    owner.addEventListener('change', () => { $('#runs').replaceChildren(); cursor = null; load(); });
+  }
+
+  const sessions = await api('GET', '/v1/sessions?limit=100');
+  for (const s of ((sessions.data && sessions.data.sessions) || [])) {
+    if (s.owner === me.id) {
+      $('#session').append(el('option', { value: s.id, text: s.id + ' (since ' + when(s.created_at) + ')' }));
+    }
+  }
+
+  async function load() {
+    let q = '/v1/runs?limit=50';
+    if (cursor) q += '&cursor=' + enc(cursor);
+    if (owner && owner.value) q += '&owner=' + enc(owner.value);
+    const r = await api('GET', q);
+    if (r.status !== 200) { toast('Runs could not be listed: ' + UI.errorText(r), true); return; }
+    for (const run of r.data.runs) {
+      const end = run.ended_at ? new Date(run.ended_at) : new Date();
+      const dur = run.started_at ? end - new Date(run.started_at) : null;
+      $('#runs').append(el('tr', {},
+        el('td', { class: 'task' }, el('a', { href: '/runs/' + enc(run.id), text: run.task })),
+        el('td', {}, stateBadge(run.state)),
+        el('td', { text: when(run.started_at || run.created_at) }),
+        el('td', { text: duration(dur) }),
+        el('td', { text: String(run.steps) }),
+        el('td', { text: (run.usage.prompt_tokens + run.usage.completion_tokens).toLocaleString() })));
+    }
+    cursor = r.data.next_cursor;
+    $('#more').hidden = !cursor;
+  }
+  $('#more').addEventListener('click', load);
+  await load();
+
+  $('#new-run').addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const button = e.target.querySelector('button');
+    button.disabled = true;
+    try {
+      let session = $('#session').value;
+      const files = $('#files').files;
+      if (files.length && !session) {
+        const s = await api('POST', '/v1/sessions', {});
+        if (s.status !== 201) { toast('No session: ' + UI.errorText(s), true); return; }
+        session = s.data.id;
+      }
+      for (const f of files) {
+        const up = await api('PUT', '/v1/sessions/' + enc(session) + '/files/content?path=' + enc(f.name), f);
+        if (up.status !== 200) { toast(f.name + ' was not uploaded: ' + UI.errorText(up), true); return; }
+      }
+      const body = { task: $('#task').value, mode: $('#mode').value };
+      if (session) body.session_id = session;
+      const r = await api('POST', '/v1/runs', body);
+      if (r.status === 201) location.assign('/runs/' + enc(r.data.id));
+      else toast('The run was not started: ' + UI.errorText(r), true);
+    } finally {
+      button.disabled = false;
+    }
+  });
+};
+
+UI.views.files = async function () {
+  const { api, el, $, toast, enc } = UI;
+  const sid = document.body.dataset.session;
+  const base = '/v1/sessions/' + enc(sid);
+  $('#archive').setAttribute('href', base + '/archive');
+  const IMAGES = { png: 'image/png', jpg: 'image/jpeg', jpeg: 'image/jpeg', gif: 'image/gif', webp: 'image/webp' };
+  let objectUrl = null;
+
+  async function list(path, into) {
+    const r = await api('GET', base + '/files?path=' + enc(path));
+    if (r.status !== 200) { toast(UI.errorText(r), true); return; }
+    const ul = el('ul');
+    const entries = r.data.entries.slice().sort((a, b) => (a.kind === 'dir') === (b.kind === 'dir') ? a.name.localeCompare(b.name) : a.kind === 'dir' ? -1 : 1);
+    for (const e of entries) {
+      const full = r.data.path + '/' + e.name;
+      const li = el('li');
+      const b = el('button', { type: 'button', class: 'entry ' + e.kind, text: e.name + (e.kind === 'dir' ? '/' : '') });
+      b.dataset.path = full;
+      if (e.kind === 'dir') {
+        b.setAttribute('aria-expanded', 'false');
+        b.addEventListener('click', async () => {
+          const open = b.getAttribute('aria-expanded') === 'true';
+          b.setAttribute('aria-expanded', String(!open));
+          if (open) { li.querySelector('ul')?.remove(); } else { await list(full, li); }
+        });
+      } else {
+        b.addEventListener('click', () => view(full, e));
+      }
+      li.append(b);
+      ul.append(li);
+    }
+    if (!entries.length) ul.append(el('li', { class: 'hint', text: '(empty)' }));
+    into.append(ul);
+  }
+
+  async function view(path, entry) {
+    const viewer = $('#viewer');
+    const name = path.split('/').pop();
+    const ext = (name.includes('.') ? name.split('.').pop() : '').toLowerCase();
+    const url = base + '/files/content?path=' + enc(path);
+    if (objectUrl) { URL.revokeObjectURL(objectUrl); objectUrl = null; }
+    const head = el('div', { class: 'row between' }, el('h2', { text: path }),
+      el('a', { class: 'button', href: url, download: name, text: 'Download' }));
+    viewer.replaceChildren(head);
+    if (ext === 'html' || ext === 'htm') {
+      // An opaque origin: no script, no cookies, no top navigation (and the server sends
+      // a CSP sandbox header of its own).
+      viewer.append(el('iframe', { class: 'preview', sandbox: '', title: 'Preview of ' + name,
+        src: '/ui/preview/' + enc(sid) + '?path=' + enc(path), referrerpolicy: 'no-referrer' }));
+      return;
+    }
+    if (entry.size > 2000000) { viewer.append(el('p', { class: 'hint', text: 'Too large to show; download it.' })); return; }
+    const resp = await fetch(url, { credentials: 'same-origin' });
+    if (!resp.ok) { viewer.append(el('p', { class: 'error', text: 'Could not read the file (' + resp.status + ').' })); return; }
+    const buf = await resp.arrayBuffer();
+    if (IMAGES[ext]) {
+      objectUrl = URL.createObjectURL(new Blob([buf], { type: IMAGES[ext] }));
+      viewer.append(el('img', { class: 'file-image', src: objectUrl, alt: name }));
+      return;
+    }
+    const bytes = new Uint8Array(buf);
+    if (bytes.includes(0)) { viewer.append(el('p', { class: 'hint', text: 'A binary file; download it.' })); return; }
+    viewer.append(el('pre', { class: 'file-text', text: new TextDecoder().decode(bytes) }));
+  }
+
+  await list('/workspace', $('#tree'));
+};
+
+UI.views.admin = async function () {
+  const { api, el, $, toast, enc, since } = UI;
+  const names = new Map();
+
+  async function users() {
+    const r = await api('GET', '/v1/users');
+    if (r.status !== 200) { toast(UI.errorText(r), true); return; }
+    const rows = r.data.map((u) => {
+      names.set(u.id, u.name);
+      const rotate = el('button', { type: 'button', text: 'Rotate key' });
+      rotate.addEventListener('click', async () => {
+        if (!confirm('Give ' + u.name + ' a new key? The old one stops working at once.')) return;
+        const k = await api('POST', '/v1/users/' + enc(u.name) + '/rotate');
+        if (k.status === 200) { showKey(k.data); users(); } else toast(UI.errorText(k), true);
+      });
+      const remove = el('button', { type: 'button', class: 'danger', text: 'Remove' });
+      remove.addEventListener('click', async () => {
+        if (!confirm('Remove ' + u.name + '? Their sessions end.')) return;
+        const d = await api('DELETE', '/v1/users/' + enc(u.name));
+        if (d.status === 204) { toast(u.name + ' was removed.'); users(); sessions(); } else toast(UI.errorText(d), true);
+      });
+      const tokens = u.quota.input_tokens_per_day ? ' / ' + u.quota.input_tokens_per_day.toLocaleString() : '';
+      return el('tr', { 'data-user': u.name },
+        el('td', { text: u.name }), el('td', { text: u.admin ? 'yes' : 'no' }),
+        el('td', {}, el('code', { text: u.key_prefix + '…' })),
+        el('td', { text: u.usage.active_sessions + ' / ' + u.quota.sessions }),
+        el('td', { text: u.usage.active_runs + ' / ' + u.quota.runs }),
+        el('td', { text: u.usage.input_tokens_today.toLocaleString() + tokens }),
+        el('td', { class: 'actions' }, rotate, remove));
+    });
+    $('#users').replaceChildren(...rows);
+  }
+
+  function showKey(k) {
+    const box = $('#new-key');
+    box.replaceChildren(el('p', {}, 'The key of ', el('strong', { text: k.user.name }),
+      ', shown only now; copy it:'), el('code', { class: 'secret', text: k.key }));
+    box.hidden = false;
+  }
+
+  async function sessions() {
+    const r = await api('GET', '/v1/sessions?limit=100');
+    if (r.status !== 200) { toast(UI.errorText(r), true); return; }
+    const rows = r.data.sessions.map((s) => {
+      const end = el('button', { type: 'button', class: 'danger', text: 'End' });
+      end.addEventListener('click', async () => {
+        if (!confirm('End session ' + s.id + '? Its container is removed.')) return;
+        const d = await api('DELETE', '/v1/sessions/' + enc(s.id));
+        if (d.status === 204) { toast('Session ended.'); sessions(); users(); } else toast(UI.errorText(d), true);
+      });
+      return el('tr', { 'data-session': s.id },
+        el('td', {}, el('a', { href: '/sessions/' + enc(s.id) + '/files', text: s.id })),
+        el('td', { text: names.get(s.owner) || s.owner }),
+        el('td', { text: since(s.created_at) }), el('td', { text: since(s.last_used_at) }),
+        el('td', {}, end));
+    });
+    if (!rows.length) rows.push(el('tr', {}, el('td', { colspan: 5, class: 'hint', text: 'No live sessions.' })));
+    $('#sessions').replaceChildren(...rows);
+  }
+
+  $('#add-user').addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const r = await api('POST', '/v1/users', { name: $('#new-name').value, admin: $('#new-admin').checked });
+    if (r.status === 201) { showKey(r.data); $('#new-name').value = ''; users(); } else toast(UI.errorText(r), true);
+  });
+
+  await users();
+  await sessions();
+};
