@@ -390,7 +390,9 @@ async fn an_open_stream_does_not_hold_up_shutdown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_removed_under_its_calls_answers_gone_never_a_server_error() {
-    let env = Env::new("[quotas]\nsessions = 8\n").await;
+    // No warm pool: a claimed container carries the pool's owner label, not the user's, and
+    // this test removes the user's containers from outside.
+    let env = Env::new("[quotas]\nsessions = 8\n[pool]\nsize = 0\n").await;
     let key = env.add_user("ann", &[]);
     let serve = env.start();
     let api = Api::new(&serve, &key);
