@@ -162,6 +162,36 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
     serde_json::to_string(v).map_err(sql)
 }
 
+type SqlArgs = rusqlite::ParamsFromIter<Vec<rusqlite::types::Value>>;
+
+/// One page of a newest-first listing (sessions, runs): `select` gets the `WHERE` clauses and
+/// their arguments with a limit one over the page size, so whether a next page exists is known
+/// without a second query; the cursor of the next page is the last row's rowid.
+fn page<T>(
+    c: &rusqlite::Connection,
+    where_: &[String],
+    mut args: Vec<rusqlite::types::Value>,
+    limit: u32,
+    select: impl FnOnce(&rusqlite::Connection, &str, SqlArgs) -> Result<Vec<(i64, T)>, StoreError>,
+) -> Result<(Vec<T>, Option<i64>), StoreError> {
+    let limit = limit.clamp(1, 100) as usize;
+    args.push(((limit + 1) as i64).into());
+    let tail = format!(
+        "WHERE {} ORDER BY rowid DESC LIMIT ?{}",
+        where_.join(" AND "),
+        args.len()
+    );
+    let mut rows = select(c, &tail, rusqlite::params_from_iter(args))?;
+    let more = rows.len() > limit;
+    rows.truncate(limit);
+    let next = if more {
+        rows.last().map(|(id, _)| *id)
+    } else {
+        None
+    };
+    Ok((rows.into_iter().map(|(_, r)| r).collect(), next))
+}
+
 fn utc_day(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
         .unwrap_or_default()

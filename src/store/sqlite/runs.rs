@@ -3,7 +3,7 @@
 
 use rusqlite::{Connection, Params, Transaction, params};
 
-use super::{sql, to_json};
+use super::{page, sql, to_json};
 use crate::store::{RunPage, RunPatch, RunQuery, RunRow, RunState, StoreError};
 
 const COLS: &str = "rowid, id, session_id, owner, task, mode, max_steps, state, outcome, answer, steps, input_tokens, output_tokens, question, created_at, started_at, ended_at, last_seq";
@@ -138,25 +138,10 @@ pub(super) fn list(c: &Connection, q: &RunQuery) -> Result<RunPage, StoreError> 
     if let Some(b) = q.before {
         add("rowid <", b.into());
     }
-    let limit = q.limit.clamp(1, 100) as usize;
-    args.push(((limit + 1) as i64).into());
-    let tail = format!(
-        "WHERE {} ORDER BY rowid DESC LIMIT ?{}",
-        where_.join(" AND "),
-        args.len()
-    );
-    let mut rows = select(c, &tail, rusqlite::params_from_iter(args))?;
-    let more = rows.len() > limit;
-    rows.truncate(limit);
-    let next = if more {
-        rows.last().map(|(id, _)| *id)
-    } else {
-        None
-    };
-    Ok(RunPage {
-        runs: rows.into_iter().map(|(_, r)| r).collect(),
-        next,
-    })
+    let (runs, next) = page(c, &where_, args, q.limit, |c, tail, args| {
+        select(c, tail, args)
+    })?;
+    Ok(RunPage { runs, next })
 }
 
 /// Applies `patch` (and the new last seq, when given) to the run.

@@ -3,7 +3,7 @@
 
 use rusqlite::{Connection, Params, Transaction, params};
 
-use super::{sql, to_json};
+use super::{page, sql, to_json};
 use crate::store::{SessionPage, SessionQuery, SessionRow, SessionState, StoreError};
 
 const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason";
@@ -132,25 +132,10 @@ pub(super) fn list(c: &Connection, q: &SessionQuery) -> Result<SessionPage, Stor
         args.push(v.clone().into());
         where_.push(format!("json_extract(metadata, ?{path}) = ?{}", args.len()));
     }
-    let limit = q.limit.clamp(1, 100) as usize;
-    args.push(((limit + 1) as i64).into());
-    let tail = format!(
-        "WHERE {} ORDER BY rowid DESC LIMIT ?{}",
-        where_.join(" AND "),
-        args.len()
-    );
-    let mut rows = select(c, &tail, rusqlite::params_from_iter(args))?;
-    let more = rows.len() > limit;
-    rows.truncate(limit);
-    let next = if more {
-        rows.last().map(|(id, _)| *id)
-    } else {
-        None
-    };
-    Ok(SessionPage {
-        sessions: rows.into_iter().map(|(_, r)| r).collect(),
-        next,
-    })
+    let (sessions, next) = page(c, &where_, args, q.limit, |c, tail, args| {
+        select(c, tail, args)
+    })?;
+    Ok(SessionPage { sessions, next })
 }
 
 pub(super) fn touch(tx: &Transaction<'_>, id: &str, now: i64) -> Result<(), StoreError> {
