@@ -53,4 +53,9 @@ def read_frame(reader):
 
 def write_frame(writer, header, body=b""):
     h = json.dumps(header).encode()
-    writer.write(MAGIC + struct.pack(">I", len(h)) + h + struct.pack(">I", len(body)) + body)
+    view = memoryview(MAGIC + struct.pack(">I", len(h)) + h + struct.pack(">I", len(body)) + body)
+    # The writer is unbuffered, so one write may take only part of the frame: gVisor's runsc
+    # takes 64 KiB of a pipe write at a time. A half frame would stall the host forever.
+    while view:
+        n = writer.write(view)
+        view = view[n:]
