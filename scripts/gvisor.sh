@@ -1,23 +1,46 @@
 #!/usr/bin/env bash
-# Installs gVisor's runsc (the Debian package) and registers it with the running Docker engine
+# Installs gVisor's runsc (a Debian package) and registers it with the running Docker engine
 # as the runtime "runsc", for `[docker] runtime = "runsc"` and the tests under gVisor.
 # Idempotent. Never restarts dockerd (other containers keep running): the runtime is written
 # into /etc/docker/daemon.json and dockerd is sent SIGHUP, which reloads "runtimes".
 #
-# runtimeArgs: --network=none because Debian's runsc (0.0~20221219) refuses to start any
-# container on Linux >= 6.11 otherwise ("cannot run with network enabled in root network
-# namespace", gVisor issue 10704) and sessions have no network anyway; --oci-seccomp so that
-# Docker's seccomp profile is loaded inside the sandbox as well (its first process only).
+# Which runsc: Debian 13 (trixie)'s 0.0~20240729, on this Debian 12 host too. It is one static
+# binary with no dependencies, fetched by apt from the host's own Debian mirror and checked
+# against the trixie keys bookworm's debian-archive-keyring already ships. Bookworm's own runsc
+# (0.0~20221219) is too old for the sandbox image: its statx rejects AT_NO_AUTOMOUNT, so `ls`
+# and `stat` fail, and its ptrace platform spends about eight host tasks per sandbox process.
+#
+# runtimeArgs: --network=none because runsc refuses to start any container on Linux >= 6.11
+# otherwise ("cannot run with network enabled in root network namespace", gVisor issue 10704)
+# and sessions have no network anyway; --oci-seccomp so that Docker's seccomp profile is
+# loaded inside the sandbox as well (its first process only).
 set -euo pipefail
+
+RUNSC_VERSION="0.0~20240729.0-4+b7"
+RUNSC_SUITE="trixie"
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 DAEMON_JSON=/etc/docker/daemon.json
 
-if ! command -v runsc >/dev/null 2>&1; then
-    echo "sandboxd: installing runsc (gVisor)" >&2
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends runsc >&2
+installed=$(dpkg-query -W -f '${Version}' runsc 2>/dev/null || true)
+if [ "$installed" != "$RUNSC_VERSION" ]; then
+    echo "sandboxd: installing runsc $RUNSC_VERSION (gVisor, from Debian $RUNSC_SUITE)" >&2
+    # The host's Debian mirror, as its own apt sources name it.
+    mirror=$(apt-get indextargets --format '$(REPO_URI)' 'Origin: Debian' 'Component: main' 2>/dev/null | grep -v security | head -1 || true)
+    mirror=${mirror:-http://deb.debian.org/debian/}
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    mkdir -p "$work/lists/partial" "$work/archives/partial"
+    # apt downloads as its unprivileged user _apt, which must be able to write here.
+    if id _apt >/dev/null 2>&1; then $SUDO chown -R _apt "$work"; fi
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $RUNSC_SUITE main" >"$work/sources.list"
+    # A private apt state: the host's own sources, lists and pins stay as they are.
+    apt_private=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$work/lists" -o "Dir::Cache::Archives=$work/archives" -qq)
+    $SUDO apt-get "${apt_private[@]}" update
+    (cd "$work" && $SUDO apt-get "${apt_private[@]}" download "runsc=$RUNSC_VERSION")
+    $SUDO dpkg -i "$work"/runsc_*.deb >&2
 fi
 RUNSC=$(command -v runsc)
 
