@@ -126,6 +126,30 @@ impl ExecBackend for DockerExec {
         state.running == Some(true)
             && !matches!(state.status, Some(S::REMOVING | S::DEAD | S::STOPPING))
     }
+
+    async fn stop_reason(&self) -> Option<String> {
+        let info = self
+            .docker
+            .inspect_container(&self.container_id, None::<InspectContainerOptions>)
+            .await
+            .ok()?;
+        if info.state.and_then(|s| s.oom_killed) != Some(true) {
+            return None;
+        }
+        let host = info.host_config.unwrap_or_default();
+        let limit = host.memory.unwrap_or(0) >> 20;
+        let gvisor = host
+            .runtime
+            .as_deref()
+            .is_some_and(super::docker::is_gvisor);
+        Some(if gvisor {
+            format!(
+                "it ran out of memory (limit {limit} MiB) and, under gVisor (runsc), that kills the whole sandbox, not only the process that asked: gVisor's kernel is the process the host's out-of-memory killer takes. Start a new session with a higher memory limit, or use the runc runtime, where only that process is killed"
+            )
+        } else {
+            format!("it ran out of memory (limit {limit} MiB) and was killed")
+        })
+    }
 }
 
 /// Waits until the engine reports the exec's process as started (or already finished).

@@ -20,7 +20,7 @@ impl<B: ExecBackend> ExecSandbox<B> {
         op: serde_json::Value,
         body: &[u8],
     ) -> Result<(serde_json::Value, bytes::Bytes), SandboxError> {
-        self.gone_if_dead(self.fs_call_once(op, body).await).await
+        self.watched(self.fs_call_once(op, body)).await
     }
 
     async fn fs_call_once(

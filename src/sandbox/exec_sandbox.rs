@@ -37,7 +37,18 @@ pub trait ExecBackend: Send + Sync + 'static {
 
     /// Whether the sandbox still runs; a cheap query of the backend.
     async fn is_alive(&self) -> bool;
+
+    /// Why a sandbox that no longer runs stopped, in words for the model and the user, when
+    /// the backend knows (an out-of-memory kill); None when it does not.
+    async fn stop_reason(&self) -> Option<String> {
+        None
+    }
 }
+
+/// How often a call that is still waiting checks that its sandbox runs. Some runtimes keep
+/// an attached process open after the whole sandbox died (gVisor's runsc after an
+/// out-of-memory kill of its kernel), so without a look the call would wait for its timeout.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// One session's sandbox over an exec backend.
 pub struct ExecSandbox<B> {
@@ -70,20 +81,50 @@ impl<B: ExecBackend> ExecSandbox<B> {
     /// state", "OCI runtime exec failed"), which reads as a helper breaking its protocol;
     /// neither is sandboxd failing. The engine may report the dying container as running for
     /// a moment after such an error, so a running answer is checked once more.
-    pub(super) async fn gone_if_dead<T>(
-        &self,
-        r: Result<T, SandboxError>,
-    ) -> Result<T, SandboxError> {
+    async fn gone_if_dead<T>(&self, r: Result<T, SandboxError>) -> Result<T, SandboxError> {
         match r {
             Err(
                 e @ (SandboxError::Protocol { .. }
                 | SandboxError::Backend { .. }
                 | SandboxError::KillUnconfirmed { .. }),
-            ) if !self.still_running().await => Err(SandboxError::SandboxGone {
-                session: self.session_id.clone(),
-                message: format!("it stopped running during the call: {e}"),
-            }),
+            ) if !self.still_running().await => Err(self
+                .gone(&format!("it stopped running during the call ({e})"))
+                .await),
             other => other,
+        }
+    }
+
+    /// Runs one call of the sandbox, watching that the sandbox keeps running under it: the
+    /// call's own failure is checked with `gone_if_dead`, and a sandbox found stopped while
+    /// the call waits ends the call at once as gone, with the backend's reason. Dropping the
+    /// call then is safe: nothing of a stopped sandbox can be used again.
+    pub(super) async fn watched<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, SandboxError>>,
+    ) -> Result<T, SandboxError> {
+        tokio::pin!(call);
+        let mut tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + WATCH_EVERY, WATCH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                r = &mut call => return self.gone_if_dead(r).await,
+                _ = tick.tick() => {
+                    if !self.backend.is_alive().await {
+                        return Err(self.gone("it stopped running during the call").await);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn gone(&self, what: &str) -> SandboxError {
+        SandboxError::SandboxGone {
+            session: self.session_id.clone(),
+            message: match self.backend.stop_reason().await {
+                Some(why) => format!("{what}: {why}"),
+                None => what.to_string(),
+            },
         }
     }
 
@@ -130,7 +171,7 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         req.timeout = req
             .timeout
             .min(Duration::from_secs(self.limits.max_timeout_secs));
-        self.gone_if_dead(self.collect(&req, &tag).await).await
+        self.watched(self.collect(&req, &tag)).await
     }
 
     async fn spawn(&self, req: SpawnRequest) -> Result<AttachedProcess, SandboxError> {
@@ -145,8 +186,7 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         opts.timeout = opts
             .timeout
             .min(Duration::from_secs(self.limits.max_timeout_secs));
-        self.gone_if_dead(self.shell.run(self, command, &opts).await)
-            .await
+        self.watched(self.shell.run(self, command, &opts)).await
     }
 
     async fn shell_stream(
@@ -159,7 +199,7 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         opts.timeout = opts
             .timeout
             .min(Duration::from_secs(self.limits.max_timeout_secs));
-        self.gone_if_dead(self.shell.run_streamed(self, command, &opts, &to).await)
+        self.watched(self.shell.run_streamed(self, command, &opts, &to))
             .await
     }
 

@@ -13,6 +13,8 @@ mod docker_exec;
 pub mod docker_image;
 mod exec_ops;
 pub mod exec_sandbox;
+#[cfg(test)]
+mod exec_watch_tests;
 pub mod framed;
 pub mod fs_client;
 pub mod helpers;
