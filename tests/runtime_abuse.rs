@@ -97,9 +97,7 @@ async fn a_memory_bomb_is_oom_killed_and_reported() {
         // Under gVisor the host's OOM killer takes gVisor's kernel, so the whole sandbox
         // dies; the call must say so at once (the attached exec never ends by itself),
         // not wait for its timeout.
-        let err = out
-            .err()
-            .expect("under gVisor the sandbox dies with its bomb");
+        let err = out.expect_err("under gVisor the sandbox dies with its bomb");
         let text = err.to_string();
         assert!(
             matches!(err, SandboxError::SandboxGone { .. })

@@ -197,4 +197,15 @@ impl Sandbox for LazySandbox {
             None => false,
         }
     }
+
+    async fn check_alive(&self) -> Result<(), SandboxError> {
+        let current = self.session.lock().await.clone();
+        match current {
+            Some(s) => s.sandbox.check_alive().await,
+            None => Err(SandboxError::SandboxGone {
+                session: self.session_id().to_string(),
+                message: "it was never started".into(),
+            }),
+        }
+    }
 }

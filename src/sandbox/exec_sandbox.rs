@@ -45,11 +45,6 @@ pub trait ExecBackend: Send + Sync + 'static {
     }
 }
 
-/// How often a call that is still waiting checks that its sandbox runs. Some runtimes keep
-/// an attached process open after the whole sandbox died (gVisor's runsc after an
-/// out-of-memory kill of its kernel), so without a look the call would wait for its timeout.
-const WATCH_EVERY: Duration = Duration::from_secs(1);
-
 /// One session's sandbox over an exec backend.
 pub struct ExecSandbox<B> {
     pub(super) backend: B,
@@ -94,28 +89,16 @@ impl<B: ExecBackend> ExecSandbox<B> {
         }
     }
 
-    /// Runs one call of the sandbox, watching that the sandbox keeps running under it: the
-    /// call's own failure is checked with `gone_if_dead`, and a sandbox found stopped while
-    /// the call waits ends the call at once as gone, with the backend's reason. Dropping the
-    /// call then is safe: nothing of a stopped sandbox can be used again.
+    /// Runs one call of the sandbox, watching that the sandbox keeps running under it
+    /// (watch.rs): a sandbox found stopped while the call waits ends the call at once as
+    /// gone, with the backend's reason, and the call's own failure is checked with
+    /// `gone_if_dead`.
     pub(super) async fn watched<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, SandboxError>>,
     ) -> Result<T, SandboxError> {
-        tokio::pin!(call);
-        let mut tick =
-            tokio::time::interval_at(tokio::time::Instant::now() + WATCH_EVERY, WATCH_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                r = &mut call => return self.gone_if_dead(r).await,
-                _ = tick.tick() => {
-                    if !self.backend.is_alive().await {
-                        return Err(self.gone("it stopped running during the call").await);
-                    }
-                }
-            }
-        }
+        let r = super::watch::while_alive(self, call).await;
+        self.gone_if_dead(r).await
     }
 
     async fn gone(&self, what: &str) -> SandboxError {
@@ -395,6 +378,14 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
 
     async fn is_alive(&self) -> bool {
         self.backend.is_alive().await
+    }
+
+    async fn check_alive(&self) -> Result<(), SandboxError> {
+        if self.backend.is_alive().await {
+            Ok(())
+        } else {
+            Err(self.gone("it stopped running").await)
+        }
     }
 
     /// The shell and the file helper start concurrently: each is one attached process, and

@@ -29,6 +29,7 @@ mod shell_scan;
 pub mod slots;
 pub mod tar_safety;
 pub mod tunnel;
+pub mod watch;
 pub mod ws_guard;
 
 mod error;
@@ -135,6 +136,20 @@ pub trait Sandbox: Send + Sync {
 
     /// Whether the container is still running; a cheap inspect.
     async fn is_alive(&self) -> bool;
+
+    /// `SandboxGone`, with why it stopped where the backend knows, when the sandbox no
+    /// longer runs: for callers that saw their own process end and must tell a dead
+    /// sandbox (gVisor's out-of-memory kill takes all of it) from a dead process.
+    async fn check_alive(&self) -> Result<(), SandboxError> {
+        if self.is_alive().await {
+            Ok(())
+        } else {
+            Err(SandboxError::SandboxGone {
+                session: self.session_id().to_string(),
+                message: "it stopped running".into(),
+            })
+        }
+    }
 
     /// Starts what the first call would otherwise start (the persistent shell, the file
     /// helper) now, so that call pays nothing: the warm pool does this before it offers a

@@ -22,6 +22,7 @@ use tokio::sync::Mutex;
 
 use super::{Tool, ToolContext, ToolError, ToolResult, arg_str, timeout_arg};
 use crate::sandbox::Sandbox;
+use crate::sandbox::watch::while_alive;
 use driver::{CellEnd, CellOutput, Driver, GRACE, Loss};
 
 pub struct Python {
@@ -189,9 +190,14 @@ impl Tool for Python {
                 "the python interpreter did not start".into(),
             ));
         };
-        let end = driver
-            .run(code, self.output_cap, timeout, &ctx.cancel)
-            .await;
+        let run = driver.run(code, self.output_cap, timeout, &ctx.cancel);
+        let end = match while_alive(&*self.sandbox, async { Ok(run.await) }).await {
+            Ok(end) => end,
+            Err(gone) => {
+                slot.driver = None;
+                return Err(ToolError::Sandbox(gone));
+            }
+        };
         let secs = timeout.as_secs();
         let mut result = match end {
             CellEnd::Done(out) => observe(out, None),
@@ -226,6 +232,9 @@ impl Tool for Python {
             }
             CellEnd::Cancelled => return Err(ToolError::Cancelled),
             CellEnd::Died(why) => {
+                // Under gVisor an out-of-memory kill takes the whole sandbox with the cell:
+                // that is the session's end, not the interpreter's, and says why.
+                self.sandbox.check_alive().await?;
                 let loss = match slot.driver.take() {
                     Some(d) => d.obituary(&*self.sandbox, why).await,
                     None => Loss::Died(why, None),

@@ -1,0 +1,33 @@
+//! A call that watches its sandbox: some runtimes keep an attached process open after the
+//! whole sandbox died (gVisor's runsc, whose kernel is the process the host's out-of-memory
+//! killer takes), so a call waiting on that process alone would wait for its timeout.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::{Sandbox, SandboxError};
+
+/// How often a call that is still waiting checks that its sandbox runs: one cheap query of
+/// the backend a second, and only for calls that last that long.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs `call`; if the sandbox is found stopped while it waits, the call is dropped and the
+/// answer is `Sandbox::check_alive`'s error (gone, with the backend's reason). Dropping the
+/// call then is safe: nothing of a stopped sandbox can be used again.
+pub async fn while_alive<T, E>(
+    sandbox: &dyn Sandbox,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, E>
+where
+    E: From<SandboxError>,
+{
+    tokio::pin!(call);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + WATCH_EVERY, WATCH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            r = &mut call => return r,
+            _ = tick.tick() => sandbox.check_alive().await?,
+        }
+    }
+}
