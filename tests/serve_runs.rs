@@ -1,8 +1,9 @@
 //! The runs API of `sandboxd serve` as a real process on loopback, with the real engine and
 //! image and a fake LLM at the HTTP boundary: SSE that resumes exactly once and in order,
 //! two followers, `?after`, `?follow=false`, images, a continued conversation, other users'
-//! 404s, cancel that kills the command in flight, quotas, ask_human answered and timed out,
-//! plan mode, and runs interrupted by `kill -9` and by SIGTERM.
+//! 404s, cancel that kills the command in flight, cancel of a queued run (it never starts),
+//! the admin's filter by user, quotas, ask_human answered and timed out, plan mode, and runs
+//! interrupted by `kill -9` and by SIGTERM.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod serve;
@@ -36,7 +37,15 @@ struct Sse {
 /// Reads SSE events from a response until it ends or `stop_after` events came.
 async fn read_sse(resp: reqwest::Response, stop_after: Option<usize>) -> Vec<Sse> {
     let mut resp = resp;
-    let mut buf = String::new();
+    read_sse_on(&mut resp, &mut String::new(), stop_after).await
+}
+
+/// `read_sse` on a stream that stays open: `buf` keeps what was read past the last event.
+async fn read_sse_on(
+    resp: &mut reqwest::Response,
+    buf: &mut String,
+    stop_after: Option<usize>,
+) -> Vec<Sse> {
     let mut out = Vec::new();
     loop {
         while let Some(end) = buf.find("\n\n") {
@@ -452,6 +461,231 @@ async fn cancel_kills_the_command_in_flight_and_the_run_quota_holds() {
     let again = start_run(&api, json!({"task": "now", "session_id": session})).await;
     let evs = follow_all(&api, again["id"].as_str().unwrap()).await;
     assert_eq!(evs.last().unwrap().data["state"], "succeeded");
+}
+
+/// Opens the gate file a run's command waits for (as the sandbox user, beside the shell the
+/// run holds busy).
+fn open_gate(container: &str, gate: &str) {
+    let st = std::process::Command::new("docker")
+        .args(["exec", container, "touch", gate])
+        .status()
+        .unwrap();
+    assert!(st.success(), "docker exec touch {gate}: {st}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_a_queued_run_ends_it_unstarted_and_spares_the_running_one() {
+    let gate = "/workspace/gate";
+    let llm = FakeLlm::start_with_fallback(
+        vec![
+            Reply::tool(
+                "bash",
+                json!({"command": format!("until [ -e {gate} ]; do sleep 0.1; done; echo GATE-OPEN")}),
+            ),
+            Reply::tool(
+                "terminate",
+                json!({"status": "success", "answer": "first done"}),
+            ),
+            Reply::tool(
+                "terminate",
+                json!({"status": "success", "answer": "third done"}),
+            ),
+        ],
+        // What a run that should never have asked would be given.
+        Reply::tool("terminate", json!({"status": "success", "answer": "extra"})),
+    )
+    .await;
+    let env = Env::new(&format!("{}{SERVER}", llm_config(&llm))).await;
+    let key = env.add_user("hal", &[]);
+    let serve = env.start();
+    let api = Api::new(&serve, &key);
+    let first = start_run(
+        &api,
+        json!({"task": "FIRST: wait for the gate", "session": {}}),
+    )
+    .await;
+    let first_id = first["id"].as_str().unwrap().to_string();
+    let session = first["session_id"].as_str().unwrap().to_string();
+    until_with(&api, &first_id, "tool_call", "GATE-OPEN").await;
+
+    // The second run of the session waits for the first, which waits for the gate.
+    let queued = start_run(
+        &api,
+        json!({"task": "QUEUED-TASK-MARKER", "session_id": session}),
+    )
+    .await;
+    let id = queued["id"].as_str().unwrap().to_string();
+    assert_eq!(queued["state"], "queued", "{queued}");
+    // A follower connected while it is queued has its queued state live.
+    let mut open = events(&api, &id, "", None).await;
+    let mut buf = String::new();
+    let mut live = read_sse_on(&mut open, &mut buf, Some(1)).await;
+    assert_eq!(live[0].data["state"], "queued", "{live:?}");
+
+    let (s, v) = api
+        .json(Method::POST, &format!("/v1/runs/{id}/cancel"), None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "cancelled", "{v}");
+    assert_eq!(v["outcome"]["kind"], "cancelled", "{v}");
+    assert!(v["started_at"].is_null(), "it never started: {v}");
+    assert!(v["ended_at"].is_string(), "{v}");
+    assert_eq!(v["steps"], 0);
+    // The cancel did not wait for the session's lock: the first run is still at the gate.
+    assert_eq!(get_run(&api, &first_id).await["state"], "running");
+
+    live.extend(read_sse_on(&mut open, &mut buf, None).await);
+    assert_numbered(&live, 1);
+    assert_eq!(
+        kinds(&live),
+        ["run_state", "run_finished", "run_state"],
+        "no step events: {live:?}"
+    );
+    assert_eq!(live[1].data["reason"]["kind"], "cancelled");
+    assert_eq!(live[2].data["state"], "cancelled");
+    let replay = read_sse(events(&api, &id, "?follow=false", None).await, None).await;
+    assert_eq!(replay, live, "the stream after the fact is the same");
+    let store = sandboxd::store::SqliteStore::open(&env.db()).await.unwrap();
+    use sandboxd::store::Store;
+    let stored = store.events_after(&id, 0, 100).await.unwrap();
+    let stored: Vec<(u64, String, Value)> = stored
+        .iter()
+        .map(|e| {
+            (
+                e.seq,
+                e.kind.clone(),
+                serde_json::from_str(&e.payload).unwrap(),
+            )
+        })
+        .collect();
+    let streamed: Vec<(u64, String, Value)> = live
+        .iter()
+        .map(|e| (e.id, e.event.clone(), e.data.clone()))
+        .collect();
+    assert_eq!(stored, streamed, "the store holds what was streamed");
+    let row = store.run(&id).await.unwrap().unwrap();
+    assert_eq!(row.state, sandboxd::store::RunState::Cancelled);
+    assert_eq!((row.started_at, row.last_seq), (None, 3));
+
+    // The first run goes on as if nothing happened, and the session takes a next run.
+    let container = container_of(&env, &session).await;
+    open_gate(&container, gate);
+    let evs = follow_all(&api, &first_id).await;
+    assert_eq!(evs.last().unwrap().data["state"], "succeeded", "{evs:?}");
+    assert!(
+        evs.iter()
+            .any(|e| e.event == "tool_result" && e.data.to_string().contains("GATE-OPEN")),
+        "{evs:?}"
+    );
+    assert_eq!(get_run(&api, &first_id).await["answer"], "first done");
+    let third = start_run(&api, json!({"task": "THIRD", "session_id": session})).await;
+    let evs = follow_all(&api, third["id"].as_str().unwrap()).await;
+    assert_eq!(evs.last().unwrap().data["state"], "succeeded", "{evs:?}");
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 3, "two for the first run, one for the third");
+    assert!(
+        reqs.iter()
+            .all(|r| !r.to_string().contains("QUEUED-TASK-MARKER")),
+        "the cancelled run never reached the model, nor the conversation"
+    );
+    assert!(reqs[2].to_string().contains("FIRST: wait for the gate"));
+    assert_eq!(get_run(&api, &id).await["state"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admin_filters_runs_by_user_and_a_user_sees_only_their_own() {
+    let llm = FakeLlm::start_with_fallback(
+        vec![],
+        Reply::tool("terminate", json!({"status": "success", "answer": "done"})),
+    )
+    .await;
+    let env = Env::new(&format!("{}{SERVER}", llm_config(&llm))).await;
+    let alice = env.add_user("ann", &[]);
+    let bob = env.add_user("ben", &[]);
+    let root = env.add_user("boss", &["--admin"]);
+    let serve = env.start();
+    let a = Api::new(&serve, &alice);
+    let b = Api::new(&serve, &bob);
+    let admin = Api::new(&serve, &root);
+    let mut runs = Vec::new();
+    for (api, task) in [(&a, "ann's first"), (&b, "ben's"), (&a, "ann's second")] {
+        let run = start_run(api, json!({"task": task, "session": {}})).await;
+        let id = run["id"].as_str().unwrap().to_string();
+        follow_all(api, &id).await;
+        runs.push(id);
+    }
+    let (ann_runs, ben_runs) = (
+        vec![runs[2].clone(), runs[0].clone()],
+        vec![runs[1].clone()],
+    );
+    // The ids the web UI's filter offers: GET /v1/users.
+    let (s, users) = admin.json(Method::GET, "/v1/users", None).await;
+    assert_eq!(s, 200, "{users}");
+    let id_of = |name: &str| {
+        users
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {users}"))["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (ann, ben) = (id_of("ann"), id_of("ben"));
+    let ids = |v: &Value| -> Vec<String> {
+        v["runs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let list = |api: &Api, q: String| {
+        let api = api.clone();
+        async move {
+            let (s, v) = api.json(Method::GET, &format!("/v1/runs{q}"), None).await;
+            assert_eq!(s, 200, "{q}: {v}");
+            v
+        }
+    };
+
+    // The admin: everyone's by default (also with an empty filter, the UI's "everyone"),
+    // one user's with the filter, newest first, paged within it.
+    let mut all = runs.clone();
+    all.reverse();
+    assert_eq!(ids(&list(&admin, String::new()).await), all);
+    assert_eq!(ids(&list(&admin, "?owner=".into()).await), all);
+    assert_eq!(ids(&list(&admin, format!("?owner={ann}")).await), ann_runs);
+    assert_eq!(ids(&list(&admin, format!("?owner={ben}")).await), ben_runs);
+    let page = list(&admin, format!("?owner={ann}&limit=1")).await;
+    assert_eq!(ids(&page), ann_runs[..1]);
+    let cursor = page["next_cursor"].as_str().unwrap().to_string();
+    let page = list(&admin, format!("?owner={ann}&limit=1&cursor={cursor}")).await;
+    assert_eq!(ids(&page), ann_runs[1..]);
+    assert!(page["next_cursor"].is_null(), "{page}");
+    let v = list(&admin, format!("?owner={ann}&state=succeeded")).await;
+    assert_eq!(ids(&v), ann_runs);
+    assert!(ids(&list(&admin, "?owner=usr_nobody".into()).await).is_empty());
+
+    // A user: their own, with or without their own id; another user's id lists nothing,
+    // the same as an id nobody has.
+    assert_eq!(ids(&list(&a, String::new()).await), ann_runs);
+    assert_eq!(ids(&list(&a, format!("?owner={ann}")).await), ann_runs);
+    for q in [format!("?owner={ben}"), "?owner=usr_nobody".into()] {
+        let v = list(&a, q.clone()).await;
+        assert!(ids(&v).is_empty(), "{q}: {v}");
+        assert!(v["next_cursor"].is_null(), "{q}: {v}");
+    }
+    let v = list(&b, format!("?owner={ann}&limit=1")).await;
+    assert!(ids(&v).is_empty(), "{v}");
+    let (s, v) = b
+        .json(Method::GET, &format!("/v1/runs/{}", runs[0]), None)
+        .await;
+    assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
+    // Nor can a user list the users to learn their ids.
+    let (s, v) = a.json(Method::GET, "/v1/users", None).await;
+    assert_eq!((s, code(&v)), (404, "not_found"), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -167,21 +167,14 @@ pub async fn create(
         .limits
         .lowered(&filled)
         .map_err(|e| ApiError::invalid(format!("field `limits`: {e}")))?;
-    let now = now_ms();
-    let row = SessionRow {
-        id: format!("ses_{}", uuid::Uuid::new_v4().simple()),
-        owner: caller.id().to_string(),
-        state: SessionState::Creating,
+    let row = SessionRow::creating(
+        format!("ses_{}", uuid::Uuid::new_v4().simple()),
+        caller.id(),
         limits,
-        metadata: body.metadata,
-        idle_timeout_secs: idle,
-        runtime_id: None,
-        container_id: None,
-        created_at: now,
-        last_used_at: now,
-        ended_at: None,
-        end_reason: None,
-    };
+        body.metadata,
+        idle,
+        now_ms(),
+    );
     st.store
         .reserve_session(row.clone(), quota.sessions)
         .await?;

@@ -149,6 +149,33 @@ pub struct SessionRow {
     pub end_reason: Option<String>,
 }
 
+impl SessionRow {
+    /// A session as `reserve_session` records it: reserved, no container yet, used now.
+    pub fn creating(
+        id: impl Into<String>,
+        owner: impl Into<String>,
+        limits: Limits,
+        metadata: BTreeMap<String, String>,
+        idle_timeout_secs: u64,
+        now: i64,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            owner: owner.into(),
+            state: SessionState::Creating,
+            limits,
+            metadata,
+            idle_timeout_secs,
+            runtime_id: None,
+            container_id: None,
+            created_at: now,
+            last_used_at: now,
+            ended_at: None,
+            end_reason: None,
+        }
+    }
+}
+
 /// What `list_sessions` returns: newest first, after an opaque cursor.
 #[derive(Debug, Clone, Default)]
 pub struct SessionQuery {

@@ -90,6 +90,39 @@ pub struct RunRow {
     pub last_seq: u64,
 }
 
+impl RunRow {
+    /// A run as `insert_run` records it: queued, nothing done or spent, no event yet.
+    pub fn queued(
+        id: impl Into<String>,
+        session_id: impl Into<String>,
+        owner: impl Into<String>,
+        task: impl Into<String>,
+        mode: impl Into<String>,
+        max_steps: Option<u64>,
+        now: i64,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            session_id: session_id.into(),
+            owner: owner.into(),
+            task: task.into(),
+            mode: mode.into(),
+            max_steps,
+            state: RunState::Queued,
+            outcome: None,
+            answer: None,
+            steps: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            question: None,
+            created_at: now,
+            started_at: None,
+            ended_at: None,
+            last_seq: 0,
+        }
+    }
+}
+
 /// What an event's commit changes on its run, in the same transaction; `None` keeps a field.
 #[derive(Debug, Clone, Default)]
 pub struct RunPatch {

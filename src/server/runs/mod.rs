@@ -191,25 +191,15 @@ impl RunService {
     pub async fn start(self: &Arc<Self>, req: StartRun) -> Result<RunRow, RunServiceError> {
         let ctx = self.ctx.clone().map_err(RunServiceError::NoLlm)?;
         let id = new_run_id();
-        let row = RunRow {
-            id: id.clone(),
-            session_id: req.session_id.clone(),
-            owner: req.owner.clone(),
-            task: req.task.clone(),
-            mode: req.mode.as_str().into(),
-            max_steps: req.max_steps.map(|n| n as u64),
-            state: RunState::Queued,
-            outcome: None,
-            answer: None,
-            steps: 0,
-            input_tokens: 0,
-            output_tokens: 0,
-            question: None,
-            created_at: now_ms(),
-            started_at: None,
-            ended_at: None,
-            last_seq: 0,
-        };
+        let row = RunRow::queued(
+            id.clone(),
+            req.session_id.clone(),
+            req.owner.clone(),
+            req.task.clone(),
+            req.mode.as_str(),
+            req.max_steps.map(|n| n as u64),
+            now_ms(),
+        );
         let live = Arc::new(LiveRun {
             id: id.clone(),
             owner: req.owner.clone(),

@@ -180,10 +180,18 @@ pub async fn list_runs(
             "parameter `limit`: must be between 1 and 100",
         ));
     }
+    let wanted = q.owner.filter(|o| !o.is_empty());
     let owner = if caller.is_admin() {
-        q.owner.filter(|o| !o.is_empty())
-    } else {
+        wanted
+    } else if wanted.as_deref().is_none_or(|o| o == caller.id()) {
         Some(caller.id().to_string())
+    } else {
+        // A user's list holds only their own runs, so another user's id matches none: an
+        // empty page, whether or not that user exists (as another's run is a 404).
+        return Ok(Json(RunList {
+            runs: Vec::new(),
+            next_cursor: None,
+        }));
     };
     let page = st
         .store

@@ -161,7 +161,7 @@ mod tests {
 
     use super::*;
     use crate::server::runs::journal::Journal;
-    use crate::store::{RunRow, SessionRow, SessionState, SqliteStore, Store};
+    use crate::store::{RunRow, SessionRow, SqliteStore, Store};
 
     /// An unanswered question expires after the configured time (virtual, paused clock):
     /// the run is told no human answered, and the events say so in order.
@@ -171,39 +171,13 @@ mod tests {
         let store: Arc<dyn Store> =
             Arc::new(SqliteStore::open(&dir.path().join("s.db")).await.unwrap());
         let now = now_ms();
-        let session = SessionRow {
-            id: "ses".into(),
-            owner: "u".into(),
-            state: SessionState::Creating,
-            limits: Default::default(),
-            metadata: Default::default(),
-            idle_timeout_secs: 60,
-            runtime_id: None,
-            container_id: None,
-            created_at: now,
-            last_used_at: now,
-            ended_at: None,
-            end_reason: None,
-        };
+        let session =
+            SessionRow::creating("ses", "u", Default::default(), Default::default(), 60, now);
         store.reserve_session(session, 4).await.unwrap();
+        // Already running: the asker is handed a run the engine drives.
         let row = RunRow {
-            id: "run-q".into(),
-            session_id: "ses".into(),
-            owner: "u".into(),
-            task: "t".into(),
-            mode: "agent".into(),
-            max_steps: None,
             state: RunState::Running,
-            outcome: None,
-            answer: None,
-            steps: 0,
-            input_tokens: 0,
-            output_tokens: 0,
-            question: None,
-            created_at: now,
-            started_at: None,
-            ended_at: None,
-            last_seq: 0,
+            ..RunRow::queued("run-q", "ses", "u", "t", "agent", None, now)
         };
         store.insert_run(row, 2).await.unwrap();
         let run = Arc::new(LiveRun {

@@ -147,52 +147,21 @@ mod tests {
     use super::*;
     use crate::agent::EventKind;
     use crate::server::runs::journal::Journal;
-    use crate::store::{RunPatch, RunRow, SessionRow, SessionState, SqliteStore, now_ms};
+    use crate::store::{RunPatch, RunRow, SessionRow, SqliteStore, now_ms};
 
     async fn store_with_run(dir: &std::path::Path) -> Arc<dyn Store> {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.join("s.db")).await.unwrap());
         let now = now_ms();
         store
             .reserve_session(
-                SessionRow {
-                    id: "ses".into(),
-                    owner: "u".into(),
-                    state: SessionState::Creating,
-                    limits: Default::default(),
-                    metadata: Default::default(),
-                    idle_timeout_secs: 60,
-                    runtime_id: None,
-                    container_id: None,
-                    created_at: now,
-                    last_used_at: now,
-                    ended_at: None,
-                    end_reason: None,
-                },
+                SessionRow::creating("ses", "u", Default::default(), Default::default(), 60, now),
                 4,
             )
             .await
             .unwrap();
         store
             .insert_run(
-                RunRow {
-                    id: "run-1".into(),
-                    session_id: "ses".into(),
-                    owner: "u".into(),
-                    task: "t".into(),
-                    mode: "agent".into(),
-                    max_steps: None,
-                    state: RunState::Queued,
-                    outcome: None,
-                    answer: None,
-                    steps: 0,
-                    input_tokens: 0,
-                    output_tokens: 0,
-                    question: None,
-                    created_at: now,
-                    started_at: None,
-                    ended_at: None,
-                    last_seq: 0,
-                },
+                RunRow::queued("run-1", "ses", "u", "t", "agent", None, now),
                 2,
             )
             .await

@@ -130,7 +130,8 @@ pub struct ListRunsQuery {
     pub session_id: Option<String>,
     #[param(inline)]
     pub state: Option<RunState>,
-    /// Admins only: runs of this user id.
+    /// Only the runs of this user id (`id` in GET /v1/users). A user other than an admin
+    /// sees only their own runs, so another user's id lists none.
     pub owner: Option<String>,
 }
 

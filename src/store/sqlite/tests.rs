@@ -13,20 +13,14 @@ fn key(b: u8) -> StoredKey {
 }
 
 fn session(id: &str, owner: &str) -> SessionRow {
-    SessionRow {
-        id: id.into(),
-        owner: owner.into(),
-        state: SessionState::Creating,
-        limits: Default::default(),
-        metadata: [("app".to_string(), "x".to_string())].into(),
-        idle_timeout_secs: 60,
-        runtime_id: None,
-        container_id: None,
-        created_at: now_ms(),
-        last_used_at: now_ms(),
-        ended_at: None,
-        end_reason: None,
-    }
+    SessionRow::creating(
+        id,
+        owner,
+        Default::default(),
+        [("app".to_string(), "x".to_string())].into(),
+        60,
+        now_ms(),
+    )
 }
 
 #[tokio::test]
