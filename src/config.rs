@@ -395,6 +395,7 @@ impl Config {
             })?;
         config.limits.validate()?;
         config.flow.validate()?;
+        config.server.validate()?;
         config
             .research
             .validate()

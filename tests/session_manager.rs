@@ -1,7 +1,8 @@
 //! The SessionManager's logic over the fake runtime (tests/support/fake_runtime.rs), under
 //! `tokio::time::pause()`: the session cap and the per-owner cap (also under concurrent
 //! creates), owner checks, limits kept across re-attaching, the idle reaper, the
-//! reconciler, and a create that is abandoned half-way. No Docker; virtual time.
+//! reconciler, the end hook every way of destroying a session tells, and a create that is
+//! abandoned half-way. No Docker; virtual time.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
@@ -271,6 +272,41 @@ async fn the_reconciler_removes_orphans_and_nothing_in_use() {
     assert!(
         m.reconcile().await.unwrap().is_empty(),
         "nothing left to do"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn removal_reconcile_and_the_reaper_each_tell_the_end_hook_once() {
+    let rt = FakeRuntime::new();
+    let m = manager(
+        &rt,
+        SessionsConfig {
+            idle_timeout_secs: 60,
+            reap_interval_secs: 10,
+            ..SessionsConfig::default()
+        },
+    );
+    let ended = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let heard = ended.clone();
+    m.on_session_end(Arc::new(move |id: &str| {
+        heard.lock().unwrap().push(id.to_string())
+    }));
+    let a = owner("a");
+    let removed = m.create(&a, &LimitRequest::default(), KEPT).await.unwrap();
+    let reaped = m.create(&a, &LimitRequest::default(), KEPT).await.unwrap();
+    rt.insert("aaaaaaaaaa04", "a", SandboxState::Stopped, true, "dead:1");
+    m.remove(&a, &removed.id).await.unwrap();
+    assert!(
+        m.remove(&owner("b"), &reaped.id).await.is_err(),
+        "another owner ends nothing"
+    );
+    assert_eq!(m.reconcile().await.unwrap(), vec!["aaaaaaaaaa04"]);
+    let _reaper = m.spawn_reaper();
+    tokio::time::sleep(Duration::from_secs(75)).await;
+    assert!(rt.sessions().is_empty());
+    assert_eq!(
+        *ended.lock().unwrap(),
+        vec![removed.id.clone(), "aaaaaaaaaa04".into(), reaped.id.clone()]
     );
 }
 

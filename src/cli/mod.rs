@@ -26,6 +26,7 @@ use anyhow::Context as _;
 use sandboxd::config::Config;
 use sandboxd::sandbox::docker::{self, DockerRuntime};
 use sandboxd::sandbox::{Owner, SessionManager, docker_image};
+use sandboxd::tools::saved;
 
 pub(crate) struct Ctx {
     pub config: Config,
@@ -90,12 +91,19 @@ impl Ctx {
     fn manager_over(&self, runtime: DockerRuntime) -> Arc<SessionManager> {
         // The pool only fills in processes that start it (`spawn_pool`: the MCP server and
         // `serve`); a one-shot command claims nothing and makes nothing ahead.
-        SessionManager::with_pool(
+        let manager = SessionManager::with_pool(
             Arc::new(runtime),
             self.config.limits.clone(),
             self.config.sessions.clone(),
             self.config.pool.clone(),
-        )
+        );
+        self.forget_ended_sessions(&manager);
+        manager
+    }
+
+    /// A kept session's tool records go when any command destroys the session.
+    pub(crate) fn forget_ended_sessions(&self, manager: &SessionManager) {
+        manager.on_session_end(saved::end_hook(self.config.data_dir()));
     }
 
     /// The owner recorded on sessions the CLI creates ([sessions] default_owner).

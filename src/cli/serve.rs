@@ -66,6 +66,7 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
         ctx.config.pool.clone(),
         scope,
     );
+    ctx.forget_ended_sessions(&manager);
     let server = Server::start(ctx.config.clone(), store, manager, Arc::new(runtime), addr).await?;
     let r = &server.reconciled;
     eprintln!(

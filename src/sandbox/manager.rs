@@ -9,6 +9,10 @@
 //! owner, its limits and which process created it, so a later process can re-attach a kept
 //! session as it was made, and the reconciler can tell an orphan of a crashed process from
 //! a session another live sandboxd still uses.
+//!
+//! Every path that destroys a session's sandbox (remove, the reaper, the memory budget,
+//! the reconciler) goes through `destroy`, which then tells the end hook, so what the layers
+//! above keep on the host for a session (a kept session's tool records) goes with it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -127,6 +131,9 @@ impl Table {
     }
 }
 
+/// Told the id of each session whose sandbox is gone (see `SessionManager::on_session_end`).
+pub type EndHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 pub struct SessionManager {
     pub(super) runtime: Arc<dyn Runtime>,
     /// The admin's ceilings, and the limits profile warm sandboxes are made with.
@@ -140,6 +147,8 @@ pub struct SessionManager {
     pub(super) refill: Arc<tokio::sync::Notify>,
     /// The pool's fill tasks, so closing the pool can wait for them.
     pub(super) fills: tokio_util::task::TaskTracker,
+    /// What to tell when a session ends; set once by the process that makes the manager.
+    on_end: std::sync::OnceLock<EndHook>,
 }
 
 /// Releases a creation's place in the caps however the creation ends (even cancelled).
@@ -228,7 +237,32 @@ impl SessionManager {
             table: Arc::default(),
             refill: Arc::default(),
             fills: tokio_util::task::TaskTracker::new(),
+            on_end: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the hook told the id of every session this manager destroys (its sandbox
+    /// removed) and of every one `session_ended` reports. Set once; a second call is ignored.
+    pub fn on_session_end(&self, hook: EndHook) {
+        if self.on_end.set(hook).is_err() {
+            tracing::warn!("the session manager's end hook was set twice; the first one stays");
+        }
+    }
+
+    /// Tells the end hook that `session_id` ended without this manager removing its sandbox
+    /// (a caller found the sandbox already gone).
+    pub fn session_ended(&self, session_id: &str) {
+        if let Some(hook) = self.on_end.get() {
+            hook(session_id);
+        }
+    }
+
+    /// Removes a session's sandbox, then tells the end hook: the one way a session's
+    /// sandbox is destroyed. A failed removal leaves the session (and what is kept for it).
+    async fn destroy(&self, session_id: &str, handle: &str) -> Result<(), SandboxError> {
+        self.runtime.remove(handle).await?;
+        self.session_ended(session_id);
+        Ok(())
     }
 
     /// Creates a session for `owner`. The request can only lower the limits; the global
@@ -416,7 +450,7 @@ impl SessionManager {
                     .handle
             }
         };
-        self.runtime.remove(&handle).await
+        self.destroy(id, &handle).await
     }
 
     /// Removes every session this process holds, except kept ones, and closes the warm
@@ -528,7 +562,7 @@ impl SessionManager {
             if !stopped && (creator_alive || kept_running) {
                 continue;
             }
-            self.runtime.remove(&f.handle).await?;
+            self.destroy(&f.session_id, &f.handle).await?;
             removed.push(f.session_id);
         }
         Ok(removed)

@@ -79,6 +79,13 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
         };
         tracing::info!(session = %row.id, %reason, "ending a stored session");
         st.store.end_session(&row.id, &reason, now_ms()).await?;
+        // A container still there is removed below (and the manager tells its end hook);
+        // for one already gone, the hook is told here.
+        if found.is_none()
+            && let Some(rt) = &row.runtime_id
+        {
+            manager.session_ended(rt);
+        }
         out.ended.push(row.id);
     }
     let ours: HashSet<String> = st.store.owner_ids().await?.into_iter().collect();

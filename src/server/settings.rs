@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{LimitRequest, Limits};
+use crate::config::{ConfigError, LimitRequest, Limits};
 use crate::store::QuotaOverride;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,7 +32,13 @@ pub struct ServerConfig {
     /// How long a run's `ask_human` question waits for POST /v1/runs/{id}/answer before the
     /// run goes on without an answer.
     pub question_timeout_secs: u64,
+    /// How long a web UI sign-in (its cookie) lasts, at most: the key's own expiry, if
+    /// sooner, wins. Seconds, so a test can watch one run out.
+    pub sign_in_secs: u64,
 }
+
+/// The longest sign-in allowed: a cookie that outlives a month is a key by another name.
+pub const MAX_SIGN_IN_SECS: u64 = 30 * 86_400;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -47,7 +53,31 @@ impl Default for ServerConfig {
             retention_days: 30,
             auth_failures_per_minute: 20,
             question_timeout_secs: 300,
+            sign_in_secs: 12 * 3600,
         }
+    }
+}
+
+impl ServerConfig {
+    /// Refuses values that make no sense rather than guessing what was meant.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=MAX_SIGN_IN_SECS).contains(&self.sign_in_secs) {
+            return Err(ConfigError::Invalid {
+                key: "server.sign_in_secs".into(),
+                message: format!(
+                    "{} is not a sign-in lifetime between 1 and {MAX_SIGN_IN_SECS} seconds (30 days); the default is 43200 (12 hours)",
+                    self.sign_in_secs
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// `sign_in_secs` in milliseconds, the store's unit.
+    pub fn sign_in_ms(&self) -> i64 {
+        i64::try_from(self.sign_in_secs.min(MAX_SIGN_IN_SECS))
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1000)
     }
 }
 
@@ -199,5 +229,25 @@ mod tests {
         let filled = q.fill(&LimitRequest::default());
         assert_eq!(filled.memory_mb, Some(512));
         assert!(admin.lowered(&filled).is_ok());
+    }
+
+    #[test]
+    fn a_sign_in_lifetime_of_zero_or_over_a_month_is_refused_at_load() {
+        let load = |v: &str| {
+            crate::config::Config::load_with_env(
+                None,
+                &[("SANDBOXD_SERVER_SIGN_IN_SECS".to_string(), v.to_string())],
+            )
+        };
+        for bad in ["0", "2592001", "18446744073709551615"] {
+            let err = load(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("server.sign_in_secs") && err.contains(bad),
+                "{bad}: {err}"
+            );
+        }
+        let ok = load("5").unwrap();
+        assert_eq!(ok.server.sign_in_ms(), 5000);
+        assert_eq!(ServerConfig::default().sign_in_ms(), 12 * 3600 * 1000);
     }
 }

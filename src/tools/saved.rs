@@ -7,13 +7,18 @@
 //! learns an endpoint from a file sandboxed code could write. A record names its session
 //! and owner and is used only when both match; one that is too large or malformed is
 //! ignored (the tool starts empty, as a new session's would).
+//!
+//! The records end with their session: `end_hook` is the session manager's end hook, so
+//! however a session is destroyed (removed, reaped, reconciled), `forget` deletes them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::transcript::{is_plain_id, write_private};
+use crate::sandbox::manager::EndHook;
 
 /// The largest record read back; the writers keep theirs well below it.
 const MAX_RECORD_BYTES: u64 = 32 << 20;
@@ -36,9 +41,9 @@ struct Envelope<T> {
 impl SavedTools {
     /// Records of `session_id` under `<data>/runs/sessions`; None for an id that is not a
     /// plain name (it would not make a safe file name).
-    pub fn new(data_dir: &std::path::Path, session_id: &str, owner: &str) -> Option<Self> {
+    pub fn new(data_dir: &Path, session_id: &str, owner: &str) -> Option<Self> {
         is_plain_id(session_id).then(|| Self {
-            dir: data_dir.join("runs").join("sessions"),
+            dir: records_dir(data_dir),
             session_id: session_id.to_string(),
             owner: owner.to_string(),
         })
@@ -90,6 +95,52 @@ impl SavedTools {
     }
 }
 
+fn records_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("runs").join("sessions")
+}
+
+/// Deletes every tool record of `session_id` (each `<id>.<kind>.json`, whatever tool wrote
+/// it), because the session is gone. The conversation pointer `<id>.json` is not a tool
+/// record and stays with the transcripts it points into.
+pub fn forget(data_dir: &Path, session_id: &str) {
+    if !is_plain_id(session_id) {
+        return;
+    }
+    let dir = records_dir(data_dir);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot list tool records");
+            return;
+        }
+    };
+    let prefix = format!("{session_id}.");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let kind = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|n| n.strip_suffix(".json"));
+        if !kind.is_some_and(is_plain_id) {
+            continue;
+        }
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => tracing::debug!(session = %session_id, file = ?name, "tool record removed"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %entry.path().display(), error = %e, "could not remove a tool record")
+            }
+        }
+    }
+}
+
+/// The session manager's end hook that `forget`s each ended session's records under
+/// `data_dir` (set it on every manager whose sessions may be kept).
+pub fn end_hook(data_dir: PathBuf) -> EndHook {
+    Arc::new(move |session_id: &str| forget(&data_dir, session_id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +157,29 @@ mod tests {
         a.clear("x");
         assert_eq!(a.load::<Vec<i32>>("x"), None);
         assert!(SavedTools::new(dir.path(), "../etc", "alice").is_none());
+    }
+
+    #[test]
+    fn forget_removes_every_record_of_the_session_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SavedTools::new(dir.path(), "s1", "alice").unwrap();
+        let b = SavedTools::new(dir.path(), "s10", "alice").unwrap();
+        for kind in ["browser", "undo", "some_future_tool"] {
+            a.save(kind, &1);
+            b.save(kind, &2);
+        }
+        let sessions = records_dir(dir.path());
+        std::fs::write(sessions.join("s1.json"), b"{}").unwrap();
+        forget(dir.path(), "s1");
+        for kind in ["browser", "undo", "some_future_tool"] {
+            assert_eq!(a.load::<i32>(kind), None, "{kind}");
+            assert_eq!(b.load::<i32>(kind), Some(2), "another session's {kind}");
+        }
+        assert!(
+            sessions.join("s1.json").exists(),
+            "the conversation pointer"
+        );
+        forget(dir.path(), "..");
+        forget(&dir.path().join("missing"), "s1");
     }
 }

@@ -1,8 +1,9 @@
 //! Signing in to the web UI: an API key typed once becomes an HttpOnly, SameSite=Strict
-//! session cookie (Secure when the request came over https) with an expiry, so the page's
-//! fetch and EventSource calls (which cannot send an Authorization header) are
-//! authenticated. The cookie holds a random token; the store keeps its SHA-256, the user and
-//! the key it was made with (rotating the key ends the sign-in) and a CSRF token.
+//! session cookie (Secure when the request came over https) that expires after `[server]
+//! sign_in_secs` (or with the key, if sooner), so the page's fetch and EventSource calls
+//! (which cannot send an Authorization header) are authenticated. The cookie holds a random
+//! token; the store keeps its SHA-256, the user and the key it was made with (rotating the
+//! key ends the sign-in) and a CSRF token.
 //!
 //! CSRF: every state-changing request made with the cookie must carry the sign-in's token in
 //! `X-CSRF-Token` (fetch) or a `csrf` form field (sign-out), and an `Origin`, when sent, must
@@ -26,8 +27,6 @@ use crate::store::{Login, NewLogin, now_ms};
 
 pub const COOKIE: &str = "sandboxd_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
-/// How long a sign-in lasts.
-const LIFETIME_MS: i64 = 12 * 3600 * 1000;
 
 fn random_token() -> String {
     let raw: [u8; 32] = rand::random();
@@ -161,9 +160,8 @@ pub async fn login(
     };
     let token = random_token();
     let now = now_ms();
-    let expires_at = user
-        .expires_at
-        .map_or(now + LIFETIME_MS, |e| e.min(now + LIFETIME_MS));
+    let lasts_until = now.saturating_add(st.config.server.sign_in_ms());
+    let expires_at = user.expires_at.map_or(lasts_until, |e| e.min(lasts_until));
     let made = st
         .store
         .add_login(NewLogin {
