@@ -111,6 +111,13 @@ async fn a_claim_answers_at_once_under_the_limits_asked_for_with_an_empty_worksp
         ..LimitRequest::default()
     };
     let s = claim(&m, &req, &seen).await;
+    if support::oci_runtime().is_some_and(|r| r == "runsc") {
+        // gVisor's runsc cannot lower a running sandbox's limits (it has no `update`), so a
+        // claim that asks for less is created cold, with what it asked for.
+        assert!(!warm.contains(&s.id), "runsc cannot lower a warm sandbox");
+        assert_eq!(s.limits.memory_mb, 256);
+        return;
+    }
     assert!(warm.contains(&s.id), "the session must come from the pool");
     let started = Instant::now();
     let first = sh(&s, "echo ready").await;
@@ -299,7 +306,9 @@ fn containers_of(pid: u32) -> Vec<String> {
 
 /// Whether the container runs its shell and file helper (a warm-up is done).
 fn warmed(container: &str) -> bool {
-    let top = String::from_utf8_lossy(&docker(&["top", container]).stdout).to_string();
+    // ps inside, not `docker top`: under gVisor the host sees the Sentry, not these processes.
+    let top = String::from_utf8_lossy(&docker(&["exec", container, "ps", "-eo", "args"]).stdout)
+        .to_string();
     top.contains("sandboxd_fs.py") && top.contains("bash --noprofile")
 }
 

@@ -78,7 +78,7 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         if has_runsc {
             "available: set [docker] runtime = \"runsc\" for the stronger tier"
         } else {
-            "not available (apt-get install runsc, add it to /etc/docker/daemon.json \"runtimes\", reload dockerd)"
+            "not available (scripts/gvisor.sh installs runsc and registers it with Docker without a restart)"
         }
     );
     // Registered is not working: Debian's runsc refuses to start on some kernels. One real
@@ -91,7 +91,7 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         };
         match probe_runtime(e, image, "runsc", &ctx.config.limits).await {
             Ok(()) => println!(
-                "  info  gVisor (runsc) ran a session here. Known gaps of Debian's runsc (README: Stronger isolation): coreutils' ls/stat fail (statx), a command over the memory limit kills the whole session, exec'd processes get no Docker seccomp profile"
+                "  info  gVisor (runsc) ran a session here. Known gaps (README: Stronger isolation): a command over the memory limit ends the whole session, exec'd processes get no Docker seccomp profile; an older runsc than scripts/gvisor.sh installs also breaks ls/stat"
             ),
             Err(err) => check(
                 runtime != "runsc",
