@@ -7,30 +7,12 @@
 mod mcp_common;
 mod support;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::cli::sandboxd;
 use support::fake_llm::{FakeLlm, Reply, check_tool_pairing};
-
-/// The binary with a clean environment: no OPENAI_* or SANDBOXD_* from the caller, run in
-/// `cwd` (so no config/sandboxd.toml is picked up) with its data under `cwd` too.
-fn sandboxd(cwd: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
-    cmd.current_dir(cwd);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("OPENAI_") || k.starts_with("SANDBOXD_") || k.starts_with("AZURE_OPENAI_")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    if let Ok(image) = std::env::var("SANDBOXD_DOCKER_IMAGE") {
-        cmd.env("SANDBOXD_DOCKER_IMAGE", image);
-    }
-    cmd.env("SANDBOXD_DATA_DIR", cwd.join("data"));
-    cmd
-}
 
 fn with_llm(cmd: &mut Command, llm: &FakeLlm) {
     cmd.env("SANDBOXD_LLM_BASE_URL", llm.base_url())

@@ -16,19 +16,8 @@ use support::fake_web::FakeWeb;
 
 /// The binary with a clean environment, its config `config` and its data under `cwd`.
 fn sandboxd(cwd: &Path, config: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
-    cmd.current_dir(cwd).stdin(Stdio::null());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("OPENAI_") || k.starts_with("SANDBOXD_") || k.starts_with("AZURE_OPENAI_")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    if let Ok(image) = std::env::var("SANDBOXD_DOCKER_IMAGE") {
-        cmd.env("SANDBOXD_DOCKER_IMAGE", image);
-    }
-    cmd.env("SANDBOXD_DATA_DIR", cwd.join("data"))
-        .env("SANDBOXD_CONFIG", config);
+    let mut cmd = support::cli::sandboxd(cwd);
+    cmd.stdin(Stdio::null()).env("SANDBOXD_CONFIG", config);
     cmd
 }
 

@@ -11,19 +11,8 @@ use serde_json::json;
 use support::fake_llm::{FakeLlm, Reply};
 
 fn sandboxd(cwd: &Path, llm: &FakeLlm) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
-    cmd.current_dir(cwd);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("OPENAI_") || k.starts_with("SANDBOXD_") || k.starts_with("AZURE_OPENAI_")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    if let Ok(image) = std::env::var("SANDBOXD_DOCKER_IMAGE") {
-        cmd.env("SANDBOXD_DOCKER_IMAGE", image);
-    }
-    cmd.env("SANDBOXD_DATA_DIR", cwd.join("data"))
-        .env("SANDBOXD_LLM_BASE_URL", llm.base_url())
+    let mut cmd = support::cli::sandboxd(cwd);
+    cmd.env("SANDBOXD_LLM_BASE_URL", llm.base_url())
         .env("SANDBOXD_LLM_MODEL", "fake-model");
     cmd
 }

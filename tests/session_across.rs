@@ -8,27 +8,10 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 
 use serde_json::{Value, json};
+use support::cli::sandboxd;
 use support::fake_llm::{FakeLlm, Reply, check_tool_pairing};
-
-/// The binary with a clean environment, its data under `cwd`.
-fn sandboxd(cwd: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
-    cmd.current_dir(cwd);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("OPENAI_") || k.starts_with("SANDBOXD_") || k.starts_with("AZURE_OPENAI_")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    if let Ok(image) = std::env::var("SANDBOXD_DOCKER_IMAGE") {
-        cmd.env("SANDBOXD_DOCKER_IMAGE", image);
-    }
-    cmd.env("SANDBOXD_DATA_DIR", cwd.join("data"));
-    cmd
-}
 
 fn kept_session_id(stderr: &str) -> String {
     stderr

@@ -17,24 +17,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use serve::{Api, Env, container_of};
+use support::cli::sandboxd;
 use support::fake_llm::{FakeLlm, Reply};
-
-/// The binary with a clean environment, its data under `cwd/data`.
-fn sandboxd(cwd: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
-    cmd.current_dir(cwd);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("OPENAI_") || k.starts_with("SANDBOXD_") || k.starts_with("AZURE_OPENAI_")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    if let Ok(image) = std::env::var("SANDBOXD_DOCKER_IMAGE") {
-        cmd.env("SANDBOXD_DOCKER_IMAGE", image);
-    }
-    cmd.env("SANDBOXD_DATA_DIR", cwd.join("data"));
-    cmd
-}
 
 /// Runs `sandboxd ARGS…` in `dir`, asserts it succeeded, and returns its stdout and stderr.
 fn ok(dir: &Path, args: &[&str]) -> (String, String) {

@@ -2,6 +2,7 @@
 //! guard that removes a test's containers even when the test panics.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod fake_llm;
 pub mod fake_runtime;
 pub mod fake_web;
