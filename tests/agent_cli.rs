@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::cli::sandboxd;
+use support::cli::{kept_session_id, sandboxd};
 use support::fake_llm::{FakeLlm, Reply, check_tool_pairing};
 
 fn with_llm(cmd: &mut Command, llm: &FakeLlm) {
@@ -310,18 +310,6 @@ async fn run_with_mcp_servers_calls_a_third_party_tool() {
         .to_string();
     assert!(result.contains("echo: from the agent"), "{result}");
     check_tool_pairing(&reqs[1]).unwrap();
-}
-
-/// The id in "session ID kept" on stderr.
-fn kept_session_id(stderr: &str) -> String {
-    stderr
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("sandboxd: session ")
-                .and_then(|r| r.split_once(" kept"))
-                .map(|(id, _)| id.to_string())
-        })
-        .unwrap_or_else(|| panic!("no kept session id in:\n{stderr}"))
 }
 
 #[tokio::test]

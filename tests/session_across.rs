@@ -10,19 +10,8 @@ mod support;
 use std::path::Path;
 
 use serde_json::{Value, json};
-use support::cli::sandboxd;
+use support::cli::{kept_session_id, sandboxd};
 use support::fake_llm::{FakeLlm, Reply, check_tool_pairing};
-
-fn kept_session_id(stderr: &str) -> String {
-    stderr
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("sandboxd: session ")
-                .and_then(|r| r.split_once(" kept"))
-                .map(|(id, _)| id.to_string())
-        })
-        .unwrap_or_else(|| panic!("no kept session id in:\n{stderr}"))
-}
 
 /// The content of the last tool message of a request.
 fn last_tool_result(body: &Value) -> String {

@@ -17,7 +17,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use serve::{Api, Env, container_of};
-use support::cli::sandboxd;
+use support::cli::{kept_session_id, sandboxd};
 use support::fake_llm::{FakeLlm, Reply};
 
 /// Runs `sandboxd ARGS…` in `dir`, asserts it succeeded, and returns its stdout and stderr.
@@ -29,17 +29,6 @@ fn ok(dir: &Path, args: &[&str]) -> (String, String) {
     );
     assert!(out.status.success(), "sandboxd {args:?}: {stdout}{stderr}");
     (stdout, stderr)
-}
-
-fn kept_session_id(stderr: &str) -> String {
-    stderr
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("sandboxd: session ")
-                .and_then(|r| r.split_once(" kept"))
-                .map(|(id, _)| id.to_string())
-        })
-        .unwrap_or_else(|| panic!("no kept session id in:\n{stderr}"))
 }
 
 /// The kinds of tool record `data` holds for session `id` (`<id>.<kind>.json`), sorted.

@@ -21,3 +21,15 @@ pub fn sandboxd(cwd: &Path) -> Command {
     cmd.env("SANDBOXD_DATA_DIR", cwd.join("data"));
     cmd
 }
+
+/// The id in the "sandboxd: session ID kept …" line a `--keep` command writes on stderr.
+pub fn kept_session_id(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("sandboxd: session ")
+                .and_then(|r| r.split_once(" kept"))
+                .map(|(id, _)| id.to_string())
+        })
+        .unwrap_or_else(|| panic!("no kept session id in:\n{stderr}"))
+}
