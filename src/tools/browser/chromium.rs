@@ -5,7 +5,7 @@
 //! gone, so Chromium of a kept session outlives the sandboxd process that started it. Remote
 //! debugging is bound to the container's own 127.0.0.1 on a port the host picks at random
 //! (tried again on another port when something of the sandbox holds it). The endpoint is
-//! learnt from Chromium's own announcement, "DevTools listening on
+//! learnt from Chromium's own announcement (read by stderr_log.rs), "DevTools listening on
 //! ws://127.0.0.1:<port>/devtools/browser/<id>", on the stderr of the exec the host started
 //! (its port must be the one the host chose) — never from DevToolsActivePort, a file in /tmp
 //! that sandboxed code can write first and point at a server of its own. We open a
@@ -28,7 +28,6 @@
 //! compromised renderer gains nothing the model's own bash does not already have.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use chromiumoxide::Browser;
@@ -39,9 +38,10 @@ use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::stderr_log::{self, Announced, StderrWatch, parse_announcement};
 use crate::sandbox::tunnel::Tunnel;
 use crate::sandbox::ws_guard::DEVTOOLS_LIMITS;
-use crate::sandbox::{OutputChunk, Sandbox, SandboxError, SpawnRequest, helpers};
+use crate::sandbox::{Sandbox, SandboxError, SpawnRequest, helpers};
 
 /// The viewport every page is emulated at; screenshots and "pixels below" refer to it.
 pub const VIEWPORT_WIDTH: u32 = 1280;
@@ -49,8 +49,6 @@ pub const VIEWPORT_HEIGHT: u32 = 720;
 
 /// How long Chromium gets to announce its DevTools endpoint.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
-/// How much of Chromium's stderr is kept to explain a failed start.
-const LOG_TAIL: usize = 4096;
 
 /// What went wrong with the browser itself (not with what the model asked of it).
 #[derive(Debug, thiserror::Error)]
@@ -267,13 +265,6 @@ pub async fn adopt(
     })
 }
 
-/// What the stderr reader saw.
-#[derive(Clone)]
-enum Announced {
-    Endpoint(u16, String),
-    PortTaken,
-}
-
 async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Running, Attempt> {
     let failed = |e: BrowserError| Attempt::Failed(e);
     let started = Instant::now();
@@ -302,68 +293,15 @@ async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Runnin
         .env("XDG_CONFIG_HOME", format!("{user_data_dir}/xdg-config"))
         .env("XDG_CACHE_HOME", format!("{user_data_dir}/xdg-cache"))
         .cwd("/tmp");
-    let mut process = sandbox.spawn(req).await.map_err(|e| failed(e.into()))?;
+    let process = sandbox.spawn(req).await.map_err(|e| failed(e.into()))?;
     let dead = CancellationToken::new();
-    let log = Arc::new(Mutex::new(String::new()));
-    let (announce, mut announced) = tokio::sync::watch::channel(None::<Announced>);
-    // Chromium's output must be read or it blocks on a full pipe; its end means Chromium exited.
-    let drain = {
-        let dead = dead.clone();
-        let log = log.clone();
-        tokio::spawn(async move {
-            let _on_end = dead.drop_guard();
-            drop(process.stdin);
-            // The current stderr line, bounded: only its start can hold the announcement.
-            let mut line: Vec<u8> = Vec::new();
-            while let Some(chunk) = process.output.next().await {
-                let bytes = match chunk {
-                    Ok(OutputChunk::Stdout(b)) => b,
-                    Ok(OutputChunk::Stderr(b)) => {
-                        for &byte in b.iter() {
-                            if byte == b'\n' {
-                                if announce.borrow().is_none() {
-                                    let text = String::from_utf8_lossy(&line);
-                                    if let Some((port, path)) = parse_announcement(&text) {
-                                        let _ =
-                                            announce.send(Some(Announced::Endpoint(port, path)));
-                                    } else if text.contains("Cannot start http server for devtools")
-                                    {
-                                        let _ = announce.send(Some(Announced::PortTaken));
-                                    }
-                                }
-                                line.clear();
-                            } else if line.len() < 512 {
-                                line.push(byte);
-                            }
-                        }
-                        b
-                    }
-                    Err(_) => break,
-                };
-                if let Ok(mut log) = log.lock() {
-                    log.push_str(&String::from_utf8_lossy(&bytes));
-                    if log.len() > LOG_TAIL {
-                        let cut = log.len() - LOG_TAIL;
-                        let cut = (cut..log.len())
-                            .find(|i| log.is_char_boundary(*i))
-                            .unwrap_or(log.len());
-                        log.drain(..cut);
-                    }
-                }
-            }
-        })
-    };
+    let StderrWatch {
+        mut announced,
+        log,
+        drain,
+    } = stderr_log::watch(process, dead.clone());
     let fail = |why: String| {
-        let tail = log.lock().map(|l| l.trim().to_string()).unwrap_or_default();
-        let tail: String = tail
-            .lines()
-            .rev()
-            .take(12)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n");
+        let tail = stderr_log::tail(&log, 12);
         Attempt::Failed(BrowserError::Start(if tail.is_empty() {
             why
         } else {
@@ -470,43 +408,9 @@ async fn connect(
     Ok((browser, handler, tunnel))
 }
 
-/// Chromium's "DevTools listening on ws://127.0.0.1:<port>/devtools/browser/<id>" line.
-/// Only a loopback address, a real port and an id of UUID characters are accepted.
-fn parse_announcement(line: &str) -> Option<(u16, String)> {
-    let rest = line
-        .trim()
-        .strip_prefix("DevTools listening on ws://127.0.0.1:")?;
-    let (port, path) = rest.split_once('/')?;
-    let port: u16 = port.parse().ok()?;
-    let id = path.strip_prefix("devtools/browser/")?;
-    let id_ok =
-        !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
-    (port != 0 && id_ok).then(|| (port, format!("/{path}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn announcement_line() {
-        assert_eq!(
-            parse_announcement(
-                "DevTools listening on ws://127.0.0.1:40123/devtools/browser/abc-def\r"
-            ),
-            Some((40123, "/devtools/browser/abc-def".to_string()))
-        );
-        for bad in [
-            "",
-            "DevTools listening on ws://10.0.0.1:40123/devtools/browser/abc",
-            "DevTools listening on ws://127.0.0.1:0/devtools/browser/abc",
-            "DevTools listening on ws://127.0.0.1:40123/devtools/page/abc",
-            "DevTools listening on ws://127.0.0.1:40123/devtools/browser/a b",
-            "DevTools listening on ws://127.0.0.1:40123/devtools/browser/",
-        ] {
-            assert_eq!(parse_announcement(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn required_flags_are_there() {

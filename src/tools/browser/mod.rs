@@ -15,6 +15,7 @@ pub mod elements;
 pub mod extract;
 pub mod session;
 pub mod state;
+mod stderr_log;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
