@@ -110,7 +110,7 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     println!();
     let all = args.group == "all";
     if all || args.group == "runtime" {
-        runtime(&manager, args.iterations).await?;
+        runtime(&manager, &ctx.config.docker.runtime, args.iterations).await?;
     }
     if all || args.group == "tools" {
         tools(&manager, &ctx, args.iterations).await?;
@@ -162,7 +162,7 @@ fn chrono_date() -> String {
         .unwrap_or_default()
 }
 
-async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
+async fn runtime(manager: &SessionManager, oci: &str, n: usize) -> anyhow::Result<()> {
     let image = bench_image();
     section("Runtime");
     // Session create-to-ready (first command answered) vs `docker run -d` of the same hardening.
@@ -175,7 +175,7 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
         ours.push(t.elapsed());
         manager.remove(&s.owner, &s.id).await?;
         let t = Instant::now();
-        let id = docker_cli(&hardened_run_args(&image))?;
+        let id = docker_cli(&hardened_run_args(&image, oci))?;
         base.push(t.elapsed());
         docker_cli(&["rm", "-f", &id])?;
     }
@@ -264,11 +264,17 @@ async fn runtime(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `docker run -d` of a container hardened as a session's: the baseline of create timings.
-pub(crate) fn hardened_run_args(image: &str) -> Vec<&str> {
-    vec![
-        "run",
-        "-d",
+/// `docker run -d` of a container hardened as a session's, under the same OCI runtime
+/// (`[docker] runtime`, empty for Docker's default): the baseline of create timings.
+pub(crate) fn hardened_run_args<'a>(image: &'a str, oci_runtime: &'a str) -> Vec<&'a str> {
+    let runtime: &[&str] = if oci_runtime.is_empty() {
+        &[]
+    } else {
+        &["--runtime", oci_runtime]
+    };
+    let mut args = vec!["run", "-d"];
+    args.extend_from_slice(runtime);
+    args.extend([
         "--network",
         "none",
         "--read-only",
@@ -296,7 +302,8 @@ pub(crate) fn hardened_run_args(image: &str) -> Vec<&str> {
         image,
         "sleep",
         "infinity",
-    ]
+    ]);
+    args
 }
 
 /// The image id the benchmark's baselines run (the recipe's tag, resolved).

@@ -120,13 +120,14 @@ async fn concurrent(m: &Arc<SessionManager>, n: usize) -> anyhow::Result<Vec<Dur
 }
 
 /// `n` `docker run -d` at once (n CLI processes); each one's time to its container id.
-fn concurrent_docker_runs(image: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
+fn concurrent_docker_runs(image: &str, oci: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
     let start = Instant::now();
     let runs: Vec<_> = (0..n)
         .map(|_| {
             let image = image.to_string();
+            let oci = oci.to_string();
             std::thread::spawn(move || {
-                let id = docker_cli(&hardened_run_args(&image));
+                let id = docker_cli(&hardened_run_args(&image, &oci));
                 (start.elapsed(), id)
             })
         })
@@ -164,6 +165,7 @@ fn rss_bytes() -> u64 {
 
 pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     let image = bench_image();
+    let oci = ctx.config.docker.runtime.clone();
     section("Warm pool and concurrent creates");
 
     // Cold, one at a time, against docker run -d of the same hardening.
@@ -182,7 +184,7 @@ pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
         cold_times.push(total);
         cold.admin_remove(&s.id).await?;
         let t = Instant::now();
-        let cid = docker_cli(&hardened_run_args(&image))?;
+        let cid = docker_cli(&hardened_run_args(&image, &oci))?;
         runs.push(t.elapsed());
         docker_cli(&["rm", "-f", &cid])?;
     }
@@ -258,7 +260,7 @@ pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     // 50 at once: cold creates against 50 docker run -d, then 50 claims from a pool of 50.
     let mut ours = concurrent(&cold, 50).await?;
     cold.remove_all().await;
-    let mut base = concurrent_docker_runs(&image, 50)?;
+    let mut base = concurrent_docker_runs(&image, &oci, 50)?;
     row(
         "50 concurrent cold creates → first command (each from the common start)",
         &mut ours,
