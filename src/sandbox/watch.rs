@@ -11,9 +11,13 @@ use super::{Sandbox, SandboxError};
 /// the backend a second, and only for calls that last that long.
 pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
-/// Runs `call`; if the sandbox is found stopped while it waits, the call is dropped and the
-/// answer is `Sandbox::check_alive`'s error (gone, with the backend's reason). Dropping the
-/// call then is safe: nothing of a stopped sandbox can be used again.
+/// How many looks in a row must find the sandbox stopped: a backend query that fails for a
+/// moment (an engine busy past its timeout) reads as stopped too, and must not end a call.
+const MISSES: u32 = 2;
+
+/// Runs `call`; if the sandbox is found stopped while it waits (`MISSES` looks in a row), the
+/// call is dropped and the answer is `Sandbox::check_alive`'s error (gone, with the backend's
+/// reason). Dropping the call then is safe: nothing of a stopped sandbox can be used again.
 pub async fn while_alive<T, E>(
     sandbox: &dyn Sandbox,
     call: impl Future<Output = Result<T, E>>,
@@ -24,10 +28,19 @@ where
     tokio::pin!(call);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + WATCH_EVERY, WATCH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut misses = 0;
     loop {
         tokio::select! {
             r = &mut call => return r,
-            _ = tick.tick() => sandbox.check_alive().await?,
+            _ = tick.tick() => match sandbox.check_alive().await {
+                Ok(()) => misses = 0,
+                Err(gone) => {
+                    misses += 1;
+                    if misses >= MISSES {
+                        return Err(gone.into());
+                    }
+                }
+            },
         }
     }
 }
