@@ -100,7 +100,10 @@ pub async fn tar_to_file(
         out.flush().await.map_err(io)?;
         Ok(())
     };
-    let pumped = match tokio::time::timeout(timeout, pump).await {
+    // Watched: under gVisor a sandbox that died keeps the exec's stream open.
+    let watched = super::watch::while_alive(sandbox, pump);
+    let pumped = match tokio::time::timeout(timeout, watched).await {
+        Ok(Err(gone @ SandboxError::SandboxGone { .. })) => return Err(gone),
         Ok(r) => r,
         Err(_) => Err(SandboxError::Timeout {
             what: format!("packing {dir}"),

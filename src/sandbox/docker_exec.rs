@@ -127,27 +127,55 @@ impl ExecBackend for DockerExec {
             && !matches!(state.status, Some(S::REMOVING | S::DEAD | S::STOPPING))
     }
 
+    async fn is_stopped(&self) -> bool {
+        use bollard::models::ContainerStateStatusEnum as S;
+        match self
+            .docker
+            .inspect_container(&self.container_id, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(info) => info.state.is_none_or(|state| {
+                state.running != Some(true) || matches!(state.status, Some(S::REMOVING | S::DEAD))
+            }),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => true,
+            // The engine did not answer: that says nothing about the container.
+            Err(_) => false,
+        }
+    }
+
+    /// Only gVisor's stops are explained: there the whole sandbox ends when it runs out of
+    /// memory or reaches its process limit. Under runc an out-of-memory kill takes one
+    /// process, and Docker's OOMKilled stays set after it, so it says nothing about a later stop.
     async fn stop_reason(&self) -> Option<String> {
         let info = self
             .docker
             .inspect_container(&self.container_id, None::<InspectContainerOptions>)
             .await
             .ok()?;
-        if info.state.and_then(|s| s.oom_killed) != Some(true) {
-            return None;
-        }
         let host = info.host_config.unwrap_or_default();
-        let limit = host.memory.unwrap_or(0) >> 20;
-        let gvisor = host
+        if !host
             .runtime
             .as_deref()
-            .is_some_and(super::docker::is_gvisor);
-        Some(if gvisor {
+            .is_some_and(super::docker::is_gvisor)
+        {
+            return None;
+        }
+        let state = info.state.unwrap_or_default();
+        if state.running == Some(true) {
+            return None;
+        }
+        let limit = host.memory.unwrap_or(0) >> 20;
+        Some(if state.oom_killed == Some(true) {
             format!(
                 "it ran out of memory (limit {limit} MiB) and, under gVisor (runsc), that kills the whole sandbox, not only the process that asked: gVisor's kernel is the process the host's out-of-memory killer takes. Start a new session with a higher memory limit, or use the runc runtime, where only that process is killed"
             )
         } else {
-            format!("it ran out of memory (limit {limit} MiB) and was killed")
+            format!(
+                "gVisor's kernel stopped (exit code {}); under gVisor (runsc) the whole sandbox stops when it reaches its process limit (a fork bomb, or too many processes) or its memory limit. Start a new session with fewer processes, or use the runc runtime, where only the new process is refused",
+                state.exit_code.unwrap_or(-1)
+            )
         })
     }
 }

@@ -38,8 +38,15 @@ pub trait ExecBackend: Send + Sync + 'static {
     /// Whether the sandbox still runs; a cheap query of the backend.
     async fn is_alive(&self) -> bool;
 
+    /// Whether the backend answered that the sandbox no longer runs (or no longer exists).
+    /// Unlike `!is_alive()`, a query that failed is not a stop: it decides whether a call
+    /// still waiting is cut off (watch.rs), so only a definite answer may.
+    async fn is_stopped(&self) -> bool {
+        !self.is_alive().await
+    }
+
     /// Why a sandbox that no longer runs stopped, in words for the model and the user, when
-    /// the backend knows (an out-of-memory kill); None when it does not.
+    /// the backend knows (gVisor's out-of-memory or process-limit stop); None when it does not.
     async fn stop_reason(&self) -> Option<String> {
         None
     }
@@ -98,7 +105,14 @@ impl<B: ExecBackend> ExecSandbox<B> {
         call: impl std::future::Future<Output = Result<T, SandboxError>>,
     ) -> Result<T, SandboxError> {
         let r = super::watch::while_alive(self, call).await;
-        self.gone_if_dead(r).await
+        let r = self.gone_if_dead(r).await;
+        if matches!(r, Err(SandboxError::SandboxGone { .. })) {
+            // The call may have been dropped in the middle of a frame or a command: nothing
+            // of its channels may be used again, whatever the next call finds.
+            *self.fs.lock().await = None;
+            self.shell.discard().await;
+        }
+        r
     }
 
     async fn gone(&self, what: &str) -> SandboxError {
@@ -112,11 +126,11 @@ impl<B: ExecBackend> ExecSandbox<B> {
     }
 
     async fn still_running(&self) -> bool {
-        if !self.backend.is_alive().await {
+        if self.backend.is_stopped().await {
             return false;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        self.backend.is_alive().await
+        !self.backend.is_stopped().await
     }
 }
 
@@ -381,10 +395,10 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
     }
 
     async fn check_alive(&self) -> Result<(), SandboxError> {
-        if self.backend.is_alive().await {
-            Ok(())
-        } else {
+        if self.backend.is_stopped().await {
             Err(self.gone("it stopped running").await)
+        } else {
+            Ok(())
         }
     }
 

@@ -268,6 +268,12 @@ impl PersistentShell {
     }
 
     /// Drops the current shell; the next call starts a fresh one.
+    /// Forgets the shell without a word to it: for a sandbox found stopped, where nothing can
+    /// be killed and a call may have been dropped in the middle of a command.
+    pub async fn discard(&self) {
+        self.inner.lock().await.take();
+    }
+
     pub async fn restart(&self, host: &dyn Sandbox) {
         let mut guard = self.inner.lock().await;
         if let Some(running) = guard.take() {

@@ -232,10 +232,12 @@ impl Tool for Python {
             }
             CellEnd::Cancelled => return Err(ToolError::Cancelled),
             CellEnd::Died(why) => {
+                let driver = slot.driver.take();
                 // Under gVisor an out-of-memory kill takes the whole sandbox with the cell:
-                // that is the session's end, not the interpreter's, and says why.
+                // that is the session's end, not the interpreter's, and says why. Only the
+                // backend's definite answer counts (a failed query is not a stop).
                 self.sandbox.check_alive().await?;
-                let loss = match slot.driver.take() {
+                let loss = match driver {
                     Some(d) => d.obituary(&*self.sandbox, why).await,
                     None => Loss::Died(why, None),
                 };
