@@ -16,31 +16,45 @@
 # loaded inside the sandbox as well (its first process only).
 set -euo pipefail
 
-RUNSC_VERSION="0.0~20240729.0-4+b7"
+# The oldest runsc that runs the sandbox image; trixie's current build of it (or a newer one an
+# admin installed, e.g. from gVisor's own repository) is kept.
+RUNSC_MIN="0.0~20240729"
 RUNSC_SUITE="trixie"
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 DAEMON_JSON=/etc/docker/daemon.json
 
+status=$(dpkg-query -W -f '${db:Status-Abbrev}' runsc 2>/dev/null || true)
 installed=$(dpkg-query -W -f '${Version}' runsc 2>/dev/null || true)
-if [ "$installed" != "$RUNSC_VERSION" ]; then
-    echo "sandboxd: installing runsc $RUNSC_VERSION (gVisor, from Debian $RUNSC_SUITE)" >&2
+if [ "${status%% *}" != "ii" ] || ! dpkg --compare-versions "$installed" ge "$RUNSC_MIN"; then
+    echo "sandboxd: installing runsc >= $RUNSC_MIN (gVisor, from Debian $RUNSC_SUITE)" >&2
     # The host's Debian mirror, as its own apt sources name it.
     mirror=$(apt-get indextargets --format '$(REPO_URI)' 'Origin: Debian' 'Component: main' 2>/dev/null | grep -v security | head -1 || true)
     mirror=${mirror:-http://deb.debian.org/debian/}
-    work=$(mktemp -d)
-    trap 'rm -rf "$work"' EXIT
-    mkdir -p "$work/lists/partial" "$work/archives/partial"
-    # apt downloads as its unprivileged user _apt, which must be able to write here.
-    if id _apt >/dev/null 2>&1; then $SUDO chown -R _apt "$work"; fi
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $RUNSC_SUITE main" >"$work/sources.list"
-    # A private apt state: the host's own sources, lists and pins stay as they are.
+    # A private apt state, owned by root: the host's own sources, lists and pins stay as they
+    # are, and only apt's download user (_apt) may write where it downloads.
+    work=$($SUDO mktemp -d)
+    trap '$SUDO rm -rf "$work"' EXIT
+    $SUDO mkdir -p "$work/lists/partial" "$work/archives/partial" "$work/get"
+    $SUDO chmod 0755 "$work"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $RUNSC_SUITE main" |
+        $SUDO tee "$work/sources.list" >/dev/null
+    if id _apt >/dev/null 2>&1; then
+        $SUDO chown -R _apt "$work/lists" "$work/archives" "$work/get"
+    fi
     apt_private=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
         -o "Dir::State::Lists=$work/lists" -o "Dir::Cache::Archives=$work/archives" -qq)
     $SUDO apt-get "${apt_private[@]}" update
-    (cd "$work" && $SUDO apt-get "${apt_private[@]}" download "runsc=$RUNSC_VERSION")
-    $SUDO dpkg -i "$work"/runsc_*.deb >&2
+    # apt checked the package against the signed index; make it root's before dpkg reads it.
+    $SUDO sh -c 'cd "$1/get" && shift && exec "$@"' sh "$work" apt-get "${apt_private[@]}" download runsc
+    $SUDO chown -R root "$work/get"
+    $SUDO sh -c 'exec dpkg -i "$1"/get/runsc_*.deb' sh "$work" >&2
+    installed=$(dpkg-query -W -f '${Version}' runsc)
+    if ! dpkg --compare-versions "$installed" ge "$RUNSC_MIN"; then
+        echo "sandboxd: Debian $RUNSC_SUITE gave runsc $installed, older than $RUNSC_MIN" >&2
+        exit 1
+    fi
 fi
 RUNSC=$(command -v runsc)
 

@@ -91,7 +91,7 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         };
         match probe_runtime(e, image, "runsc", &ctx.config.limits).await {
             Ok(()) => println!(
-                "  info  gVisor (runsc) ran a session here. Known gaps (README: Stronger isolation): a command over the memory limit ends the whole session, exec'd processes get no Docker seccomp profile; an older runsc than scripts/gvisor.sh installs also breaks ls/stat"
+                "  info  gVisor (runsc) ran a session here. Known gaps (README: Stronger isolation): a command over the memory or process limit ends the whole session, exec'd processes get no Docker seccomp profile; an older runsc than scripts/gvisor.sh installs also breaks ls/stat"
             ),
             Err(err) => check(
                 runtime != "runsc",
