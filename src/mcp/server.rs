@@ -320,6 +320,8 @@ impl ServerHandler for SandboxServer {
             return Ok(match self.slot.sandbox.session().await {
                 Ok(session) => {
                     let registry = SessionTools::server_registry(&session, &self.state.config);
+                    // Not idle while the call lasts (it may outlast the idle timeout).
+                    let _in_use = session.hold();
                     run(&registry, &name, args, &ctx).await
                 }
                 Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
@@ -358,7 +360,10 @@ impl ServerHandler for SandboxServer {
             });
         }
         match stateless.get(manager, &owner, &id).await {
-            Some(registry) => Ok(run(&registry, &name, args, &ctx).await),
+            Some((session, registry)) => {
+                let _in_use = session.hold();
+                Ok(run(&registry, &name, args, &ctx).await)
+            }
             None => Ok(error_result(format!(
                 "no sandbox {id:?} (it was closed, idled out, or belongs to another token); call sandbox_create"
             ))),
