@@ -1,7 +1,8 @@
 //! A session in use through `sandboxd serve` (a real process on loopback, the real engine
 //! and image, a fake LLM at the HTTP boundary): a run that waits for a human and then
 //! sleeps past its session's idle timeout keeps the session, which idles out only after
-//! the run ended.
+//! the run ended; and the tools API works on the session's own tools, so a python variable
+//! set through it is there for a run in the same session, and the other way round.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod serve;
@@ -170,5 +171,47 @@ async fn a_run_keeps_its_session_past_the_idle_timeout_which_counts_from_the_run
     assert!(
         at(&row) - at(&done) >= chrono::Duration::seconds(1),
         "the session ended a timeout after the run: {row} {done}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tools_api_and_a_run_share_the_sessions_python() {
+    let llm = FakeLlm::start(vec![
+        Reply::tool(
+            "python",
+            json!({"code": "print(f'X-PLUS-ONE={x + 1}')\ny = 'SET-BY-THE-RUN'"}),
+        ),
+        Reply::tool("terminate", json!({"status": "success", "answer": "done"})),
+    ])
+    .await;
+    let env = Env::new(&config(&llm, "")).await;
+    let key = env.add_user("tia", &[]);
+    let serve = env.start();
+    let api = Api::new(&serve, &key);
+    let session = api.session().await;
+    let python = format!("/v1/sessions/{session}/tools/python");
+
+    let (s, v) = api
+        .json(Method::POST, &python, Some(json!({"code": "x = 41"})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["is_error"], false, "{v}");
+
+    let run = start_run(&api, json!({"task": "add one", "session_id": session})).await;
+    let done = run_until(&api, &run, ended).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let results = tool_results(&events(&api, &run).await);
+    assert!(
+        results.iter().any(|r| r.contains("X-PLUS-ONE=42")),
+        "the run's python saw x from the tools API: {results:?}"
+    );
+
+    let (s, v) = api
+        .json(Method::POST, &python, Some(json!({"code": "print(y)"})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        v["output"].as_str().unwrap().contains("SET-BY-THE-RUN"),
+        "the tools API's python saw y from the run: {v}"
     );
 }

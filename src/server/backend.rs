@@ -21,6 +21,7 @@ use crate::sandbox::{
 };
 use crate::store::{SessionRow, now_ms};
 use crate::tools::ToolRegistry;
+use crate::tools::session::SessionTools;
 
 /// The label prefix of containers that belong to API sessions.
 pub const OWNER_PREFIX: &str = "serve:";
@@ -40,9 +41,9 @@ pub struct Live {
     pub sandbox: Arc<dyn Sandbox>,
     pub limits: Limits,
     pub idle_timeout: Duration,
-    /// The manager's session: its use clock is the one the idle checks read.
+    /// The manager's session: its use clock is the one the idle checks read, its slots
+    /// hold the tools its runs use.
     session: Arc<Session>,
-    tools: std::sync::OnceLock<ToolRegistry>,
 }
 
 impl Live {
@@ -67,11 +68,10 @@ impl Live {
         now_ms().saturating_sub(self.idle_for().as_millis() as i64)
     }
 
-    /// The same tool registry the MCP server offers, bound to this session's sandbox.
-    pub fn tools(&self, config: &Config) -> &ToolRegistry {
-        self.tools.get_or_init(|| {
-            crate::tools::session::server_tools(self.sandbox.clone(), &self.limits, config)
-        })
+    /// What the MCP server offers, over the session's own tools: the python interpreter,
+    /// browser and undo history its runs use too (made once per session).
+    pub fn tools(&self, config: &Config) -> Arc<ToolRegistry> {
+        SessionTools::server_registry(&self.session, config)
     }
 }
 
@@ -142,7 +142,6 @@ impl Backend {
             limits: session.limits.clone(),
             idle_timeout: Duration::from_secs(row.idle_timeout_secs),
             session,
-            tools: std::sync::OnceLock::new(),
         });
         self.live.lock().await.insert(row.id.clone(), live.clone());
         live

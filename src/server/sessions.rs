@@ -381,6 +381,8 @@ pub async fn call_tool(
     ApiJson(args): ApiJson<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<ToolCallResult>, ApiError> {
     let live = live_session(&st, &caller, &id).await?;
+    // The session's own tools, so a run in it sees what this call leaves (python
+    // variables, the browser's tabs, the editor's undo history), and the other way round.
     let registry = live.tools(&st.config);
     let Some(tool) = registry.get(&name) else {
         return Err(ApiError::new(
