@@ -260,6 +260,17 @@ async fn a_held_session_is_never_idle_and_idles_from_its_release() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(rt.sessions().is_empty(), "idle past 60 s after the release");
     assert!(m.live().await.is_empty());
+
+    // A re-attached session whose last use an earlier process recorded 50 s ago goes on
+    // from there (serve re-attaches with the store's last use): 15 s more is too much.
+    let earlier = m.create(&a, &LimitRequest::default(), FRESH).await.unwrap();
+    earlier.used_ago(Duration::from_secs(50));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(m.reap_idle().await.is_empty(), "55 s idle");
+    assert_eq!(rt.sessions(), vec![earlier.id.clone()]);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    m.reap_idle().await; // the reaper's own tick may come a little later
+    assert!(rt.sessions().is_empty(), "65 s idle");
 }
 
 #[tokio::test(start_paused = true)]
