@@ -13,8 +13,11 @@
 //!   rmcp builds one `SandboxServer` per connection/`Mcp-Session-Id`. It owns a
 //!   `LazySandbox`, so the container is created on the first tool call (listing tools
 //!   costs nothing) and removed when the handler is dropped: the client closed the session
-//!   (HTTP DELETE, stdin EOF) or rmcp's keep-alive ended an idle one (set to
-//!   `[sessions] idle_timeout_secs`). The SessionManager's reaper is a second net.
+//!   (HTTP DELETE, stdin EOF) or rmcp's keep-alive ended one on which nothing passed
+//!   (`session_keep_alive`: the idle timeout plus the longest tool call, since a call in
+//!   flight sends nothing). The SessionManager's reaper removes the container of a session
+//!   idle for `[sessions] idle_timeout_secs` (never one with a call in flight); the next
+//!   call makes a new one.
 //!
 //! * **stateless clients** (protocol 2026-07-28: no session, a fresh handler for every
 //!   request): nothing on the connection can carry a sandbox, so the client holds it
