@@ -1,7 +1,7 @@
 //! Our MCP client against our own MCP server (the sandboxd binary), over stdio and over
 //! streamable HTTP, on the real engine and image: tool listing straight from the registry,
 //! bash, file write/read/list, error results, one container per session, removal on close,
-//! and the bearer-token checks.
+//! a tool call longer than the idle timeout, and the bearer-token checks.
 //!
 //! Not covered here yet: python with a plot (image content) — the python tool lives in
 //! another branch; the lead adds that case after merging.
@@ -231,6 +231,51 @@ async fn http_client_against_own_server_and_isolation() {
     b.close().await;
     listener.stop().await;
     assert!(common::wait_gone(&id_b, Duration::from_secs(30)).await);
+}
+
+#[tokio::test]
+async fn a_tool_call_longer_than_the_idle_timeout_keeps_its_session() {
+    let mut guard = Containers::default();
+    let idle = [
+        ("SANDBOXD_SESSIONS_IDLE_TIMEOUT_SECS", "1"),
+        ("SANDBOXD_SESSIONS_REAP_INTERVAL_SECS", "1"),
+    ];
+    let listener = Listener::start_with_env(Some(TOKEN), &idle).await;
+    let c = McpClients::connect(vec![http_entry("c", &listener.url, TOKEN)]).await;
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+    let mut reg = ToolRegistry::new();
+    c.register_into(&mut reg);
+    let r = call(
+        &reg,
+        "mcp_c_bash",
+        serde_json::json!({"command": "hostname"}),
+    )
+    .await;
+    let id = r.output.trim().to_string();
+    guard.add(&id);
+    // Nothing passes on the session while the command runs, for four idle timeouts: neither
+    // the manager's reaper nor rmcp's session keep-alive may take it.
+    let r = call(
+        &reg,
+        "mcp_c_bash",
+        serde_json::json!({"command": "echo $(cat /proc/sys/kernel/hostname) > /workspace/h; sleep 4; echo SLEPT-THROUGH"}),
+    )
+    .await;
+    assert_eq!(r.output, "SLEPT-THROUGH", "{r:?}");
+    let r = call(
+        &reg,
+        "mcp_c_bash",
+        serde_json::json!({"command": "cat /workspace/h"}),
+    )
+    .await;
+    assert_eq!(
+        r.output.trim(),
+        id,
+        "the same container, its files kept: {r:?}"
+    );
+    c.close().await;
+    listener.stop().await;
+    assert!(common::wait_gone(&id, Duration::from_secs(30)).await);
 }
 
 #[tokio::test]

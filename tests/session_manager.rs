@@ -1,8 +1,8 @@
 //! The SessionManager's logic over the fake runtime (tests/support/fake_runtime.rs), under
 //! `tokio::time::pause()`: the session cap and the per-owner cap (also under concurrent
-//! creates), owner checks, limits kept across re-attaching, the idle reaper, the
-//! reconciler, the end hook every way of destroying a session tells, and a create that is
-//! abandoned half-way. No Docker; virtual time.
+//! creates), owner checks, limits kept across re-attaching, the idle reaper (which never
+//! takes a session held in use), the reconciler, the end hook every way of destroying a
+//! session tells, and a create that is abandoned half-way. No Docker; virtual time.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod support;
@@ -227,6 +227,50 @@ async fn the_idle_reaper_removes_only_sessions_nobody_uses() {
     drop(m);
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert!(weak.upgrade().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_session_is_never_idle_and_idles_from_its_release() {
+    let rt = FakeRuntime::new();
+    let m = manager(
+        &rt,
+        SessionsConfig {
+            idle_timeout_secs: 60,
+            reap_interval_secs: 10,
+            ..SessionsConfig::default()
+        },
+    );
+    let _reaper = m.spawn_reaper();
+    let a = owner("a");
+    let s = m.create(&a, &LimitRequest::default(), FRESH).await.unwrap();
+    // A run (or a tool call) that lasts five idle timeouts, nothing touching the session.
+    let run = s.hold();
+    let nested = s.hold();
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    assert_eq!(rt.sessions(), vec![s.id.clone()], "held: never reaped");
+    assert_eq!(s.idle_for(), Duration::ZERO);
+    drop(nested);
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(rt.sessions(), vec![s.id.clone()], "one holder is left");
+    drop(run);
+    // Its idle time starts at the release, not at the last touch 420 s ago.
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    assert_eq!(rt.sessions(), vec![s.id.clone()], "45 s after the release");
+    assert!(s.idle_for() >= Duration::from_secs(45) && s.idle_for() < Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(rt.sessions().is_empty(), "idle past 60 s after the release");
+    assert!(m.live().await.is_empty());
+
+    // A re-attached session whose last use an earlier process recorded 50 s ago goes on
+    // from there (serve re-attaches with the store's last use): 15 s more is too much.
+    let earlier = m.create(&a, &LimitRequest::default(), FRESH).await.unwrap();
+    earlier.used_ago(Duration::from_secs(50));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(m.reap_idle().await.is_empty(), "55 s idle");
+    assert_eq!(rt.sessions(), vec![earlier.id.clone()]);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    m.reap_idle().await; // the reaper's own tick may come a little later
+    assert!(rt.sessions().is_empty(), "65 s idle");
 }
 
 #[tokio::test(start_paused = true)]

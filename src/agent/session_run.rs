@@ -172,7 +172,8 @@ pub async fn run_in_session(
     if request.task.trim().is_empty() {
         return Err(RunError::EmptyTask);
     }
-    session.touch();
+    // Not idle while the run lasts, however long a step takes; idle from its end.
+    let _in_use = session.hold();
     let tools = SessionTools::of(session, &ctx.config);
     tools
         .browser
@@ -254,7 +255,6 @@ pub async fn run_in_session(
     }
     conversation.set(outcome.conversation.clone());
     outcome.transcript = transcript.and_then(|t| t.path());
-    session.touch();
     Ok(outcome)
 }
 

@@ -25,6 +25,17 @@ use super::server::{SandboxServer, ServerState};
 /// Largest POST body: a whole file written through write_file must fit.
 pub const MAX_BODY_BYTES: usize = 16 << 20;
 
+/// How long rmcp keeps a session on which nothing passes. A tool call sends nothing until it
+/// ends and may take up to `[limits] max_timeout_secs`, so that (and a minute for the call's
+/// own cleanup) is added to the idle timeout: a call in flight is never cut off with its
+/// container, and an idle session's container still goes after `[sessions]
+/// idle_timeout_secs`, by the manager's reaper (which never takes one in use).
+pub fn session_keep_alive(config: &crate::config::Config) -> Duration {
+    let idle = config.sessions.idle_timeout_secs.max(1);
+    let call = config.limits.max_timeout_secs.saturating_add(60);
+    Duration::from_secs(idle.saturating_add(call))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
     #[error(
@@ -139,11 +150,10 @@ impl HttpServer {
         state: Arc<ServerState>,
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
-        let idle = Duration::from_secs(state.config.sessions.idle_timeout_secs.max(1));
-
         let mut sessions = LocalSessionManager::default();
-        // rmcp ends a session idle this long, dropping its handler and so its container.
-        sessions.session_config.keep_alive = Some(idle);
+        // rmcp ends a session on which nothing passed for this long, dropping its handler
+        // and so its container; the manager's reaper removes an idle one's container sooner.
+        sessions.session_config.keep_alive = Some(session_keep_alive(&state.config));
         let mut hosts = vec![
             "localhost".to_string(),
             "127.0.0.1".to_string(),

@@ -13,8 +13,11 @@
 //!   rmcp builds one `SandboxServer` per connection/`Mcp-Session-Id`. It owns a
 //!   `LazySandbox`, so the container is created on the first tool call (listing tools
 //!   costs nothing) and removed when the handler is dropped: the client closed the session
-//!   (HTTP DELETE, stdin EOF) or rmcp's keep-alive ended an idle one (set to
-//!   `[sessions] idle_timeout_secs`). The SessionManager's reaper is a second net.
+//!   (HTTP DELETE, stdin EOF) or rmcp's keep-alive ended one on which nothing passed
+//!   (`session_keep_alive`: the idle timeout plus the longest tool call, since a call in
+//!   flight sends nothing). The SessionManager's reaper removes the container of a session
+//!   idle for `[sessions] idle_timeout_secs` (never one with a call in flight); the next
+//!   call makes a new one.
 //!
 //! * **stateless clients** (protocol 2026-07-28: no session, a fresh handler for every
 //!   request): nothing on the connection can carry a sandbox, so the client holds it
@@ -320,6 +323,8 @@ impl ServerHandler for SandboxServer {
             return Ok(match self.slot.sandbox.session().await {
                 Ok(session) => {
                     let registry = SessionTools::server_registry(&session, &self.state.config);
+                    // Not idle while the call lasts (it may outlast the idle timeout).
+                    let _in_use = session.hold();
                     run(&registry, &name, args, &ctx).await
                 }
                 Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
@@ -358,7 +363,10 @@ impl ServerHandler for SandboxServer {
             });
         }
         match stateless.get(manager, &owner, &id).await {
-            Some(registry) => Ok(run(&registry, &name, args, &ctx).await),
+            Some((session, registry)) => {
+                let _in_use = session.hold();
+                Ok(run(&registry, &name, args, &ctx).await)
+            }
             None => Ok(error_result(format!(
                 "no sandbox {id:?} (it was closed, idled out, or belongs to another token); call sandbox_create"
             ))),

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{Config, LimitRequest};
+use crate::sandbox::manager::Session;
 use crate::sandbox::{CreateOptions, Owner, SandboxError, SessionManager};
 use crate::tools::ToolRegistry;
 
@@ -77,21 +78,21 @@ impl StatelessSandboxes {
         Ok(id)
     }
 
-    /// The tools of `owner`'s sandbox `id`, marking its session used; None when the id is
-    /// unknown, another owner's, or its session is gone.
+    /// The session of `owner`'s sandbox `id` (marked used) and its tools; None when the id
+    /// is unknown, another owner's, or its session is gone.
     pub async fn get(
         &self,
         manager: &SessionManager,
         owner: &Owner,
         id: &str,
-    ) -> Option<Arc<ToolRegistry>> {
+    ) -> Option<(Arc<Session>, Arc<ToolRegistry>)> {
         let (session_id, registry) = {
             let map = self.map.lock().await;
             let e = map.get(id).filter(|e| &e.owner == owner)?;
             (e.session_id.clone(), e.registry.clone())
         };
         match manager.get(owner, &session_id).await {
-            Ok(_) => Some(registry),
+            Ok(session) => Some((session, registry)),
             Err(_) => {
                 self.map.lock().await.remove(id);
                 None

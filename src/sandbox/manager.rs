@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::time::Instant;
 
 use super::pool::Warm;
 use super::runtime::{Runtime, SandboxSpec, SandboxState};
@@ -38,7 +37,8 @@ pub struct Session {
     pub(super) handle: String,
     /// What the tools and the agent keep for the session's lifetime (see slots.rs).
     pub slots: super::slots::SessionSlots,
-    last_used: std::sync::Mutex<Instant>,
+    /// When it was last used and whether it is in use now (see in_use.rs).
+    pub(super) clock: super::in_use::UseClock,
 }
 
 impl Session {
@@ -58,21 +58,30 @@ impl Session {
             keep,
             handle,
             slots: Default::default(),
-            last_used: std::sync::Mutex::new(Instant::now()),
+            clock: super::in_use::UseClock::new(),
         })
     }
 
+    /// Marks a moment of use.
     pub fn touch(&self) {
-        if let Ok(mut t) = self.last_used.lock() {
-            *t = Instant::now();
-        }
+        self.clock.touch();
     }
 
+    /// Holds the session in use while the guard lives (a run, a tool call): it is not idle
+    /// meanwhile, and its idle time starts when the last holder lets go.
+    pub fn hold(&self) -> super::in_use::InUse<&Session> {
+        super::in_use::InUse::new(self)
+    }
+
+    /// How long it has been unused: zero while held. Every idle check reads this.
     pub fn idle_for(&self) -> Duration {
-        self.last_used
-            .lock()
-            .map(|t| t.elapsed())
-            .unwrap_or_default()
+        self.clock.idle_for()
+    }
+
+    /// Dates its last use `ago` back: what an earlier process recorded, for a re-attached
+    /// session whose idle time must go on from there.
+    pub fn used_ago(&self, ago: Duration) {
+        self.clock.used_ago(ago);
     }
 }
 

@@ -19,6 +19,7 @@ pub mod framed;
 pub mod fs_client;
 pub mod helpers;
 pub mod host;
+pub mod in_use;
 pub mod manager;
 mod output;
 mod owner;

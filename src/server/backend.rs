@@ -8,18 +8,20 @@
 //! the typed owner again on every lookup and removal.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
 
 use crate::config::{Config, LimitRequest, Limits};
+use crate::sandbox::in_use::InUse;
+use crate::sandbox::manager::Session;
 use crate::sandbox::{
     CreateOptions, Owner, Sandbox, SandboxError, SessionInfo, SessionManager, Viewer,
 };
 use crate::store::{SessionRow, now_ms};
 use crate::tools::ToolRegistry;
+use crate::tools::session::SessionTools;
 
 /// The label prefix of containers that belong to API sessions.
 pub const OWNER_PREFIX: &str = "serve:";
@@ -39,24 +41,37 @@ pub struct Live {
     pub sandbox: Arc<dyn Sandbox>,
     pub limits: Limits,
     pub idle_timeout: Duration,
-    last_used_ms: AtomicI64,
-    tools: OnceLock<ToolRegistry>,
+    /// The manager's session: its use clock is the one the idle checks read, its slots
+    /// hold the tools its runs use.
+    session: Arc<Session>,
 }
 
 impl Live {
+    /// Marks a moment of use.
     pub fn touch(&self) {
-        self.last_used_ms.store(now_ms(), Ordering::Relaxed);
+        self.session.touch();
     }
 
+    /// Holds the session in use (never idle) until the guard is dropped: a request that
+    /// may last longer than the idle timeout (an exec, a tool call, a streamed command).
+    pub fn hold(&self) -> InUse<Arc<Session>> {
+        InUse::new(self.session.clone())
+    }
+
+    /// How long the session has been unused; zero while a run or a request holds it.
+    pub fn idle_for(&self) -> Duration {
+        self.session.idle_for()
+    }
+
+    /// When it was last used, in unix milliseconds (now while it is in use).
     pub fn last_used_ms(&self) -> i64 {
-        self.last_used_ms.load(Ordering::Relaxed)
+        now_ms().saturating_sub(self.idle_for().as_millis() as i64)
     }
 
-    /// The same tool registry the MCP server offers, bound to this session's sandbox.
-    pub fn tools(&self, config: &Config) -> &ToolRegistry {
-        self.tools.get_or_init(|| {
-            crate::tools::session::server_tools(self.sandbox.clone(), &self.limits, config)
-        })
+    /// What the MCP server offers, over the session's own tools: the python interpreter,
+    /// browser and undo history its runs use too (made once per session).
+    pub fn tools(&self, config: &Config) -> Arc<ToolRegistry> {
+        SessionTools::server_registry(&self.session, config)
     }
 }
 
@@ -94,16 +109,7 @@ impl Backend {
             .manager
             .create(&owner, request, CreateOptions { keep: true })
             .await?;
-        let live = self
-            .insert(
-                row,
-                owner,
-                session.id.clone(),
-                session.sandbox.clone(),
-                session.limits.clone(),
-            )
-            .await;
-        Ok(live)
+        Ok(self.insert(row, owner, session).await)
     }
 
     /// Re-attaches a stored session whose container is still running, with the limits the
@@ -115,35 +121,27 @@ impl Backend {
     ) -> Result<Arc<Live>, SandboxError> {
         let owner = Self::owner_of(&row.owner)?;
         let session = self.manager.get(&owner, runtime_id).await?;
-        Ok(self
-            .insert(
-                row,
-                owner,
-                runtime_id.to_string(),
-                session.sandbox.clone(),
-                session.limits.clone(),
-            )
-            .await)
+        // Its idle time goes on from the last use the store recorded, not from this start.
+        let ago = now_ms().saturating_sub(row.last_used_at).max(0);
+        session.used_ago(Duration::from_millis(ago as u64));
+        Ok(self.insert(row, owner, session).await)
     }
 
     async fn insert(
         &self,
         row: &SessionRow,
         manager_owner: Owner,
-        runtime_id: String,
-        sandbox: Arc<dyn Sandbox>,
-        limits: Limits,
+        session: Arc<Session>,
     ) -> Arc<Live> {
         let live = Arc::new(Live {
             id: row.id.clone(),
             owner: row.owner.clone(),
             manager_owner,
-            runtime_id,
-            sandbox,
-            limits,
+            runtime_id: session.id.clone(),
+            sandbox: session.sandbox.clone(),
+            limits: session.limits.clone(),
             idle_timeout: Duration::from_secs(row.idle_timeout_secs),
-            last_used_ms: AtomicI64::new(row.last_used_at),
-            tools: OnceLock::new(),
+            session,
         });
         self.live.lock().await.insert(row.id.clone(), live.clone());
         live
@@ -154,18 +152,11 @@ impl Backend {
         format!("sandboxd-{runtime_id}")
     }
 
-    /// The live session, marked as used.
+    /// The live session, marked as used (on the manager's session: its reaper and
+    /// `serve`'s upkeep read the same clock).
     pub async fn get(&self, id: &str) -> Option<Arc<Live>> {
         let live = self.live.lock().await.get(id).cloned()?;
         live.touch();
-        // Keeps the manager's idle clock in step (its reaper also watches API sessions).
-        if let Err(e) = self
-            .manager
-            .get(&live.manager_owner, &live.runtime_id)
-            .await
-        {
-            tracing::debug!(session = %id, error = %e, "the manager no longer holds the session");
-        }
         Some(live)
     }
 

@@ -37,6 +37,8 @@ use super::backend::Live;
 use super::error::{ApiError, ApiJson, ApiPath, ErrorBody, ErrorCode, ErrorResponses};
 use super::sessions::{exec_target, sandbox_failed};
 use super::types::ExecBody;
+use crate::sandbox::in_use::InUse;
+use crate::sandbox::manager::Session;
 use crate::sandbox::{MAX_PIECE, SandboxError, ShellOutput, ShellPiece, ShellStream, StdStream};
 
 /// Pieces in flight between the shell and the response: with `MAX_PIECE` each, the most a
@@ -141,6 +143,8 @@ pub async fn exec_stream(
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Response, ApiError> {
     let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
+    // In use until the stream is dropped: the command may outlast the idle timeout.
+    let in_use = live.hold();
     let (tx, mut rx) = mpsc::channel(CHANNEL);
     let cancel = CancellationToken::new();
     // Made before anything can fail or be dropped: a client that leaves while the command
@@ -181,6 +185,7 @@ pub async fn exec_stream(
         ready: VecDeque::new(),
         done: false,
         _stop: stop,
+        _in_use: in_use,
     };
     let events = futures::stream::unfold(feed, |mut feed| async move {
         let event = feed.next().await?;
@@ -210,6 +215,8 @@ struct Feed {
     done: bool,
     /// Dropped with the stream: stops the command.
     _stop: DropGuard,
+    /// Dropped with the stream: the session's idle time starts again.
+    _in_use: InUse<Arc<Session>>,
 }
 
 fn json_event(kind: &str, data: &impl Serialize) -> Event {
@@ -327,10 +334,7 @@ impl Feed {
             return;
         };
         let event = match task.await {
-            Ok(Ok(out)) => {
-                self.live.touch();
-                json_event("exit", &ExecExit::from(&out))
-            }
+            Ok(Ok(out)) => json_event("exit", &ExecExit::from(&out)),
             Ok(Err(e)) => error_event(&sandbox_failed(&self.st, &self.live, e).await),
             Err(e) => error_event(&ApiError::internal(e)),
         };

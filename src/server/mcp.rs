@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Extension;
 use axum::body::Body;
@@ -58,9 +57,10 @@ impl McpUsers {
         let owner = Owner::from_secret(MCP_OWNER_PREFIX.trim_end_matches(':'), user_id.as_bytes());
         let state = ServerState::new(self.manager.clone(), self.config.clone(), owner);
         let mut sessions = LocalSessionManager::default();
-        let idle = Duration::from_secs(self.config.sessions.idle_timeout_secs.max(1));
-        // rmcp ends a session idle this long, dropping its handler and so its container.
-        sessions.session_config.keep_alive = Some(idle);
+        // rmcp ends a session on which nothing passed for this long, dropping its handler
+        // and so its container; the manager's reaper removes an idle one's container sooner.
+        sessions.session_config.keep_alive =
+            Some(crate::mcp::http::session_keep_alive(&self.config));
         // The service's own Host check (the DNS-rebinding guard) runs for every route
         // before this, so rmcp's copy is off; its streams end when the server shuts down.
         let config = StreamableHttpServerConfig::default()

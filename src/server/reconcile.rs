@@ -120,7 +120,6 @@ pub async fn tick(st: &AppState) {
                 return;
             }
         };
-        let idle_ms = now - live.last_used_ms();
         let reason = match &row {
             None => Some("its row was deleted".to_string()),
             Some(r) if r.state == SessionState::Ended => Some(
@@ -128,7 +127,9 @@ pub async fn tick(st: &AppState) {
                     .clone()
                     .unwrap_or_else(|| "ended elsewhere".into()),
             ),
-            _ if idle_ms > live.idle_timeout.as_millis() as i64 => Some(format!(
+            // Zero while a run (queued, running, waiting for an answer) or a request holds
+            // the session: the manager's clock is the one every idle check reads.
+            _ if live.idle_for() > live.idle_timeout => Some(format!(
                 "idle for more than {} s",
                 live.idle_timeout.as_secs()
             )),

@@ -344,11 +344,12 @@ pub async fn exec(
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Json<ExecResult>, ApiError> {
     let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
+    // A command may run longer than the session's idle timeout.
+    let _in_use = live.hold();
     let out = match live.sandbox.shell(&body.command, opts).await {
         Ok(o) => o,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
     };
-    live.touch();
     Ok(Json(ExecResult {
         exit_code: out.exit_code,
         stdout: out.stdout_lossy(),
@@ -380,6 +381,8 @@ pub async fn call_tool(
     ApiJson(args): ApiJson<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<ToolCallResult>, ApiError> {
     let live = live_session(&st, &caller, &id).await?;
+    // The session's own tools, so a run in it sees what this call leaves (python
+    // variables, the browser's tabs, the editor's undo history), and the other way round.
     let registry = live.tools(&st.config);
     let Some(tool) = registry.get(&name) else {
         return Err(ApiError::new(
@@ -397,8 +400,11 @@ pub async fn call_tool(
     let cancel = CancellationToken::new();
     let _on_drop = cancel.clone().drop_guard();
     let ctx = ToolContext { cancel };
-    let result = registry.execute(&name, &args.to_string(), &ctx).await;
-    live.touch();
+    let result = {
+        // A call may last longer than the session's idle timeout.
+        let _in_use = live.hold();
+        registry.execute(&name, &args.to_string(), &ctx).await
+    };
     match result {
         Ok(r) => Ok(Json(ToolCallResult {
             is_error: r.is_error(),

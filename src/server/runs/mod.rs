@@ -249,6 +249,9 @@ impl RunService {
 
     /// The whole life of a run on its task: queue, run, record the ending.
     async fn drive(self: Arc<Self>, ctx: RunContext, live: Arc<LiveRun>, req: StartRun) {
+        // The session is in use from here to the run's end: queued, running, waiting for a
+        // human's answer and between a plan's steps it is never idle, however long that is.
+        let _in_use = req.session.hold();
         let lock = self.session_lock(&req.session_id);
         let ending = tokio::select! {
             guard = lock.clone().lock_owned() => {
