@@ -105,14 +105,22 @@ impl<B: ExecBackend> ExecSandbox<B> {
         call: impl std::future::Future<Output = Result<T, SandboxError>>,
     ) -> Result<T, SandboxError> {
         let r = super::watch::while_alive(self, call).await;
-        let r = self.gone_if_dead(r).await;
-        if matches!(r, Err(SandboxError::SandboxGone { .. })) {
-            // The call may have been dropped in the middle of a frame or a command: nothing
-            // of its channels may be used again, whatever the next call finds.
-            *self.fs.lock().await = None;
-            self.shell.discard().await;
+        match self.gone_if_dead(r).await {
+            Err(SandboxError::SandboxGone { session, message }) => {
+                // The call may have been dropped in the middle of a frame or a command: nothing
+                // of its channels may be used again, whatever the next call finds.
+                *self.fs.lock().await = None;
+                self.shell.discard().await;
+                // However the end was seen (the watch, or the shell's own stream closing, as
+                // runsc sometimes does), it carries the backend's reason once.
+                let message = match self.backend.stop_reason().await {
+                    Some(why) if !message.contains(&why) => format!("{message}: {why}"),
+                    _ => message,
+                };
+                Err(SandboxError::SandboxGone { session, message })
+            }
+            other => other,
         }
-        r
     }
 
     async fn gone(&self, what: &str) -> SandboxError {
