@@ -251,19 +251,109 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 }
 
 /// Parses JSON and reports the path of the offending field.
+///
+/// A number such as `1841.0` is an integer to JSON Schema (and to every JavaScript client),
+/// but serde refuses it for an integer field. So when the typed parse fails, integral floats
+/// are made integers and the parse is tried once more; only a failed request pays for it.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::invalid(format!("the body is not valid JSON: {inner}"))
-        } else if path == "." || path.is_empty() {
-            ApiError::invalid(format!("the JSON body is invalid: {inner}"))
-        } else {
-            ApiError::invalid(format!("field `{path}`: {inner}"))
+    let first = match serde_path_to_error::deserialize(de) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    if !first.inner().is_syntax()
+        && !first.inner().is_eof()
+        && let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(bytes)
+        && integral_floats_to_ints(&mut value)
+    {
+        return serde_path_to_error::deserialize(value).map_err(field_error);
+    }
+    Err(field_error(first))
+}
+
+fn field_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    if inner.is_syntax() || inner.is_eof() {
+        ApiError::invalid(format!("the body is not valid JSON: {inner}"))
+    } else if path == "." || path.is_empty() {
+        ApiError::invalid(format!("the JSON body is invalid: {inner}"))
+    } else {
+        ApiError::invalid(format!("field `{path}`: {inner}"))
+    }
+}
+
+/// Turns every float with no fractional part that an i64 or u64 holds exactly into that
+/// integer; says whether it changed anything. serde_json's parser caps nesting at 128 levels,
+/// so the recursion is bounded.
+fn integral_floats_to_ints(v: &mut serde_json::Value) -> bool {
+    use serde_json::{Number, Value};
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            let Some(f) = n.as_f64() else { return false };
+            // 2^63 and 2^64, exact as floats: below them the casts are exact for integral values.
+            let two_63 = -(i64::MIN as f64);
+            let int = if f.fract() != 0.0 || !f.is_finite() {
+                None
+            } else if (-two_63..two_63).contains(&f) {
+                Some(Number::from(f as i64))
+            } else if (0.0..2.0 * two_63).contains(&f) {
+                Some(Number::from(f as u64))
+            } else {
+                None
+            };
+            match int {
+                Some(i) => {
+                    *n = i;
+                    true
+                }
+                None => false,
+            }
         }
-    })
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, i| integral_floats_to_ints(i) | changed),
+        Value::Object(fields) => fields
+            .values_mut()
+            .fold(false, |changed, f| integral_floats_to_ints(f) | changed),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod json_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        days: u32,
+        cpus: Option<f64>,
+        list: Option<Vec<i64>>,
+    }
+
+    #[test]
+    fn integral_floats_are_integers_and_the_rest_is_still_refused() {
+        let b: Body = parse_json(br#"{"days": 1841.0, "cpus": 2.0, "list": [-3.0, 4]}"#).unwrap();
+        assert_eq!(b.days, 1841);
+        assert_eq!(b.cpus, Some(2.0));
+        assert_eq!(b.list, Some(vec![-3, 4]));
+        for (body, want) in [
+            (&br#"{"days": 1.5}"#[..], "field `days`"),
+            (br#"{"days": -1.0}"#, "field `days`"),
+            (br#"{"days": 1e300}"#, "field `days`"),
+            (br#"{"days": 1, "extra": 2.0}"#, "extra"),
+            (br#"{"days": "#, "not valid JSON"),
+        ] {
+            let err = parse_json::<Body>(body).unwrap_err().detail.message;
+            assert!(
+                err.contains(want),
+                "{}: {err}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
 }
 
 /// Maps a body-reading failure: over the limit is 413, anything else 400.

@@ -347,6 +347,7 @@ pub struct UserView {
 #[serde(deny_unknown_fields)]
 pub struct CreateUser {
     /// 1-64 letters, digits, `_`, `.` or `-`, starting with a letter or digit.
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
     pub name: String,
     /// Admins see and manage every user's objects.
     #[serde(default)]
