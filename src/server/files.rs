@@ -73,6 +73,8 @@ pub async fn list_dir(
 ) -> Result<Json<DirListing>, ApiError> {
     let path = workspace_path(q.path.as_deref().unwrap_or(WORKSPACE))?;
     let live = live_session(&st, &caller, &id).await?;
+    // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
+    let _in_use = live.hold();
     let entries = match live.sandbox.list_dir(&path).await {
         Ok(e) => e,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
@@ -106,6 +108,8 @@ pub async fn download_file(
 ) -> Result<Response, ApiError> {
     let path = workspace_path(&q.path)?;
     let live = live_session(&st, &caller, &id).await?;
+    // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
+    let _in_use = live.hold();
     match live.sandbox.read_file(&path).await {
         Ok(bytes) => Ok(octets(bytes, "application/octet-stream")),
         Err(e) => Err(sandbox_failed(&st, &live, e).await),
@@ -139,6 +143,8 @@ pub async fn upload_file(
         ));
     }
     let live = live_session(&st, &caller, &id).await?;
+    // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
+    let _in_use = live.hold();
     let cap = live.limits.max_file_bytes();
     if body.len() as u64 > cap {
         return Err(ApiError::new(
@@ -178,6 +184,8 @@ pub async fn download_archive(
 ) -> Result<Response, ApiError> {
     let path = workspace_path(q.path.as_deref().unwrap_or(WORKSPACE))?;
     let live = live_session(&st, &caller, &id).await?;
+    // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
+    let _in_use = live.hold();
     let tar = match live.sandbox.download_tar(&path).await {
         Ok(t) => t,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
@@ -206,6 +214,8 @@ pub async fn upload_archive(
 ) -> Result<Json<Written>, ApiError> {
     let path = workspace_path(q.path.as_deref().unwrap_or(WORKSPACE))?;
     let live = live_session(&st, &caller, &id).await?;
+    // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
+    let _in_use = live.hold();
     // Validated here to answer with the summary (and 400 before touching the sandbox);
     // upload_tar validates again on its own.
     let summary = validate_archive(&body, &tar_limits(live.limits.workspace_mb)).map_err(|e| {
