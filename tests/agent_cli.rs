@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::cli::{kept_session_id, sandboxd};
+use support::cli::sandboxd;
 use support::fake_llm::{FakeLlm, Reply, check_tool_pairing};
 
 fn with_llm(cmd: &mut Command, llm: &FakeLlm) {
@@ -332,38 +332,9 @@ async fn a_kept_session_continues_its_conversation_in_the_same_container() {
         Reply::tool("terminate", json!({"status": "success", "answer": "42"})),
     ])
     .await;
-    let run = |args: Vec<String>| {
-        let mut cmd = sandboxd(dir.path());
-        with_llm(&mut cmd, &llm);
-        cmd.args(["run", "--json", "--no-input"]).args(args);
-        tokio::process::Command::from(cmd).output()
-    };
-    let out = run(vec![
-        "--keep".into(),
-        "--output".into(),
-        dir.path().join("out1").display().to_string(),
-        "--prompt".into(),
-        "Store 41 in a file".into(),
-    ])
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let id = kept_session_id(&stderr);
-    let _cleanup = support::Cleanup(id.clone());
-
-    let out = run(vec![
-        "--session".into(),
-        id.clone(),
-        "--output".into(),
-        dir.path().join("out2").display().to_string(),
-        "--prompt".into(),
-        "Add one to it".into(),
-    ])
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (id, _cleanup, out) =
+        support::cli::keep_then_continue(dir.path(), &llm, "Store 41 in a file", "Add one to it")
+            .await;
     let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

@@ -39,39 +39,13 @@ async fn python_variables_and_the_browser_page_survive_into_a_second_process() {
         Reply::tool("terminate", json!({"status": "success", "answer": "42"})),
     ])
     .await;
-    let run = |args: Vec<String>| {
-        let mut cmd = sandboxd(dir.path());
-        cmd.env("SANDBOXD_LLM_BASE_URL", llm.base_url())
-            .env("SANDBOXD_LLM_MODEL", "fake-model");
-        cmd.args(["run", "--json", "--no-input"]).args(args);
-        tokio::process::Command::from(cmd).output()
-    };
-    let out = run(vec![
-        "--keep".into(),
-        "--output".into(),
-        dir.path().join("out1").display().to_string(),
-        "--prompt".into(),
-        "Set x to 41 and open the page".into(),
-    ])
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let id = kept_session_id(&stderr);
-    let _cleanup = support::Cleanup(id.clone());
-
-    let out = run(vec![
-        "--session".into(),
-        id.clone(),
-        "--output".into(),
-        dir.path().join("out2").display().to_string(),
-        "--prompt".into(),
-        "What is x + 1, and which page is open?".into(),
-    ])
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (_id, _cleanup, _) = support::cli::keep_then_continue(
+        dir.path(),
+        &llm,
+        "Set x to 41 and open the page",
+        "What is x + 1, and which page is open?",
+    )
+    .await;
 
     let reqs = llm.requests();
     assert_eq!(reqs.len(), 6, "{reqs:#?}");

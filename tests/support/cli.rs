@@ -33,3 +33,52 @@ pub fn kept_session_id(stderr: &str) -> String {
         })
         .unwrap_or_else(|| panic!("no kept session id in:\n{stderr}"))
 }
+
+/// `sandboxd run --keep` with `first`, then `sandboxd run --session ID` with `second` (two
+/// processes, the LLM at `llm`, outputs under `dir/out1` and `dir/out2`), each asserted to
+/// succeed. Returns the kept session's id, the guard that removes it, and the second run.
+pub async fn keep_then_continue(
+    dir: &Path,
+    llm: &super::fake_llm::FakeLlm,
+    first: &str,
+    second: &str,
+) -> (String, super::Cleanup, std::process::Output) {
+    let run = |args: Vec<String>| {
+        let mut cmd = sandboxd(dir);
+        cmd.env("SANDBOXD_LLM_BASE_URL", llm.base_url())
+            .env("SANDBOXD_LLM_MODEL", "fake-model");
+        cmd.args(["run", "--json", "--no-input"]).args(args);
+        tokio::process::Command::from(cmd).output()
+    };
+    let out = dir.join("out1").display().to_string();
+    let kept = run(vec![
+        "--keep".into(),
+        "--output".into(),
+        out,
+        "--prompt".into(),
+        first.into(),
+    ])
+    .await
+    .expect("run sandboxd");
+    let stderr = String::from_utf8_lossy(&kept.stderr);
+    assert!(kept.status.success(), "{stderr}");
+    let id = kept_session_id(&stderr);
+    let cleanup = super::Cleanup(id.clone());
+    let out = dir.join("out2").display().to_string();
+    let next = run(vec![
+        "--session".into(),
+        id.clone(),
+        "--output".into(),
+        out,
+        "--prompt".into(),
+        second.into(),
+    ])
+    .await
+    .expect("run sandboxd");
+    assert!(
+        next.status.success(),
+        "{}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+    (id, cleanup, next)
+}
