@@ -244,7 +244,7 @@ async fn a_sparse_file_of_1000_mb_costs_the_host_nothing() {
         std::fs::read_to_string(out.join("report.md")).unwrap(),
         "the deliverable\n"
     );
-    if support::oci_runtime().is_some_and(|r| r == "runsc") {
+    if support::under_gvisor() {
         // gVisor's tmpfs has no holes: the file reports all its blocks as allocated and
         // SEEK_DATA fails, so tar sends it as 1000 MB of data, which costs what real data
         // of that size costs (the workspace quota bounds it) and streams through the host.

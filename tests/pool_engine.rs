@@ -111,7 +111,7 @@ async fn a_claim_answers_at_once_under_the_limits_asked_for_with_an_empty_worksp
         ..LimitRequest::default()
     };
     let s = claim(&m, &req, &seen).await;
-    if support::oci_runtime().is_some_and(|r| r == "runsc") {
+    if support::under_gvisor() {
         // gVisor's runsc cannot lower a running sandbox's limits (it has no `update`), so a
         // claim that asks for less is created cold, with what it asked for.
         assert!(!warm.contains(&s.id), "runsc cannot lower a warm sandbox");

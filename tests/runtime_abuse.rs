@@ -57,7 +57,7 @@ async fn a_fork_bomb_stops_at_the_pids_limit_and_others_still_answer() {
         "other session took {:?}",
         t.elapsed()
     );
-    if support::oci_runtime().is_some_and(|r| r == "runsc") {
+    if support::under_gvisor() {
         // Under gVisor the host's pids limit counts gVisor's own tasks, and reaching it stops
         // the whole sandbox: the bomb ends its session, with a reason that says so.
         let err = bombing
@@ -107,7 +107,7 @@ async fn a_memory_bomb_is_oom_killed_and_reported() {
             opts(60),
         )
         .await;
-    if support::oci_runtime().is_some_and(|r| r == "runsc") {
+    if support::under_gvisor() {
         // Under gVisor the host's OOM killer takes gVisor's kernel, so the whole sandbox
         // dies; the call must say so at once (the attached exec never ends by itself),
         // not wait for its timeout.

@@ -37,7 +37,7 @@ async fn the_engine_reports_every_hardening_setting() {
     assert_eq!(hc("Init"), "true");
     // Under gVisor the host cgroup counts the Sentry's tasks and a stub or so per sandbox
     // process, so the 256 processes are given as 256 × 4 + 128 host tasks (docker.rs).
-    let gvisor = support::oci_runtime().is_some_and(|r| r == "runsc");
+    let gvisor = support::under_gvisor();
     assert_eq!(hc("PidsLimit"), if gvisor { "1152" } else { "256" });
     assert_eq!(hc("Memory"), (1u64 << 30).to_string());
     assert_eq!(hc("MemorySwap"), (1u64 << 30).to_string());

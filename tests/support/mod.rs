@@ -41,6 +41,11 @@ pub fn oci_runtime() -> Option<String> {
         .filter(|r| !r.is_empty())
 }
 
+/// Whether the tests' sessions run under gVisor, by the backend's own rule for the name.
+pub fn under_gvisor() -> bool {
+    oci_runtime().is_some_and(|r| sandboxd::sandbox::docker::is_gvisor(&r))
+}
+
 pub async fn runtime() -> DockerRuntime {
     let engine = docker::connect()
         .await
