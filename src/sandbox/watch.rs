@@ -11,7 +11,7 @@ use super::{Sandbox, SandboxError};
 
 /// How often a call that is still waiting checks that its sandbox runs: one cheap query of
 /// the backend a second, and only for calls that last that long.
-pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// How many looks in a row must find the sandbox stopped. `check_alive` counts only the
 /// backend's definite answer, not a failed query; two looks also let a backend that reports a
