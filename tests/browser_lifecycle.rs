@@ -102,6 +102,23 @@ async fn a_killed_chromium_is_restarted_with_a_note_and_shutdown_cleans_up() {
     assert!(r.output.contains("URL: \"about:blank\""), "{}", r.output);
     let r = ok(&tool, json!({"action": "go_to_url", "url": url})).await;
     assert!(r.system.is_none(), "{r:?}");
+    // Killed right before an action that touches no page (a screenshot only reads the state):
+    // whether the death is noticed before the action or only when the state is read, the
+    // answer is the fresh browser's state and the note, never a missing state.
+    sb.exec(ExecRequest::shell_line("pkill -9 chromium"))
+        .await
+        .unwrap();
+    let r = ok(&tool, json!({"action": "screenshot"})).await;
+    assert!(
+        r.system
+            .as_deref()
+            .unwrap_or_default()
+            .contains("restarted"),
+        "{r:?}"
+    );
+    assert!(r.output.contains("URL: \"about:blank\""), "{}", r.output);
+    let r = ok(&tool, json!({"action": "go_to_url", "url": url})).await;
+    assert!(r.system.is_none(), "{r:?}");
 
     // Shutdown leaves no Chromium and no relay behind.
     tool.shutdown().await;

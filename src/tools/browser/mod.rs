@@ -234,34 +234,52 @@ impl BrowserUse {
         }
     }
 
-    /// Reads the state; a browser that cannot even do that is restarted.
+    /// Reads the state. A browser that died under the read (the action finished just before
+    /// Chromium's end was noticed) is restarted once and the fresh state is read, so the model
+    /// sees where it stands; one that is alive but cannot answer is stopped for the next action.
     async fn capture(
         &self,
         guard: &mut Option<Live>,
         notes: &mut Vec<String>,
     ) -> Option<BrowserState> {
-        let live = guard.as_mut()?;
-        let dead = live.running.dead.clone();
-        let result = tokio::select! {
-            r = tokio::time::timeout(CAPTURE_TIMEOUT, live.capture()) => r.unwrap_or(Err(BrowserError::Timeout(CAPTURE_TIMEOUT))),
-            _ = dead.cancelled() => Err(BrowserError::Died),
-        };
-        match result {
-            Ok(state) => {
-                self.remember(&state);
-                Some(state)
-            }
-            Err(e) => {
-                let mut why = e.to_string();
-                if let Some(live) = guard.take() {
-                    if let Some(cut) = live.running.cut_reason() {
-                        why = format!("sandboxd cut the connection to Chromium: {cut}");
-                    }
-                    live.running.shutdown().await;
+        let mut restarted = false;
+        loop {
+            let live = guard.as_mut()?;
+            let dead = live.running.dead.clone();
+            let result = tokio::select! {
+                r = tokio::time::timeout(CAPTURE_TIMEOUT, live.capture()) => r.unwrap_or(Err(BrowserError::Timeout(CAPTURE_TIMEOUT))),
+                _ = dead.cancelled() => Err(BrowserError::Died),
+            };
+            let e = match result {
+                Ok(state) => {
+                    self.remember(&state);
+                    return Some(state);
                 }
-                notes.push(format!("the browser state could not be read ({why}); Chromium was stopped and the next action starts it again"));
-                None
+                Err(e) => e,
+            };
+            let died = matches!(e, BrowserError::Died | BrowserError::Cdp(_))
+                && (live.running.is_dead() || dead_soon(&dead).await);
+            let live = guard.take()?;
+            if died && !restarted {
+                restarted = true;
+                notes.push(live.running.restart_note());
+                live.running.shutdown().await;
+                match self.start(notes).await {
+                    Ok(fresh) => *guard = Some(fresh),
+                    Err(e) => {
+                        notes.push(format!("Chromium stopped and could not be started again ({e}); the next action tries again"));
+                        return None;
+                    }
+                }
+                continue;
             }
+            let why = match live.running.cut_reason() {
+                Some(cut) => format!("sandboxd cut the connection to Chromium: {cut}"),
+                None => e.to_string(),
+            };
+            live.running.shutdown().await;
+            notes.push(format!("the browser state could not be read ({why}); Chromium was stopped and the next action starts it again"));
+            return None;
         }
     }
 }
