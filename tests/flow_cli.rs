@@ -85,3 +85,66 @@ async fn run_plan_shows_the_checklist_and_prints_the_summary() {
         "1\n2\n3\n"
     );
 }
+
+/// A kept session's plans outlive the process: the next `run --plan --session` in a new
+/// process hands out the next id (never plan-1 twice in one session), and its step sees the
+/// earlier plan, with the status it ended in, through `planning list`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_sessions_plans_carry_on_in_the_next_process() {
+    let llm = FakeLlm::start(vec![
+        Reply::tool(
+            "planning",
+            json!({"command": "create", "title": "First plan", "steps": ["Write a"]}),
+        ),
+        Reply::tool(
+            "terminate",
+            json!({"status": "success", "answer": "a is written"}),
+        ),
+        Reply::text("Done with the first."),
+        Reply::tool(
+            "planning",
+            json!({"command": "create", "title": "Second plan", "steps": ["Look back"]}),
+        ),
+        Reply::tool("planning", json!({"command": "list"})),
+        Reply::tool(
+            "terminate",
+            json!({"status": "success", "answer": "looked"}),
+        ),
+        Reply::text("Done with the second."),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: Vec<String>| {
+        let mut cmd = sandboxd(dir.path(), &llm);
+        cmd.args(["run", "--plan", "--no-input", "--prompt", "Plan it"])
+            .args(extra);
+        tokio::task::spawn_blocking(move || cmd.output().unwrap())
+    };
+    let first = run(vec!["--keep".into()]).await.unwrap();
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    assert!(stderr.contains("📋 plan plan-1 · First plan"), "{stderr}");
+    let id = support::cli::kept_session_id(&stderr);
+    let _cleanup = support::Cleanup(id.clone());
+    let asked_before = llm.requests().len();
+
+    let second = run(vec!["--session".into(), id.clone()]).await.unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(second.status.success(), "{stderr}");
+    assert!(stderr.contains("📋 plan plan-2 · Second plan"), "{stderr}");
+    let listed = llm.requests()[asked_before..]
+        .iter()
+        .flat_map(|r| r["messages"].as_array().cloned().unwrap_or_default())
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| m["content"].as_str().map(str::to_string))
+        .find(|c| c.starts_with("Plans in this session"))
+        .expect("the step's planning list was answered");
+    assert!(
+        listed.contains("plan-1") && listed.contains("First plan"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("plan-2") && listed.contains("Second plan"),
+        "{listed}"
+    );
+}

@@ -38,7 +38,11 @@ pub struct AgentStepRunner {
 impl AgentStepRunner {
     /// Steps run in `session`, with the session's own plans.
     pub fn new(ctx: RunContext, session: Arc<Session>, asker: Arc<dyn Asker>) -> Self {
-        let plans = PlanBook::of(&session, ctx.config.flow.max_plan_steps);
+        let plans = PlanBook::of(
+            &session,
+            ctx.config.flow.max_plan_steps,
+            &ctx.config.data_dir(),
+        );
         Self {
             ctx,
             session,

@@ -4,10 +4,21 @@
 //! flow's clock) chooses. Here a book belongs to one session, ids come from the book's own
 //! counter, and everything a plan holds (titles, steps, notes) is model text: it is
 //! cleaned of control characters and cut to fixed sizes before it is stored.
+//!
+//! A kept session's book is also saved on the host after every change (`tools::saved`, kind
+//! `plans`) and read back by the next process that uses the session, so plans, their
+//! statuses and the id counter survive a `run --session` in a new process or a `serve`
+//! restart: a plan id is never handed out twice in one session.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+
+use crate::tools::saved::SavedTools;
+
+/// The kind of a kept session's saved book (`<id>.plans.json`).
+const RECORD: &str = "plans";
 
 /// Most plans one session keeps at once.
 pub const MAX_PLANS: usize = 16;
@@ -123,7 +134,7 @@ pub enum PlanError {
     Full,
 }
 
-#[derive(Default)]
+#[derive(Default, Serialize, Deserialize)]
 struct Inner {
     plans: Vec<Plan>,
     active: Option<String>,
@@ -135,6 +146,8 @@ pub struct PlanBook {
     inner: Mutex<Inner>,
     /// Most steps a plan may have (config [flow] max_plan_steps, capped).
     max_steps: usize,
+    /// Where a kept session's book is saved after every change; None: it lives in memory.
+    saved: Option<SavedTools>,
 }
 
 impl PlanBook {
@@ -142,15 +155,39 @@ impl PlanBook {
         Self {
             inner: Mutex::new(Inner::default()),
             max_steps: max_steps.clamp(1, MAX_STEPS_CEILING),
+            saved: None,
+        }
+    }
+
+    /// A book saved in `saved` after every change, starting from what an earlier process
+    /// saved there (a missing, unreadable or foreign record starts empty).
+    pub fn with_saved(max_steps: usize, saved: SavedTools) -> Self {
+        let inner = saved.load::<Inner>(RECORD).map(Inner::checked);
+        Self {
+            inner: Mutex::new(inner.unwrap_or_default()),
+            saved: Some(saved),
+            ..Self::new(max_steps)
         }
     }
 
     /// `session`'s plans: made on first use, then the same for every run and flow of the
-    /// session (plans live with the session, not in a process-wide table).
-    pub fn of(session: &crate::sandbox::manager::Session, max_steps: usize) -> Arc<PlanBook> {
-        session
-            .slots
-            .get_or_insert_with(|| PlanBook::new(max_steps))
+    /// session (plans live with the session, not in a process-wide table). A kept session's
+    /// book is saved under `data_dir` and carries on from what an earlier process saved.
+    pub fn of(
+        session: &crate::sandbox::manager::Session,
+        max_steps: usize,
+        data_dir: &Path,
+    ) -> Arc<PlanBook> {
+        session.slots.get_or_insert_with(|| {
+            let saved = session
+                .keep
+                .then(|| SavedTools::new(data_dir, &session.id, session.owner.as_str()))
+                .flatten();
+            match saved {
+                Some(saved) => PlanBook::with_saved(max_steps, saved),
+                None => PlanBook::new(max_steps),
+            }
+        })
     }
 
     pub fn max_steps(&self) -> usize {
@@ -163,11 +200,25 @@ impl PlanBook {
         f(&mut guard)
     }
 
+    /// `with` for a change: a kept session's book is saved once the change is made. Saving
+    /// under the lock keeps the file in the order of the changes; a book is a few KiB.
+    fn change<T>(
+        &self,
+        f: impl FnOnce(&mut Inner) -> Result<T, PlanError>,
+    ) -> Result<T, PlanError> {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let out = f(&mut guard)?;
+        if let Some(saved) = &self.saved {
+            saved.save(RECORD, &*guard);
+        }
+        Ok(out)
+    }
+
     /// A new plan, made the active one; returns it with its assigned id.
     pub fn create(&self, title: &str, steps: &[String]) -> Result<Plan, PlanError> {
         let title = clean_title(title)?;
         let steps = self.clean_steps(steps)?;
-        self.with(|b| {
+        self.change(|b| {
             if b.plans.len() >= MAX_PLANS {
                 return Err(PlanError::Full);
             }
@@ -200,7 +251,7 @@ impl PlanBook {
     ) -> Result<Plan, PlanError> {
         let title = title.map(clean_title).transpose()?;
         let steps = steps.map(|s| self.clean_steps(s)).transpose()?;
-        self.with(|b| {
+        self.change(|b| {
             let plan = find_mut(b, id)?;
             if let Some(t) = title {
                 plan.title = t;
@@ -236,7 +287,7 @@ impl PlanBook {
     }
 
     pub fn set_active(&self, id: &str) -> Result<Plan, PlanError> {
-        self.with(|b| {
+        self.change(|b| {
             let plan = find_mut(b, Some(id))?.clone();
             b.active = Some(plan.id.clone());
             Ok(plan)
@@ -251,7 +302,7 @@ impl PlanBook {
         status: Option<StepStatus>,
         notes: Option<&str>,
     ) -> Result<Plan, PlanError> {
-        self.with(|b| {
+        self.change(|b| {
             let plan = find_mut(b, id)?;
             let last = plan.steps.len().saturating_sub(1);
             let step = plan
@@ -269,7 +320,7 @@ impl PlanBook {
     }
 
     pub fn delete(&self, id: &str) -> Result<(), PlanError> {
-        self.with(|b| {
+        self.change(|b| {
             let id = find_mut(b, Some(id))?.id.clone();
             b.plans.retain(|p| p.id != id);
             if b.active.as_deref() == Some(id.as_str()) {
@@ -304,6 +355,28 @@ impl PlanBook {
                 }
             })
             .collect()
+    }
+}
+
+impl Inner {
+    /// A book read back from the host, made to hold this book's rules whatever the file
+    /// says: at most MAX_PLANS plans, an active id that names one of them, and a counter past
+    /// every id in it, so no id is given out twice.
+    fn checked(mut self) -> Inner {
+        self.plans.truncate(MAX_PLANS);
+        if let Some(active) = &self.active
+            && !self.plans.iter().any(|p| &p.id == active)
+        {
+            self.active = None;
+        }
+        let highest = self
+            .plans
+            .iter()
+            .filter_map(|p| p.id.strip_prefix("plan-")?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        self.next_id = self.next_id.max(highest);
+        self
     }
 }
 
@@ -385,6 +458,52 @@ mod tests {
             b.mark_step(None, 5, None, None),
             Err(PlanError::BadStep { index: 5, last: 0 })
         ));
+    }
+
+    #[test]
+    fn a_saved_book_carries_on_in_a_later_process_and_a_foreign_one_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let saved = || SavedTools::new(dir.path(), "sess-1", "alice").unwrap();
+        let first = PlanBook::with_saved(10, saved());
+        first.create("T", &steps(&["a", "b"])).unwrap();
+        first
+            .mark_step(None, 0, Some(StepStatus::Completed), Some("done a"))
+            .unwrap();
+        first.create("U", &steps(&["c"])).unwrap();
+        first.delete("plan-2").unwrap();
+
+        let later = PlanBook::with_saved(10, saved());
+        let (plans, active) = later.list();
+        assert_eq!(plans.len(), 1);
+        assert_eq!(plans[0].steps[0].status, StepStatus::Completed);
+        assert_eq!(plans[0].steps[0].notes, "done a");
+        assert_eq!(active, None, "the active plan was deleted");
+        // The counter carries on: plan-2 was handed out once already.
+        assert_eq!(later.create("V", &steps(&["d"])).unwrap().id, "plan-3");
+
+        // Another owner naming the same session id starts empty.
+        let other = SavedTools::new(dir.path(), "sess-1", "mallory").unwrap();
+        assert!(PlanBook::with_saved(10, other).list().0.is_empty());
+    }
+
+    #[test]
+    fn a_book_read_back_keeps_the_rules_whatever_the_file_says() {
+        let plan = |id: &str| Plan {
+            id: id.into(),
+            title: "T".into(),
+            steps: Vec::new(),
+        };
+        let read = Inner {
+            plans: (1..=MAX_PLANS + 3)
+                .map(|i| plan(&format!("plan-{i}")))
+                .collect(),
+            active: Some("plan-404".into()),
+            next_id: 2,
+        }
+        .checked();
+        assert_eq!(read.plans.len(), MAX_PLANS);
+        assert_eq!(read.active, None);
+        assert_eq!(read.next_id, MAX_PLANS as u64);
     }
 
     #[test]
