@@ -1,6 +1,7 @@
 //! Shared plumbing of the CLI commands: config, the Docker connection, the image check,
 //! the owner of the CLI's sessions, and the two ways to get a SessionManager: one that may
-//! create sessions (the image is built if missing; orphans are reconciled first) and one
+//! create sessions (the image is built if missing; orphans, and the tool records of sessions
+//! whose container is gone, are reconciled first) and one
 //! for commands that only look or remove (never builds anything).
 
 pub(crate) mod bench;
@@ -67,6 +68,10 @@ impl Ctx {
             ),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not reconcile orphaned sessions"),
+        }
+        // The local user's own data directory, swept whole: see saved::forget_orphans.
+        if let Err(e) = saved::forget_orphans(&self.config.data_dir(), &manager).await {
+            tracing::warn!(error = %e, "could not look for orphaned tool records");
         }
         Ok(manager)
     }

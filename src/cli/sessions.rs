@@ -4,7 +4,8 @@
 
 use std::process::ExitCode;
 
-use sandboxd::sandbox::{Viewer, host};
+use sandboxd::sandbox::{SandboxError, Viewer, host};
+use sandboxd::tools::saved;
 
 use super::Ctx;
 
@@ -16,9 +17,11 @@ pub(crate) enum SessionsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Remove a session and its container.
+    /// Remove a session and its container (or, if its container is already gone, the tool
+    /// records it left).
     Rm { id: String },
-    /// Remove containers whose creating process is gone (and that were not kept) or that stopped.
+    /// Remove containers whose creating process is gone (and that were not kept) or that
+    /// stopped, and the tool records of sessions that have no container any more.
     Gc,
 }
 
@@ -59,19 +62,43 @@ pub(crate) async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitC
                 }
             }
         }
-        SessionsCommand::Rm { id } => {
-            manager.admin_remove(&id).await?;
-            println!("removed session {id}");
-        }
+        SessionsCommand::Rm { id } => match manager.admin_remove(&id).await {
+            Ok(()) => println!("removed session {id}"),
+            // To the admin, "not found" means no container has that id at all. A kept session
+            // whose container was removed outside sandboxd (`docker rm -f`) leaves only its
+            // tool records, and the local admin may drop them without an owner check: they
+            // are files in the admin's own data directory. (serve's clients never reach
+            // this: the manager's owner-checked removal touches nothing it cannot find.)
+            Err(not_found @ SandboxError::SessionNotFound { .. }) => {
+                let kinds = saved::forget_blocking(&ctx.config.data_dir(), &id).await;
+                if kinds.is_empty() {
+                    return Err(not_found.into());
+                }
+                println!(
+                    "session {id} was already gone (no container has that id); removed the tool records it left: {}",
+                    kinds.join(", ")
+                );
+            }
+            Err(e) => return Err(e.into()),
+        },
         SessionsCommand::Gc => {
             let removed = manager.reconcile().await?;
-            if removed.is_empty() {
+            let records = saved::forget_orphans(&ctx.config.data_dir(), &manager).await?;
+            if removed.is_empty() && records.is_empty() {
                 println!("nothing to remove");
-            } else {
+            }
+            if !removed.is_empty() {
                 println!(
                     "removed {} orphaned session(s): {}",
                     removed.len(),
                     removed.join(", ")
+                );
+            }
+            if !records.is_empty() {
+                println!(
+                    "removed the tool records of {} session(s) whose container is gone: {}",
+                    records.len(),
+                    records.join(", ")
                 );
             }
         }

@@ -141,6 +141,7 @@ impl Table {
 }
 
 /// Told the id of each session whose sandbox is gone (see `SessionManager::on_session_end`).
+/// It may block (it deletes files): the manager runs it on the blocking pool.
 pub type EndHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 pub struct SessionManager {
@@ -259,10 +260,16 @@ impl SessionManager {
     }
 
     /// Tells the end hook that `session_id` ended without this manager removing its sandbox
-    /// (a caller found the sandbox already gone).
-    pub fn session_ended(&self, session_id: &str) {
-        if let Some(hook) = self.on_end.get() {
-            hook(session_id);
+    /// (a caller found the sandbox already gone). The hook does file work, so it runs on the
+    /// blocking pool; this waits for it, so what it deletes is gone when this returns (a
+    /// one-shot command may exit right after, and the pool drops tasks not yet started).
+    pub async fn session_ended(&self, session_id: &str) {
+        let Some(hook) = self.on_end.get().cloned() else {
+            return;
+        };
+        let id = session_id.to_string();
+        if let Err(e) = tokio::task::spawn_blocking(move || hook(&id)).await {
+            tracing::warn!(session = %session_id, error = %e, "the session end hook failed");
         }
     }
 
@@ -270,7 +277,7 @@ impl SessionManager {
     /// sandbox is destroyed. A failed removal leaves the session (and what is kept for it).
     async fn destroy(&self, session_id: &str, handle: &str) -> Result<(), SandboxError> {
         self.runtime.remove(handle).await?;
-        self.session_ended(session_id);
+        self.session_ended(session_id).await;
         Ok(())
     }
 
@@ -419,11 +426,19 @@ impl SessionManager {
         self.remove_as(&Viewer::Owner(owner.clone()), id).await
     }
 
-    /// Removes any session (the admin: `sessions rm`).
+    /// Removes any session (the admin: `sessions rm`). `SessionNotFound` here means that no
+    /// sandbox on the backend has that id at all (no warm one, none in the table, none
+    /// labelled with it), which is what lets `sessions rm` drop a vanished session's records.
     pub async fn admin_remove(&self, id: &str) -> Result<(), SandboxError> {
         self.remove_as(&Viewer::Admin, id).await
     }
 
+    /// When no sandbox is found, nothing else is touched: not the end hook, not a file. A
+    /// vanished sandbox's owner label is gone with it, so an owner's "not found" cannot tell
+    /// its own session from another owner's, and must not act on either (or a caller could
+    /// end another's records by naming the id, and a 404 would differ by whether the id
+    /// exists). Records left that way are dropped only by trusted callers: `sessions rm`
+    /// (the local admin) and the sweeps of a whole data directory (`saved::forget_orphans`).
     async fn remove_as(&self, viewer: &Viewer, id: &str) -> Result<(), SandboxError> {
         let not_found = || SandboxError::SessionNotFound { id: id.into() };
         if !plausible_id(id) {

@@ -4,7 +4,8 @@
 //! At start: a stored session whose container still runs is re-attached with its stored
 //! limits; one whose container is gone, or that was still being created, is marked ended;
 //! containers of API sessions that no active stored session owns are removed, and so are
-//! unkept containers whose creating process is gone (the manager's own reconcile). Only the
+//! unkept containers whose creating process is gone (the manager's own reconcile); last,
+//! the tool records of every session without a container go (`saved::forget_orphans`). Only the
 //! containers of this store's users are considered (the owner label carries the user id,
 //! which is random per store), so several `serve`s with their own data directories can share
 //! an engine without taking each other's sessions for orphans.
@@ -27,6 +28,7 @@ use super::AppState;
 use super::backend::{Backend, OWNER_PREFIX};
 use crate::sandbox::{SandboxState, SessionInfo};
 use crate::store::{SessionState, now_ms};
+use crate::tools::saved;
 
 /// What the start-up reconcile did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -34,6 +36,8 @@ pub struct Reconciled {
     pub reattached: Vec<String>,
     pub ended: Vec<String>,
     pub removed_containers: Vec<String>,
+    /// Sessions (runtime ids) whose container was gone and whose tool records were removed.
+    pub forgotten_records: Vec<String>,
 }
 
 pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
@@ -84,7 +88,7 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
         if found.is_none()
             && let Some(rt) = &row.runtime_id
         {
-            manager.session_ended(rt);
+            manager.session_ended(rt).await;
         }
         out.ended.push(row.id);
     }
@@ -96,6 +100,13 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
             st.backend.remove_runtime(&c.session_id).await?;
             out.removed_containers.push(c.session_id);
         }
+    }
+    // Tool records whose session has no container (removed outside sandboxd, or a record a
+    // tool wrote as its session was being removed): no row or hook would ever end them.
+    // Trusted: this sweeps serve's own data directory and no client names anything here.
+    match saved::forget_orphans(&st.config.data_dir(), manager).await {
+        Ok(ids) => out.forgotten_records = ids,
+        Err(e) => tracing::warn!(error = %e, "could not look for orphaned tool records"),
     }
     Ok(out)
 }

@@ -10,7 +10,11 @@
 //!
 //! The records end with their session: `end_hook` is the session manager's end hook, so
 //! however a session is destroyed (removed, reaped, reconciled), `forget` deletes them.
+//! A session whose sandbox went without sandboxd (`docker rm -f`) leaves its records behind;
+//! `sessions rm ID` drops them, and so does `forget_orphans`, the sweep of a whole data
+//! directory that `sessions gc`, every command's start-up reconcile and `serve`'s start run.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::transcript::{is_plain_id, write_private};
 use crate::sandbox::manager::EndHook;
+use crate::sandbox::{SandboxError, SessionManager, Viewer};
 
 /// The largest record read back; the writers keep theirs well below it.
 const MAX_RECORD_BYTES: u64 = 32 << 20;
@@ -99,46 +104,126 @@ fn records_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("runs").join("sessions")
 }
 
-/// Deletes every tool record of `session_id` (each `<id>.<kind>.json`, whatever tool wrote
-/// it), because the session is gone. The conversation pointer `<id>.json` is not a tool
-/// record and stays with the transcripts it points into.
-pub fn forget(data_dir: &Path, session_id: &str) {
-    if !is_plain_id(session_id) {
-        return;
-    }
-    let dir = records_dir(data_dir);
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+/// The session id and kind of a tool record's file name (`<id>.<kind>.json`); None for
+/// anything else (the conversation pointer `<id>.json`, a temporary `.<name>.tmp`).
+fn record_name(name: &str) -> Option<(&str, &str)> {
+    let (id, kind) = name.strip_suffix(".json")?.split_once('.')?;
+    (is_plain_id(id) && is_plain_id(kind)).then_some((id, kind))
+}
+
+/// The names in the records directory; empty when there is none (or it cannot be read).
+fn names(dir: &Path) -> Vec<String> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot list tool records");
-            return;
-        }
-    };
-    let prefix = format!("{session_id}.");
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let kind = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
-            .and_then(|n| n.strip_suffix(".json"));
-        if !kind.is_some_and(is_plain_id) {
-            continue;
-        }
-        match std::fs::remove_file(entry.path()) {
-            Ok(()) => tracing::debug!(session = %session_id, file = ?name, "tool record removed"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(path = %entry.path().display(), error = %e, "could not remove a tool record")
-            }
+            Vec::new()
         }
     }
 }
 
+/// Deletes every tool record of `session_id` (each `<id>.<kind>.json`, whatever tool wrote
+/// it), because the session is gone, and returns the kinds it deleted. The conversation
+/// pointer `<id>.json` is not a tool record and stays with the transcripts it points into.
+/// Blocking file work: from async code, use `forget_blocking`.
+pub fn forget(data_dir: &Path, session_id: &str) -> Vec<String> {
+    let mut removed = Vec::new();
+    if !is_plain_id(session_id) {
+        return removed;
+    }
+    let dir = records_dir(data_dir);
+    for name in names(&dir) {
+        let Some((id, kind)) = record_name(&name).filter(|(id, _)| *id == session_id) else {
+            continue;
+        };
+        let path = dir.join(&name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::debug!(session = %id, file = %name, "tool record removed");
+                removed.push(kind.to_string());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove a tool record")
+            }
+        }
+    }
+    removed.sort();
+    removed
+}
+
+/// `forget` on the blocking pool, awaited (the kinds deleted, sorted).
+pub async fn forget_blocking(data_dir: &Path, session_id: &str) -> Vec<String> {
+    let (dir, id) = (data_dir.to_path_buf(), session_id.to_string());
+    tokio::task::spawn_blocking(move || forget(&dir, &id))
+        .await
+        .unwrap_or_default()
+}
+
+/// Deletes the records of every session under `data_dir` that has no sandbox on the backend
+/// (its container was removed outside sandboxd), and returns those sessions' ids, sorted.
+///
+/// Only for callers trusted with the whole data directory (`sessions gc`, a command's
+/// start-up reconcile, `serve`'s start): nothing a client names reaches it, so no owner is
+/// checked; the test is the engine's own listing, whoever the session belonged to.
+///
+/// The records are listed before the sandboxes, so a session created meanwhile cannot lose
+/// its records: a record is written only while its sandbox exists, so every record listed
+/// first belongs to a sandbox the later listing shows, unless that sandbox is gone by then.
+/// A failed listing deletes nothing. (A data directory shared by processes on different
+/// engines would lose the other engine's records; they are only what a later process could
+/// restore, so that costs an undo history or a browser tab, never a session.)
+pub async fn forget_orphans(
+    data_dir: &Path,
+    manager: &SessionManager,
+) -> Result<Vec<String>, SandboxError> {
+    let dir = records_dir(data_dir);
+    let recorded: BTreeSet<String> = tokio::task::spawn_blocking(move || {
+        names(&dir)
+            .iter()
+            .filter_map(|n| record_name(n).map(|(id, _)| id.to_string()))
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
+    if recorded.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut alive: BTreeSet<String> = manager
+        .list(&Viewer::Admin)
+        .await?
+        .into_iter()
+        .map(|s| s.session_id)
+        .collect();
+    alive.extend(manager.live().await.into_iter().map(|s| s.id.clone()));
+    let orphans: Vec<String> = recorded.difference(&alive).cloned().collect();
+    let data_dir = data_dir.to_path_buf();
+    let ids = orphans.clone();
+    tokio::task::spawn_blocking(move || {
+        for id in &ids {
+            let kinds = forget(&data_dir, id);
+            tracing::info!(session = %id, ?kinds, "removed the tool records of a session whose sandbox is gone");
+        }
+    })
+    .await
+    .map_err(|e| SandboxError::Protocol {
+        helper: "the tool records".into(),
+        message: format!("the sweep of orphaned records failed: {e}"),
+    })?;
+    Ok(orphans)
+}
+
 /// The session manager's end hook that `forget`s each ended session's records under
-/// `data_dir` (set it on every manager whose sessions may be kept).
+/// `data_dir` (set it on every manager whose sessions may be kept). The manager runs it on
+/// the blocking pool.
 pub fn end_hook(data_dir: PathBuf) -> EndHook {
-    Arc::new(move |session_id: &str| forget(&data_dir, session_id))
+    Arc::new(move |session_id: &str| {
+        forget(&data_dir, session_id);
+    })
 }
 
 #[cfg(test)]
@@ -170,7 +255,10 @@ mod tests {
         }
         let sessions = records_dir(dir.path());
         std::fs::write(sessions.join("s1.json"), b"{}").unwrap();
-        forget(dir.path(), "s1");
+        assert_eq!(
+            forget(dir.path(), "s1"),
+            ["browser", "some_future_tool", "undo"]
+        );
         for kind in ["browser", "undo", "some_future_tool"] {
             assert_eq!(a.load::<i32>(kind), None, "{kind}");
             assert_eq!(b.load::<i32>(kind), Some(2), "another session's {kind}");
@@ -179,7 +267,16 @@ mod tests {
             sessions.join("s1.json").exists(),
             "the conversation pointer"
         );
-        forget(dir.path(), "..");
-        forget(&dir.path().join("missing"), "s1");
+        assert!(forget(dir.path(), "..").is_empty());
+        assert!(forget(&dir.path().join("missing"), "s1").is_empty());
+    }
+
+    #[test]
+    fn only_tool_records_are_named_as_records() {
+        assert_eq!(record_name("s1.undo.json"), Some(("s1", "undo")));
+        assert_eq!(record_name("s1.json"), None, "the conversation pointer");
+        assert_eq!(record_name(".s1.undo.json.tmp"), None);
+        assert_eq!(record_name("s1.a.b.json"), None);
+        assert_eq!(record_name("s1..json"), None);
     }
 }

@@ -5,6 +5,8 @@
 //! came from the pool carries the pool's scope as owner label, not the user.
 #![allow(dead_code)]
 
+pub mod runs;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
