@@ -23,6 +23,28 @@ async fn chromium_processes(sb: &dyn sandboxd::sandbox::Sandbox) -> String {
     out.stdout_lossy().trim().to_string()
 }
 
+/// SIGKILLs every Chromium process of the sandbox.
+async fn kill_chromium(sb: &dyn sandboxd::sandbox::Sandbox) {
+    let kill = sb
+        .exec(ExecRequest::shell_line("pkill -9 chromium"))
+        .await
+        .unwrap();
+    assert_eq!(kill.exit_code, Some(0), "{}", kill.stderr_lossy());
+}
+
+/// `args`' answer, which must carry the note that Chromium was restarted.
+async fn restarted(tool: &BrowserUse, args: serde_json::Value) -> sandboxd::tools::ToolResult {
+    let r = ok(tool, args).await;
+    assert!(
+        r.system
+            .as_deref()
+            .unwrap_or_default()
+            .contains("restarted"),
+        "{r:?}"
+    );
+    r
+}
+
 #[tokio::test]
 async fn external_urls_fail_at_once_with_no_network() {
     let m = support::manager().await;
@@ -71,51 +93,22 @@ async fn a_killed_chromium_is_restarted_with_a_note_and_shutdown_cleans_up() {
     assert!(r.system.is_none());
     assert!(!chromium_processes(sb.as_ref()).await.is_empty());
 
-    let kill = sb
-        .exec(ExecRequest::shell_line("pkill -9 chromium"))
-        .await
-        .unwrap();
-    assert_eq!(kill.exit_code, Some(0), "{}", kill.stderr_lossy());
+    kill_chromium(sb.as_ref()).await;
     // Right away, before sandboxd could notice: the next action recovers and says so.
-    let r = ok(&tool, json!({"action": "go_to_url", "url": url})).await;
-    assert!(
-        r.system
-            .as_deref()
-            .unwrap_or_default()
-            .contains("restarted"),
-        "{r:?}"
-    );
+    let r = restarted(&tool, json!({"action": "go_to_url", "url": url})).await;
     assert!(r.output.contains("Title: \"Page two\""), "{}", r.output);
     // And once more after it had time to notice.
-    sb.exec(ExecRequest::shell_line("pkill -9 chromium"))
-        .await
-        .unwrap();
+    kill_chromium(sb.as_ref()).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let r = ok(&tool, json!({"action": "screenshot"})).await;
-    assert!(
-        r.system
-            .as_deref()
-            .unwrap_or_default()
-            .contains("restarted"),
-        "{r:?}"
-    );
+    let r = restarted(&tool, json!({"action": "screenshot"})).await;
     assert!(r.output.contains("URL: \"about:blank\""), "{}", r.output);
     let r = ok(&tool, json!({"action": "go_to_url", "url": url})).await;
     assert!(r.system.is_none(), "{r:?}");
     // Killed right before an action that touches no page (a screenshot only reads the state):
     // whether the death is noticed before the action or only when the state is read, the
     // answer is the fresh browser's state and the note, never a missing state.
-    sb.exec(ExecRequest::shell_line("pkill -9 chromium"))
-        .await
-        .unwrap();
-    let r = ok(&tool, json!({"action": "screenshot"})).await;
-    assert!(
-        r.system
-            .as_deref()
-            .unwrap_or_default()
-            .contains("restarted"),
-        "{r:?}"
-    );
+    kill_chromium(sb.as_ref()).await;
+    let r = restarted(&tool, json!({"action": "screenshot"})).await;
     assert!(r.output.contains("URL: \"about:blank\""), "{}", r.output);
     let r = ok(&tool, json!({"action": "go_to_url", "url": url})).await;
     assert!(r.system.is_none(), "{r:?}");
