@@ -1,6 +1,7 @@
 //! The browser's lifecycle and isolation against the real engine: no network, a killed
-//! Chromium comes back, shutdown leaves nothing running, sessions never see each other's
-//! browser, and the tunnel serves exactly one connection of this process.
+//! Chromium comes back, a sandbox that dies under an action ends it as gone, shutdown leaves
+//! nothing running, sessions never see each other's browser, and the tunnel serves exactly
+//! one connection of this process.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod browser_support;
@@ -9,9 +10,11 @@ mod support;
 use std::time::{Duration, Instant};
 
 use browser_support::*;
-use sandboxd::sandbox::ExecRequest;
+use sandboxd::config::LimitRequest;
 use sandboxd::sandbox::tunnel::Tunnel;
+use sandboxd::sandbox::{ExecRequest, SandboxError};
 use sandboxd::tools::browser::BrowserUse;
+use sandboxd::tools::{Tool, ToolContext, ToolError};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -123,6 +126,83 @@ async fn a_killed_chromium_is_restarted_with_a_note_and_shutdown_cleans_up() {
         .await
         .unwrap();
     assert_eq!(socat.stdout_lossy().trim(), "");
+}
+
+/// A page that answers for a few seconds, then keeps its renderer busy for good: the state
+/// read after the next action waits on it when the sandbox dies.
+const BUSY_SOON: &str = "<!doctype html><html><head><title>Busy soon</title></head><body>\
+    <p>busy soon</p><script>setTimeout(function () { for (;;) {} }, 3000);</script></body></html>";
+
+/// Under gVisor an out-of-memory kill (from an exec beside the browser) takes the whole
+/// sandbox; under runc, where it would take one process, the container is killed from outside
+/// instead. The sandbox dies while the browser is reading the state after an action: the
+/// action ends with the sandbox-gone error (under gVisor with the reason), not with a note
+/// that the state could not be read, and not at the browser's own timeout.
+#[tokio::test]
+async fn a_sandbox_that_dies_under_the_browser_ends_its_action_as_gone() {
+    let m = support::manager().await;
+    let limits = LimitRequest {
+        memory_mb: Some(512),
+        ..Default::default()
+    };
+    let (s, _g) = support::session_with(&m, &limits).await;
+    let sb = s.sandbox.clone();
+    sb.write_file(&format!("{SITE}/busy.html"), BUSY_SOON.as_bytes())
+        .await
+        .unwrap();
+    let tool = BrowserUse::new(sb.clone());
+    let url = format!("file://{SITE}/busy.html");
+    ok(&tool, json!({"action": "go_to_url", "url": url})).await;
+
+    let gvisor = support::under_gvisor();
+    let id = s.id.clone();
+    // Two seconds into the state read of the wait below (the page is busy by then).
+    let death = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        if gvisor {
+            let mut bomb = ExecRequest::new([
+                "python3",
+                "-c",
+                "x = bytearray(2048 * 1024 * 1024); print(len(x))",
+            ]);
+            bomb.timeout = Duration::from_secs(60);
+            // The bomb's own exec ends with the sandbox; what matters is the browser's answer.
+            let _ = sb.exec(bomb).await;
+        } else {
+            let kill = std::process::Command::new("docker")
+                .args(["kill", &format!("sandboxd-{id}")])
+                .output()
+                .unwrap();
+            assert!(kill.status.success(), "{kill:?}");
+        }
+    });
+    let wait = json!({"action": "wait", "seconds": 5});
+    let err = tool
+        .execute(wait, &ToolContext::default())
+        .await
+        .expect_err("a dead sandbox has no browser to answer");
+    let text = err.to_string();
+    assert!(
+        matches!(err, ToolError::Sandbox(SandboxError::SandboxGone { .. }))
+            && !text.contains("did not answer"),
+        "{text}"
+    );
+    if gvisor {
+        assert!(
+            text.contains("ran out of memory (limit 512 MiB)") && text.contains("gVisor"),
+            "{text}"
+        );
+    }
+    death.await.unwrap();
+    // The next action starts no browser in vain: the sandbox is gone, and says so.
+    let err = tool
+        .execute(json!({"action": "screenshot"}), &ToolContext::default())
+        .await
+        .expect_err("the sandbox stays gone");
+    assert!(
+        matches!(err, ToolError::Sandbox(SandboxError::SandboxGone { .. })),
+        "{err}"
+    );
 }
 
 #[tokio::test]

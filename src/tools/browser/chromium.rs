@@ -37,6 +37,7 @@ use chromiumoxide::handler::viewport::Viewport;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::stderr_log::{self, Announced, StderrWatch, parse_announcement};
 use crate::sandbox::tunnel::Tunnel;
@@ -110,8 +111,9 @@ pub struct Running {
     pub endpoint: Endpoint,
     user_data_dir: String,
     handler: JoinHandle<()>,
-    /// Reads Chromium's stderr; None for a Chromium adopted from an earlier process.
-    drain: Option<JoinHandle<()>>,
+    /// Reads Chromium's stderr (dropping it stops the reader); None for a Chromium adopted
+    /// from an earlier process.
+    _drain: Option<AbortOnDropHandle<()>>,
     _tunnel: Tunnel,
 }
 
@@ -150,9 +152,6 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.dead.cancel();
         self.handler.abort();
-        if let Some(drain) = &self.drain {
-            drain.abort();
-        }
     }
 }
 
@@ -260,7 +259,7 @@ pub async fn adopt(
         endpoint: endpoint.clone(),
         user_data_dir: profile_of(endpoint.n),
         handler,
-        drain: None,
+        _drain: None,
         _tunnel: tunnel,
     })
 }
@@ -300,6 +299,9 @@ async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Runnin
         log,
         drain,
     } = stderr_log::watch(process, dead.clone());
+    // A start dropped half-way (its caller's watch found the sandbox gone, where the stream
+    // never ends) must not leave the reader running.
+    let drain = AbortOnDropHandle::new(drain);
     let fail = |why: String| {
         let tail = stderr_log::tail(&log, 12);
         Attempt::Failed(BrowserError::Start(if tail.is_empty() {
@@ -346,7 +348,7 @@ async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Runnin
             },
             user_data_dir,
             handler,
-            drain: Some(drain),
+            _drain: Some(drain),
             _tunnel: tunnel,
         }),
         Err(e) => {

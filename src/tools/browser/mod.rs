@@ -16,6 +16,8 @@ pub mod extract;
 pub mod session;
 pub mod state;
 mod stderr_log;
+#[cfg(test)]
+mod watch_tests;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -28,7 +30,8 @@ use self::actions::{ACTIONS, Action, Outcome};
 use self::chromium::BrowserError;
 use self::session::Live;
 use super::{Tool, ToolContext, ToolError, ToolResult};
-use crate::sandbox::Sandbox;
+use crate::sandbox::watch::while_alive;
+use crate::sandbox::{Sandbox, SandboxError};
 
 /// The tool's name, which the agent watches for to show the browser state.
 pub const NAME: &str = "browser_use";
@@ -40,6 +43,9 @@ pub use self::state::{BrowserState, ElementInfo, TabInfo};
 const ACTION_TIMEOUT: Duration = Duration::from_secs(25);
 /// Reading the state after an action.
 const CAPTURE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a sandbox that answered "running" right after Chromium's end gets to show that it
+/// is in fact stopping (as the exec calls' own check allows, exec_sandbox.rs).
+const DYING_SETTLE: Duration = Duration::from_millis(250);
 
 const DESCRIPTION: &str = "Drive a headless Chromium inside the sandbox. The sandbox has NO network: only file://, \
          data:, about: and http(s)://localhost (servers you start in the sandbox) can be opened. \
@@ -116,12 +122,22 @@ impl BrowserUse {
     pub async fn current_state(&self) -> Option<BrowserState> {
         let mut guard = self.live.lock().await;
         let live = guard.as_mut().filter(|l| !l.running.is_dead())?;
-        match tokio::time::timeout(CAPTURE_TIMEOUT, live.capture()).await {
-            Ok(Ok(state)) => {
+        let read = async {
+            tokio::time::timeout(CAPTURE_TIMEOUT, live.capture())
+                .await
+                .unwrap_or(Err(BrowserError::Timeout(CAPTURE_TIMEOUT)))
+        };
+        match while_alive(&*self.sandbox, read).await {
+            Ok(state) => {
                 self.remember(&state);
                 Some(state)
             }
-            _ => self.last_state(),
+            Err(BrowserError::Sandbox(SandboxError::SandboxGone { .. })) => {
+                // Nothing of a dead sandbox's browser answers again, nor can it be shut down.
+                guard.take();
+                self.last_state()
+            }
+            Err(_) => self.last_state(),
         }
     }
 
@@ -169,18 +185,47 @@ impl BrowserUse {
             }
         }
         let n = self.starts.fetch_add(1, Ordering::Relaxed);
-        Live::start(self.sandbox.clone(), n).await
+        match Live::start(self.sandbox.clone(), n).await {
+            // Chromium also fails to start when its sandbox stopped under the start (killed
+            // from outside): say that, as the backend knows it, not that Chromium failed.
+            Err(e) if !matches!(e, BrowserError::Sandbox(_)) => {
+                match self.outlived_by_sandbox().await {
+                    Err(gone) => Err(gone.into()),
+                    Ok(()) => Err(e),
+                }
+            }
+            started => started,
+        }
     }
 
-    /// Runs the action, restarting a dead browser first; returns the outcome, the state and notes.
+    /// Runs the action under the sandbox's watch (sandbox/watch.rs): when the whole sandbox
+    /// dies under it (gVisor's out-of-memory kill, after which Chromium's connection only goes
+    /// silent), the action ends within about two seconds with the sandbox-gone error and the
+    /// backend's reason instead of waiting for its own timeout.
     async fn perform(
         &self,
         action: &Action,
         ctx: &ToolContext,
     ) -> Result<(Outcome, Option<BrowserState>, Vec<String>), ToolError> {
-        let mut notes = Vec::new();
         let mut guard = self.live.lock().await;
+        let r = while_alive(&*self.sandbox, self.perform_in(&mut guard, action, ctx)).await;
+        if let Err(ToolError::Sandbox(SandboxError::SandboxGone { .. })) = &r {
+            // Dropped without a shutdown: there is nothing left to kill it in.
+            guard.take();
+        }
+        r
+    }
+
+    /// Runs the action, restarting a dead browser first; returns the outcome, the state and notes.
+    async fn perform_in(
+        &self,
+        guard: &mut Option<Live>,
+        action: &Action,
+        ctx: &ToolContext,
+    ) -> Result<(Outcome, Option<BrowserState>, Vec<String>), ToolError> {
+        let mut notes = Vec::new();
         if let Some(live) = guard.take_if(|l| l.running.is_dead()) {
+            self.outlived_by_sandbox().await?;
             notes.push(live.running.restart_note());
             live.running.shutdown().await;
         }
@@ -211,13 +256,14 @@ impl BrowserUse {
                 Err(BrowserError::Died) | Err(BrowserError::Cdp(_))
                     if live.running.is_dead() || dead_soon(&dead).await =>
                 {
+                    self.outlived_by_sandbox().await?;
                     if let Some(live) = guard.take() {
                         notes.push(live.running.restart_note());
                         live.running.shutdown().await;
                     }
                     if retried || action.uses_index() {
                         *guard = Some(self.start(&mut notes).await.map_err(fatal_or_observation)?);
-                        let state = self.capture(&mut guard, &mut notes).await;
+                        let state = self.capture(guard, &mut notes).await?;
                         return Ok((Err("the action was not carried out because Chromium stopped; look at the fresh state and try again".into()), state, notes));
                     }
                     retried = true;
@@ -226,7 +272,7 @@ impl BrowserUse {
                 Err(BrowserError::Sandbox(e)) => return Err(ToolError::Sandbox(e)),
                 Err(e) => Err(e.to_string()),
             };
-            let state = self.capture(&mut guard, &mut notes).await;
+            let state = self.capture(guard, &mut notes).await?;
             if let Some(live) = guard.as_ref() {
                 self.save(live);
             }
@@ -237,14 +283,17 @@ impl BrowserUse {
     /// Reads the state. A browser that died under the read (the action finished just before
     /// Chromium's end was noticed) is restarted once and the fresh state is read, so the model
     /// sees where it stands; one that is alive but cannot answer is stopped for the next action.
+    /// A browser that died with its sandbox is the sandbox-gone error.
     async fn capture(
         &self,
         guard: &mut Option<Live>,
         notes: &mut Vec<String>,
-    ) -> Option<BrowserState> {
+    ) -> Result<Option<BrowserState>, SandboxError> {
         let mut restarted = false;
         loop {
-            let live = guard.as_mut()?;
+            let Some(live) = guard.as_mut() else {
+                return Ok(None);
+            };
             let dead = live.running.dead.clone();
             let result = tokio::select! {
                 r = tokio::time::timeout(CAPTURE_TIMEOUT, live.capture()) => r.unwrap_or(Err(BrowserError::Timeout(CAPTURE_TIMEOUT))),
@@ -253,22 +302,30 @@ impl BrowserUse {
             let e = match result {
                 Ok(state) => {
                     self.remember(&state);
-                    return Some(state);
+                    return Ok(Some(state));
                 }
                 Err(e) => e,
             };
             let died = matches!(e, BrowserError::Died | BrowserError::Cdp(_))
                 && (live.running.is_dead() || dead_soon(&dead).await);
-            let live = guard.take()?;
+            if died {
+                self.outlived_by_sandbox().await?;
+            }
+            let Some(live) = guard.take() else {
+                return Ok(None);
+            };
             if died && !restarted {
                 restarted = true;
                 notes.push(live.running.restart_note());
                 live.running.shutdown().await;
                 match self.start(notes).await {
                     Ok(fresh) => *guard = Some(fresh),
+                    Err(BrowserError::Sandbox(gone @ SandboxError::SandboxGone { .. })) => {
+                        return Err(gone);
+                    }
                     Err(e) => {
                         notes.push(format!("Chromium stopped and could not be started again ({e}); the next action tries again"));
-                        return None;
+                        return Ok(None);
                     }
                 }
                 continue;
@@ -279,8 +336,19 @@ impl BrowserUse {
             };
             live.running.shutdown().await;
             notes.push(format!("the browser state could not be read ({why}); Chromium was stopped and the next action starts it again"));
-            return None;
+            return Ok(None);
         }
+    }
+
+    /// Chromium's connection also ends when its whole sandbox stopped (killed from outside, or
+    /// gVisor's out-of-memory kill): that is the session's end, not the browser's, and the
+    /// answer is the sandbox-gone error with the backend's reason. Only the backend's definite
+    /// answer counts; the engine may report a dying sandbox as running for a moment after its
+    /// processes' streams ended, so a running answer is looked at once more.
+    async fn outlived_by_sandbox(&self) -> Result<(), SandboxError> {
+        self.sandbox.check_alive().await?;
+        tokio::time::sleep(DYING_SETTLE).await;
+        self.sandbox.check_alive().await
     }
 }
 
