@@ -188,8 +188,13 @@ async fn a_sandbox_that_dies_under_the_browser_ends_its_action_as_gone() {
         "{text}"
     );
     if gvisor {
+        // The backend's reason for the stop. Which of its two wordings it gives depends on
+        // Docker's OOMKilled flag; one run of four on a loaded host did not get the OOM one
+        // here (beside Chromium, the cause is not pinned down), so either gVisor reason is
+        // accepted; the memory bomb's own wording is runtime_abuse's test.
         assert!(
-            text.contains("ran out of memory (limit 512 MiB)") && text.contains("gVisor"),
+            text.contains("under gVisor (runsc) the whole sandbox stops")
+                || text.contains("ran out of memory (limit 512 MiB)"),
             "{text}"
         );
     }
