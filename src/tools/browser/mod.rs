@@ -225,9 +225,7 @@ impl BrowserUse {
     ) -> Result<(Outcome, Option<BrowserState>, Vec<String>), ToolError> {
         let mut notes = Vec::new();
         if let Some(live) = guard.take_if(|l| l.running.is_dead()) {
-            self.outlived_by_sandbox().await?;
-            notes.push(live.running.restart_note());
-            live.running.shutdown().await;
+            self.retire(live, &mut notes).await?;
         }
         let mut retried = false;
         loop {
@@ -256,10 +254,8 @@ impl BrowserUse {
                 Err(BrowserError::Died) | Err(BrowserError::Cdp(_))
                     if live.running.is_dead() || dead_soon(&dead).await =>
                 {
-                    self.outlived_by_sandbox().await?;
                     if let Some(live) = guard.take() {
-                        notes.push(live.running.restart_note());
-                        live.running.shutdown().await;
+                        self.retire(live, &mut notes).await?;
                     }
                     if retried || action.uses_index() {
                         *guard = Some(self.start(&mut notes).await.map_err(fatal_or_observation)?);
@@ -308,16 +304,12 @@ impl BrowserUse {
             };
             let died = matches!(e, BrowserError::Died | BrowserError::Cdp(_))
                 && (live.running.is_dead() || dead_soon(&dead).await);
-            if died {
-                self.outlived_by_sandbox().await?;
-            }
             let Some(live) = guard.take() else {
                 return Ok(None);
             };
             if died && !restarted {
                 restarted = true;
-                notes.push(live.running.restart_note());
-                live.running.shutdown().await;
+                self.retire(live, notes).await?;
                 match self.start(notes).await {
                     Ok(fresh) => *guard = Some(fresh),
                     Err(BrowserError::Sandbox(gone @ SandboxError::SandboxGone { .. })) => {
@@ -330,6 +322,9 @@ impl BrowserUse {
                 }
                 continue;
             }
+            if died {
+                self.outlived_by_sandbox().await?;
+            }
             let why = match live.running.cut_reason() {
                 Some(cut) => format!("sandboxd cut the connection to Chromium: {cut}"),
                 None => e.to_string(),
@@ -338,6 +333,15 @@ impl BrowserUse {
             notes.push(format!("the browser state could not be read ({why}); Chromium was stopped and the next action starts it again"));
             return Ok(None);
         }
+    }
+
+    /// Ends a browser found dead: the sandbox-gone error when its sandbox went with it;
+    /// otherwise the restart note and its shutdown, for the next start to replace it.
+    async fn retire(&self, live: Live, notes: &mut Vec<String>) -> Result<(), SandboxError> {
+        self.outlived_by_sandbox().await?;
+        notes.push(live.running.restart_note());
+        live.running.shutdown().await;
+        Ok(())
     }
 
     /// Chromium's connection also ends when its whole sandbox stopped (killed from outside, or
