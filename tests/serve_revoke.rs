@@ -165,6 +165,95 @@ async fn rotating_a_key_over_the_api_ends_its_event_and_exec_streams() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn rotating_a_key_ends_a_long_sync_exec_and_tool_call() {
+    let env = Env::new("").await;
+    let admin = env.add_user("root", &["--admin"]);
+    let key = env.add_user("gus", &[]);
+    let serve = env.start();
+    let gus = Api::new(&serve, &key);
+    let exec_session = gus.session().await;
+    let tool_session = gus.session().await;
+    let exec = {
+        let gus = gus.clone();
+        let id = exec_session.clone();
+        tokio::spawn(async move {
+            gus.json(
+                Method::POST,
+                &format!("/v1/sessions/{id}/exec"),
+                Some(json!({"command": "sleep 600", "timeout": 600})),
+            )
+            .await
+        })
+    };
+    let tool = {
+        let gus = gus.clone();
+        let id = tool_session.clone();
+        tokio::spawn(async move {
+            gus.json(
+                Method::POST,
+                &format!("/v1/sessions/{id}/tools/bash"),
+                Some(json!({"command": "sleep 600", "timeout": 600})),
+            )
+            .await
+        })
+    };
+    // Both commands are running before the key is rotated.
+    for id in [&exec_session, &tool_session] {
+        let deadline = Instant::now() + ENDS_WITHIN;
+        while sleeps_in(&env, id).await == 0 {
+            assert!(Instant::now() < deadline, "the sleep never started");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let (s, v) = Api::new(&serve, &admin)
+        .json(Method::POST, "/v1/users/gus/rotate", None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    for call in [exec, tool] {
+        let (s, v) = tokio::time::timeout(ENDS_WITHIN, call)
+            .await
+            .expect("the call still ran after the rotation")
+            .unwrap();
+        assert_eq!((s, code(&v)), (401, "credential_revoked"), "{v}");
+    }
+    for id in [&exec_session, &tool_session] {
+        let deadline = Instant::now() + ENDS_WITHIN;
+        while sleeps_in(&env, id).await > 0 {
+            assert!(Instant::now() < deadline, "the sleep was not killed");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// How many `sleep 600` run in the session's container (seen with docker, not the API, whose
+/// shell the command holds).
+async fn sleeps_in(env: &Env, session: &str) -> usize {
+    use sandboxd::store::Store as _;
+    let store = sandboxd::store::SqliteStore::open(&env.db()).await.unwrap();
+    let container = store
+        .session(session)
+        .await
+        .unwrap()
+        .unwrap()
+        .container_id
+        .unwrap();
+    let out = std::process::Command::new("docker")
+        .args([
+            "exec",
+            &container,
+            "sh",
+            "-c",
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("sleep 600"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn rotating_a_key_from_the_cli_ends_its_streams_through_the_recheck() {
     let llm = asking_llm().await;
     let env = Env::new(&env_config(&llm)).await;
