@@ -296,6 +296,45 @@ async fn removing_a_user_ends_their_streams_and_cancels_their_runs() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn removing_a_user_from_the_cli_ends_their_streams_and_cancels_their_runs() {
+    let llm = asking_llm().await;
+    let env = Env::new(&env_config(&llm)).await;
+    let admin = env.add_user("root", &["--admin"]);
+    let key = env.add_user("hank", &[]);
+    let serve = env.start();
+    let hank = Api::new(&serve, &key);
+    let run = waiting_run(&hank).await;
+    let (events, seen) = open_events(&serve, &run, |r| r.bearer_auth(&key)).await;
+
+    // Another process removes the user: the upkeep finds the session ended in the store and
+    // cancels its run before removing the container, and the re-check revokes the stream;
+    // whichever comes first ends it.
+    let out = env.cmd().args(["users", "rm", "hank"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "users rm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = read_to_end(events, seen).await;
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    assert!(
+        last.contains("\"credential_revoked\"") || last.contains("\"state\":\"cancelled\""),
+        "the stream ends revoked or with the cancelled run: {text}"
+    );
+    let root = Api::new(&serve, &admin);
+    let deadline = Instant::now() + ENDS_WITHIN;
+    loop {
+        let row = get_run(&root, &run).await;
+        if row["state"] != "waiting_for_human" {
+            assert_eq!(row["state"], "cancelled", "{row}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run still waits: {row}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn signing_out_ends_the_cookies_stream_and_not_the_keys() {
     let llm = FakeLlm::start_with_fallback(
         vec![Reply::tool(
