@@ -14,8 +14,12 @@ use super::accounts::{self, AccountError};
 use super::auth::Caller;
 use super::error::{ApiError, ApiJson, ApiPath, ErrorCode, ErrorResponses};
 use super::settings::Quota;
+use super::streams::Revoked;
 use super::types::*;
 use crate::store::{User, now_ms};
+
+/// How long removing a user waits for each of their runs' endings to be recorded.
+const RUN_CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn view(st: &AppState, u: &User) -> Result<UserView, ApiError> {
     let q = Quota::resolve(&st.config.quotas, &u.quota, &st.config.limits);
@@ -117,7 +121,7 @@ pub async fn create_user(
 
 #[utoipa::path(delete, path = "/v1/users/{name}", tag = "users",
     params(("name" = String, Path, description = "The user's name")),
-    responses((status = 204, description = "The user is gone: their key stops working, their sessions end and their containers are removed"), ErrorResponses),
+    responses((status = 204, description = "The user is gone: their key stops working, their open streams end, their runs are cancelled, their sessions end and their containers are removed"), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn delete_user(
     State(st): State<Arc<AppState>>,
@@ -131,7 +135,12 @@ pub async fn delete_user(
             "you cannot remove yourself; another admin can, or use `sandboxd users rm`",
         ));
     }
-    for row in accounts::remove(st.store.as_ref(), &name).await? {
+    let user = st.store.user_by_name(&name).await?;
+    let live = accounts::remove(st.store.as_ref(), &name).await?;
+    if let Some(user) = user {
+        user_removed(&st, &user.id).await;
+    }
+    for row in live {
         if let Err(e) = st.backend.remove(&row.id, Some(&row)).await {
             // The reconciler removes what is left of an ended session later.
             tracing::warn!(session = %row.id, error = %e, "could not remove a removed user's container now");
@@ -140,9 +149,16 @@ pub async fn delete_user(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// What ends with a removed user in this process: their streams and long requests, and
+/// their runs, which end `cancelled` (before their containers go, so not `failed`).
+async fn user_removed(st: &AppState, user_id: &str) {
+    st.streams.revoke_user(user_id, Revoked::UserRemoved);
+    st.runs.cancel_owner(user_id, RUN_CANCEL_WAIT).await;
+}
+
 #[utoipa::path(post, path = "/v1/users/{name}/rotate", tag = "users",
     params(("name" = String, Path, description = "The user's name")),
-    responses((status = 200, description = "The user's new API key, shown only in this answer; the old key and its web sign-ins stop working", body = NewKey), ErrorResponses),
+    responses((status = 200, description = "The user's new API key, shown only in this answer; the old key and its web sign-ins stop working, and the streams they opened end", body = NewKey), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn rotate_user(
     State(st): State<Arc<AppState>>,
@@ -151,6 +167,9 @@ pub async fn rotate_user(
 ) -> Result<Json<NewKey>, ApiError> {
     admin_only(&caller)?;
     let (user, key) = accounts::rotate(st.store.as_ref(), &name, None).await?;
+    // Every credential the user had (the old key, its sign-ins) is dead, and nothing can
+    // have opened a stream with the new key before this answer.
+    st.streams.revoke_user(&user.id, Revoked::Rotated);
     let user = view(&st, &user).await?;
     Ok(Json(NewKey { user, key }))
 }

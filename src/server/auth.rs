@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 
 use super::AppState;
 use super::error::{ApiError, ErrorCode};
+use super::proxies::ClientAddr;
 use crate::store::{StoredKey, User, now_ms};
 
 pub const KEY_PREFIX: &str = "sbx_";
@@ -50,10 +51,19 @@ pub fn hash_key(text: &str) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
 }
 
+/// What a request authenticated with: the SHA-256 of the API key, or of the web sign-in's
+/// cookie token. Streams remember it, so that revoking it ends them (`streams`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Credential {
+    Key([u8; 32]),
+    SignIn([u8; 32]),
+}
+
 /// The authenticated user of a request.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub user: Arc<User>,
+    pub credential: Credential,
 }
 
 impl Caller {
@@ -71,7 +81,22 @@ impl Caller {
     }
 }
 
-/// Failed authentications per source address.
+/// What the throttle counts by: an IPv4 address, or an IPv6 address's /64 (one host's
+/// usual allocation, so an attacker cannot get a fresh count, or fill the map, by walking
+/// their own prefix).
+fn source(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let seg = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(
+                seg[0], seg[1], seg[2], seg[3], 0, 0, 0, 0,
+            ))
+        }
+        v4 => v4,
+    }
+}
+
+/// Failed authentications per source address (at most `MAX_TRACKED` sources).
 pub struct Throttle {
     per_minute: u32,
     windows: Mutex<HashMap<IpAddr, (Instant, u32)>>,
@@ -87,6 +112,7 @@ impl Throttle {
 
     /// Seconds until `ip` may try again, if it is over the limit.
     pub fn blocked(&self, ip: IpAddr) -> Option<u64> {
+        let ip = source(ip);
         let map = self.windows.lock().ok()?;
         let (start, n) = map.get(&ip)?;
         let left = Duration::from_secs(60).checked_sub(start.elapsed())?;
@@ -94,6 +120,7 @@ impl Throttle {
     }
 
     pub fn failed(&self, ip: IpAddr) {
+        let ip = source(ip);
         let Ok(mut map) = self.windows.lock() else {
             return;
         };
@@ -146,52 +173,74 @@ pub async fn authenticate(state: &AppState, token: &str) -> Result<Option<Arc<Us
     Ok(Some(Arc::new(user)))
 }
 
+/// The request's client address: what the access log layer worked out (see `proxies`),
+/// else the TCP peer.
+pub fn client_addr(req_ext: &axum::http::Extensions, peer: SocketAddr) -> IpAddr {
+    req_ext
+        .get::<ClientAddr>()
+        .map_or_else(|| peer.ip().to_canonical(), |c| c.0)
+}
+
+/// The answer to a failed authentication: 429 while the source is over its limit, else 401
+/// (and the failure counted).
+pub fn refuse(state: &AppState, client: IpAddr) -> Response {
+    if let Some(secs) = state.throttle.blocked(client) {
+        let mut e = ApiError::new(
+            ErrorCode::RateLimited,
+            format!(
+                "too many failed authentications from {client}; retry in {secs} s with a valid key (a valid key is never refused)"
+            ),
+        );
+        e.retry_after = Some(secs);
+        return e.into_response();
+    }
+    state.throttle.failed(client);
+    ApiError::new(
+        ErrorCode::Unauthorized,
+        "send a valid API key as `Authorization: Bearer sbx_…`; `sandboxd users add NAME` creates one",
+    )
+    .into_response()
+}
+
 /// The middleware on every authenticated route: a valid key (or the web UI's sign-in cookie,
-/// see `ui::login`) or 401 (429 when throttled).
+/// see `ui::login`) gets in; anything else is 401, or 429 for a source over its failure limit.
 pub async fn require_user(
     State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     mut req: Request,
     next: Next,
 ) -> Response {
-    let ip = peer.ip();
-    if let Some(secs) = state.throttle.blocked(ip) {
-        let mut e = ApiError::new(
-            ErrorCode::RateLimited,
-            format!("too many failed authentications from {ip}; retry in {secs} s"),
-        );
-        e.retry_after = Some(secs);
-        return e.into_response();
-    }
-    let user = match bearer(&req) {
+    let client = client_addr(req.extensions(), peer);
+    let caller = match bearer(&req) {
         Some(token) => match authenticate(&state, token).await {
-            Ok(u) => u,
+            Ok(u) => u.map(|user| Caller {
+                user,
+                credential: Credential::Key(hash_key(token)),
+            }),
             Err(e) => return e.into_response(),
         },
         // No key: the web UI's sign-in cookie, with its CSRF token on state changes.
         None => match super::ui::login::from_cookie(&state, req.headers()).await {
-            Ok(Some(login)) => {
+            Ok(Some((login, hash))) => {
                 if super::ui::login::changes_state(req.method())
                     && let Err(e) = super::ui::login::check_csrf(req.headers(), &login)
                 {
                     return e.into_response();
                 }
-                Some(Arc::new(login.user))
+                Some(Caller {
+                    user: Arc::new(login.user),
+                    credential: Credential::SignIn(hash),
+                })
             }
             Ok(None) => None,
             Err(e) => return e.into_response(),
         },
     };
-    let Some(user) = user else {
-        state.throttle.failed(ip);
-        return ApiError::new(
-            ErrorCode::Unauthorized,
-            "send a valid API key as `Authorization: Bearer sbx_…`; `sandboxd users add NAME` creates one",
-        )
-        .into_response();
+    let Some(caller) = caller else {
+        return refuse(&state, client);
     };
-    let name = user.name.clone();
-    req.extensions_mut().insert(Caller { user });
+    let name = caller.user.name.clone();
+    req.extensions_mut().insert(caller);
     let mut resp = next.run(req).await;
     resp.extensions_mut().insert(super::http::AccessUser(name));
     resp
@@ -223,5 +272,23 @@ mod tests {
         }
         assert!(t.blocked(ip).is_some_and(|s| (1..=60).contains(&s)));
         assert!(t.blocked(other).is_none());
+    }
+
+    #[test]
+    fn ipv6_sources_are_counted_by_their_64() {
+        let t = Throttle::new(2);
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let elsewhere: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        t.failed(a);
+        t.failed(b);
+        assert!(t.blocked(a).is_some() && t.blocked(b).is_some());
+        assert!(t.blocked(elsewhere).is_none());
+        // An IPv4-mapped address is its IPv4 address.
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        t.failed(v4);
+        t.failed(mapped);
+        assert!(t.blocked(v4).is_some());
     }
 }

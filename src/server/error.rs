@@ -27,6 +27,9 @@ pub enum ErrorCode {
     HostNotAllowed,
     /// 401: no valid API key.
     Unauthorized,
+    /// 401 (as the last event of a stream): the key or sign-in the stream was opened with was
+    /// rotated, removed, signed out or expired, so the stream was ended.
+    CredentialRevoked,
     /// 403: a request made with the web UI's cookie lacks its CSRF token or comes from
     /// another origin.
     CsrfFailed,
@@ -46,6 +49,8 @@ pub enum ErrorCode {
     QuotaExceeded,
     /// 429: too many failed authentications from this address; retry later.
     RateLimited,
+    /// 429: the user has `[server] streams_per_user` event streams and streamed execs open.
+    TooManyStreams,
     /// 500
     Internal,
     /// 503: the server-wide session capacity is used up.
@@ -63,14 +68,14 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             InvalidRequest | HostNotAllowed => StatusCode::BAD_REQUEST,
-            Unauthorized => StatusCode::UNAUTHORIZED,
+            Unauthorized | CredentialRevoked => StatusCode::UNAUTHORIZED,
             CsrfFailed => StatusCode::FORBIDDEN,
             NotFound => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Conflict | NotWaiting => StatusCode::CONFLICT,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            QuotaExceeded | RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            QuotaExceeded | RateLimited | TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
             CapacityUnavailable | SandboxUnavailable | ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -419,7 +424,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
 pub enum ErrorResponses {
     #[response(status = 400, description = "invalid_request or host_not_allowed")]
     BadRequest(#[to_schema] ErrorBody),
-    #[response(status = 401, description = "unauthorized")]
+    #[response(status = 401, description = "unauthorized or credential_revoked")]
     Unauthorized(ErrorBody),
     #[response(status = 403, description = "csrf_failed")]
     Forbidden(ErrorBody),
@@ -433,7 +438,10 @@ pub enum ErrorResponses {
     PayloadTooLarge(ErrorBody),
     #[response(status = 415, description = "unsupported_media_type")]
     UnsupportedMediaType(ErrorBody),
-    #[response(status = 429, description = "quota_exceeded or rate_limited")]
+    #[response(
+        status = 429,
+        description = "quota_exceeded, rate_limited or too_many_streams"
+    )]
     TooManyRequests(ErrorBody),
     #[response(status = 500, description = "internal")]
     Internal(ErrorBody),

@@ -15,7 +15,9 @@
 //!
 //! The command runs on its own task; the response stream holds a guard whose drop (client
 //! gone, server shutting down) stops it, and the shell kills its process tree as on a timeout.
-//! The stream selects on the shutdown token, so an open stream never holds the drain.
+//! The stream selects on its `StreamGuard`'s token (a child of the shutdown token), so an
+//! open stream never holds the drain, and a revoked credential (rotated key, removed user,
+//! sign-out) ends it with a `credential_revoked` error and kills the command.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -36,6 +38,7 @@ use super::auth::Caller;
 use super::backend::Live;
 use super::error::{ApiError, ApiJson, ApiPath, ErrorBody, ErrorCode, ErrorResponses};
 use super::sessions::{exec_target, sandbox_failed};
+use super::streams::{Kind, StreamGuard};
 use super::types::ExecBody;
 use crate::sandbox::in_use::InUse;
 use crate::sandbox::manager::Session;
@@ -143,6 +146,9 @@ pub async fn exec_stream(
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Response, ApiError> {
     let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
+    // Counted against the caller's streams and ended when their credential is revoked; taken
+    // before the command starts, so a refusal is an HTTP status.
+    let guard = st.streams.open(&caller, Kind::Stream, &st.shutdown)?;
     // In use until the stream is dropped: the command may outlast the idle timeout.
     let in_use = live.hold();
     let (tx, mut rx) = mpsc::channel(CHANNEL);
@@ -158,8 +164,11 @@ pub async fn exec_stream(
     // run it (container gone, shell broken) gets the same error as the sync exec.
     let first = tokio::select! {
         first = rx.recv() => first,
-        _ = st.shutdown.cancelled() => {
-            return Err(ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down; retry against the next one"));
+        _ = guard.token().cancelled() => {
+            return Err(match guard.revoked() {
+                Some(why) => why.error(),
+                None => ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down; retry against the next one"),
+            });
         }
     };
     let mut peeked = None;
@@ -186,6 +195,7 @@ pub async fn exec_stream(
         done: false,
         _stop: stop,
         _in_use: in_use,
+        guard,
     };
     let events = futures::stream::unfold(feed, |mut feed| async move {
         let event = feed.next().await?;
@@ -217,6 +227,8 @@ struct Feed {
     _stop: DropGuard,
     /// Dropped with the stream: the session's idle time starts again.
     _in_use: InUse<Arc<Session>>,
+    /// The stream's slot; its token is cancelled at shutdown or when the credential is revoked.
+    guard: StreamGuard,
 }
 
 fn json_event(kind: &str, data: &impl Serialize) -> Event {
@@ -255,12 +267,16 @@ impl Feed {
                 Some(p) => Some(p),
                 None => tokio::select! {
                     p = self.rx.recv() => p,
-                    _ = self.st.shutdown.cancelled() => {
+                    _ = self.guard.token().cancelled() => {
+                        // Ending the stream drops `_stop`, which kills the command.
                         self.done = true;
-                        return Some(error_event(&ApiError::new(
-                            ErrorCode::ShuttingDown,
-                            "the server is shutting down, so the command was stopped",
-                        )));
+                        return Some(match self.guard.revoked() {
+                            Some(why) => error_event(&why.error()),
+                            None => error_event(&ApiError::new(
+                                ErrorCode::ShuttingDown,
+                                "the server is shutting down, so the command was stopped",
+                            )),
+                        });
                     }
                 },
             };

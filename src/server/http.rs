@@ -1,6 +1,6 @@
 //! The middleware around every route: the Host allow-list (DNS-rebinding guard), per-group
-//! time limits, structured access logs with a request id, and JSON answers for unknown routes
-//! and methods.
+//! time limits, structured access logs with a request id and the client address, and JSON
+//! answers for unknown routes and methods.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, ErrorCode};
+use super::proxies::{ClientAddr, TrustedProxies};
 
 /// Host names (without port) a request may name. IP literals are always accepted: DNS
 /// rebinding needs a name, and any address that reaches the listener is one of ours.
@@ -96,15 +97,29 @@ pub async fn deadline(State(d): State<Deadline>, req: Request, next: Next) -> Re
 pub struct AccessUser(pub String);
 
 /// One structured log line per request (target `sandboxd::access`): no keys, no bodies.
-pub async fn access_log(req: Request, next: Next) -> Response {
+/// `peer` is the TCP peer, `client` the address behind a trusted proxy (`proxies`), which
+/// this layer, the outermost, works out once and puts in the request for the throttle.
+pub async fn access_log(
+    State(proxies): State<Arc<TrustedProxies>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let start = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let peer = req
+    let peer_ip = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip().to_string())
-        .unwrap_or_default();
+        .map(|c| c.0.ip());
+    let peer = peer_ip.map(|ip| ip.to_string()).unwrap_or_default();
+    let client = match peer_ip {
+        Some(ip) => {
+            let client = proxies.client(ip, req.headers());
+            req.extensions_mut().insert(ClientAddr(client));
+            client.to_string()
+        }
+        None => String::new(),
+    };
     let request_id = uuid::Uuid::new_v4().simple().to_string();
     let mut resp = next.run(req).await;
     let user = resp
@@ -116,6 +131,7 @@ pub async fn access_log(req: Request, next: Next) -> Response {
         target: "sandboxd::access",
         request_id = %request_id,
         peer = %peer,
+        client = %client,
         method = %method,
         path = %path,
         status = resp.status().as_u16(),

@@ -3,7 +3,9 @@
 //! (`ui`).
 //!
 //! Layout: `error` (the error shape and extractors), `auth` (keys, bearer check, throttle),
-//! `http` (Host allow-list, time limits, access log), `backend` (the adapter over the
+//! `proxies` (the client address behind trusted proxies), `streams` (open streams by user
+//! and credential: revocation and the per-user cap), `http` (Host allow-list, time limits,
+//! access log), `backend` (the adapter over the
 //! SessionManager), `sessions`/`files`/`admin`/`health` (handlers), `mcp` (per-user MCP
 //! servers), `reconcile` (start-up and periodic agreement of store and engine), `openapi`.
 //!
@@ -30,10 +32,12 @@ pub mod health;
 pub mod http;
 pub mod mcp;
 pub mod openapi;
+pub mod proxies;
 pub mod reconcile;
 pub mod runs;
 pub mod sessions;
 pub mod settings;
+pub mod streams;
 pub mod types;
 pub mod ui;
 
@@ -87,6 +91,10 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Agent and plan runs (the runs API).
     pub runs: Arc<runs::RunService>,
+    /// `[server] trusted_proxies`: whose X-Forwarded-For names the client.
+    pub proxies: Arc<proxies::TrustedProxies>,
+    /// Open streams and long requests by user and credential (revocation, per-user cap).
+    pub streams: Arc<streams::Streams>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -220,7 +228,7 @@ pub fn app(state: Shared) -> Router {
             http::HostAllowList::new(&state.config.server.allowed_hosts),
             http::check_host,
         ))
-        .layer(from_fn(http::access_log))
+        .layer(from_fn_with_state(state.proxies.clone(), http::access_log))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             http::panic_response,
         ))
@@ -294,8 +302,14 @@ impl Server {
             run_ctx,
             Duration::from_secs(config.server.question_timeout_secs.max(1)),
         );
+        // Checked at load; parsed again here so a hand-built config fails as clearly.
+        let proxies = Arc::new(proxies::TrustedProxies::parse(
+            &config.server.trusted_proxies,
+        )?);
         let state = Arc::new(AppState {
             runs,
+            proxies,
+            streams: streams::Streams::new(config.server.streams_per_user),
             store,
             backend: backend::Backend::new(manager.clone()),
             throttle: auth::Throttle::new(config.server.auth_failures_per_minute),
@@ -337,6 +351,10 @@ impl Server {
             runs.shutdown(run_drain).await;
         });
         let upkeep = reconcile::spawn_upkeep(state.clone());
+        // Credentials revoked by another process (`sandboxd users rotate|rm`) end their streams.
+        let recheck = state
+            .streams
+            .spawn_recheck(state.store.clone(), shutdown.clone());
         // The manager's one reaper: idle /mcp sessions (API sessions have their own timeouts,
         // kept by `upkeep`, and are touched in the manager on every use).
         let reaper = state.backend.manager().spawn_reaper();
@@ -364,6 +382,7 @@ impl Server {
         }
         state.runs.shutdown(drain).await;
         upkeep.abort();
+        recheck.abort();
         reaper.abort();
         if let Some(pool) = pool {
             pool.abort();

@@ -149,6 +149,11 @@ pub async fn tick(st: &AppState) {
         match reason {
             Some(reason) => {
                 tracing::info!(session = %live.id, %reason, "removing a session");
+                // A run still in it (its user was removed by `sandboxd users rm`) ends
+                // `cancelled` before its container goes, not `failed` after.
+                st.runs
+                    .cancel_session(&live.id, Duration::from_secs(10))
+                    .await;
                 let _ = st.store.end_session(&live.id, &reason, now).await;
                 if let Err(e) = st.backend.remove(&live.id, None).await {
                     tracing::warn!(session = %live.id, error = %e, "could not remove a session's container");

@@ -18,6 +18,7 @@ use super::auth::Caller;
 use super::backend::{Backend, Live};
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorCode, ErrorResponses};
 use super::settings::Quota;
+use super::streams::Kind;
 use super::types::*;
 use crate::config::LimitRequest;
 use crate::sandbox::{SandboxError, ShellOptions};
@@ -344,9 +345,26 @@ pub async fn exec(
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Json<ExecResult>, ApiError> {
     let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
+    // Ended when the caller's credential is revoked (not counted as a stream). Not at
+    // shutdown: a request in flight has the drain to finish.
+    let guard = st
+        .streams
+        .open(&caller, Kind::Request, &CancellationToken::new())?;
     // A command may run longer than the session's idle timeout.
     let _in_use = live.hold();
-    let out = match live.sandbox.shell(&body.command, opts).await {
+    let out = tokio::select! {
+        out = live.sandbox.shell(&body.command, opts) => out,
+        _ = guard.token().cancelled() => {
+            // Dropping the call mid-command leaves the shell unsynchronized: replacing it
+            // kills the command (as the bash tool does on a cancel).
+            let _ = live.sandbox.restart_shell().await;
+            return Err(match guard.revoked() {
+                Some(why) => why.error(),
+                None => ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down, so the command was stopped"),
+            });
+        }
+    };
+    let out = match out {
         Ok(o) => o,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
     };
@@ -396,8 +414,12 @@ pub async fn call_tool(
     let args = serde_json::Value::Object(args);
     crate::tools::registry::check_args(&tool.parameters(), &args)
         .map_err(|m| ApiError::invalid(format!("arguments of {name}: {m}")))?;
-    // Dropping this request (client gone, time limit) cancels the tool, which kills its command.
-    let cancel = CancellationToken::new();
+    // Dropping this request (client gone, time limit) cancels the tool, which kills its
+    // command; so does a revoked credential (the guard's token is the parent).
+    let guard = st
+        .streams
+        .open(&caller, Kind::Request, &CancellationToken::new())?;
+    let cancel = guard.token().child_token();
     let _on_drop = cancel.clone().drop_guard();
     let ctx = ToolContext { cancel };
     let result = {
@@ -405,6 +427,9 @@ pub async fn call_tool(
         let _in_use = live.hold();
         registry.execute(&name, &args.to_string(), &ctx).await
     };
+    if let Some(why) = guard.revoked() {
+        return Err(why.error());
+    }
     match result {
         Ok(r) => Ok(Json(ToolCallResult {
             is_error: r.is_error(),

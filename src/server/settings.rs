@@ -27,7 +27,8 @@ pub struct ServerConfig {
     pub drain_secs: u64,
     /// Ended sessions and finished runs older than this are deleted; 0 keeps them forever.
     pub retention_days: u64,
-    /// Failed authentications one source address may make per minute before it gets 429.
+    /// Failed authentications one client address may make per minute before its failures
+    /// get 429 (a valid key or sign-in is never refused).
     pub auth_failures_per_minute: u32,
     /// How long a run's `ask_human` question waits for POST /v1/runs/{id}/answer before the
     /// run goes on without an answer.
@@ -35,6 +36,12 @@ pub struct ServerConfig {
     /// How long a web UI sign-in (its cookie) lasts, at most: the key's own expiry, if
     /// sooner, wins. Seconds, so a test can watch one run out.
     pub sign_in_secs: u64,
+    // Who the client is, and what one user may hold open (issue 20, `auth`).
+    /// Reverse proxies (IP addresses or CIDR networks) whose `X-Forwarded-For` names the
+    /// client; from any other peer the header is ignored. Empty: the TCP peer is the client.
+    pub trusted_proxies: Vec<String>,
+    /// Event streams and streamed execs one user may have open at once.
+    pub streams_per_user: u32,
 }
 
 /// The longest sign-in allowed: a cookie that outlives a month is a key by another name.
@@ -54,6 +61,8 @@ impl Default for ServerConfig {
             auth_failures_per_minute: 20,
             question_timeout_secs: 300,
             sign_in_secs: 12 * 3600,
+            trusted_proxies: Vec::new(),
+            streams_per_user: 16,
         }
     }
 }
@@ -68,6 +77,20 @@ impl ServerConfig {
                     "{} is not a sign-in lifetime between 1 and {MAX_SIGN_IN_SECS} seconds (30 days); the default is 43200 (12 hours)",
                     self.sign_in_secs
                 ),
+            });
+        }
+        if let Err(e) = super::proxies::TrustedProxies::parse(&self.trusted_proxies) {
+            return Err(ConfigError::Invalid {
+                key: "server.trusted_proxies".into(),
+                message: format!(
+                    "{e}; list the addresses of your reverse proxies, or leave it empty when clients connect directly"
+                ),
+            });
+        }
+        if self.streams_per_user == 0 {
+            return Err(ConfigError::Invalid {
+                key: "server.streams_per_user".into(),
+                message: "0 would refuse every event stream; the default is 16".into(),
             });
         }
         Ok(())
@@ -249,5 +272,32 @@ mod tests {
         let ok = load("5").unwrap();
         assert_eq!(ok.server.sign_in_ms(), 5000);
         assert_eq!(ServerConfig::default().sign_in_ms(), 12 * 3600 * 1000);
+    }
+
+    #[test]
+    fn trusted_proxies_and_the_stream_cap_are_checked_at_load() {
+        let load = |k: &str, v: &str| {
+            crate::config::Config::load_with_env(None, &[(k.to_string(), v.to_string())])
+        };
+        let ok = load(
+            "SANDBOXD_SERVER_TRUSTED_PROXIES",
+            r#"["127.0.0.1", "10.0.0.0/8", "::1"]"#,
+        )
+        .unwrap();
+        assert_eq!(ok.server.trusted_proxies.len(), 3);
+        let err = load(
+            "SANDBOXD_SERVER_TRUSTED_PROXIES",
+            r#"["127.0.0.1", "proxy.local"]"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("server.trusted_proxies") && err.contains("proxy.local"),
+            "{err}"
+        );
+        let err = load("SANDBOXD_SERVER_STREAMS_PER_USER", "0")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("server.streams_per_user"), "{err}");
     }
 }

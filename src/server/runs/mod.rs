@@ -312,15 +312,21 @@ impl RunService {
     /// Cancels every run of the session in flight here (the session is being deleted) and
     /// waits (at most `wait`) for their endings.
     pub async fn cancel_session(&self, session_id: &str, wait: Duration) {
+        self.cancel_where(|r| r.session_id == session_id, wait)
+            .await;
+    }
+
+    /// Cancels every run of the user in flight here (the user is being removed): they end
+    /// `cancelled`. Waits (at most `wait`) for their endings.
+    pub async fn cancel_owner(&self, owner: &str, wait: Duration) {
+        self.cancel_where(|r| r.owner == owner, wait).await;
+    }
+
+    async fn cancel_where(&self, which: impl Fn(&LiveRun) -> bool, wait: Duration) {
         let runs: Vec<Arc<LiveRun>> = self
             .live
             .lock()
-            .map(|m| {
-                m.values()
-                    .filter(|r| r.session_id == session_id)
-                    .cloned()
-                    .collect()
-            })
+            .map(|m| m.values().filter(|r| which(r)).cloned().collect())
             .unwrap_or_default();
         for run in &runs {
             run.stop(Stop::User);

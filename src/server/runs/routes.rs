@@ -18,9 +18,12 @@ use super::types::*;
 use super::{RunMode, RunServiceError, StartRun};
 use crate::server::AppState;
 use crate::server::auth::Caller;
-use crate::server::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorCode, ErrorResponses};
+use crate::server::error::{
+    ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody, ErrorCode, ErrorResponses,
+};
 use crate::server::sessions;
 use crate::server::settings::Quota;
+use crate::server::streams::{Kind, Revoked};
 use crate::store::{RunQuery, RunRow, RunState, now_ms};
 
 const MAX_ID_LEN: usize = 128;
@@ -262,7 +265,7 @@ pub async fn answer_run(
 #[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "runs",
     params(("id" = String, Path), EventsQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this seq (as `after`)")),
-    responses((status = 200, description = "Server-sent events: `id: <seq>`, `event: <type>`, `data: <Event JSON of docs/events.md>`; `: keep-alive` comments every 15 s. Ends after the run's terminal run_state (or at once with follow=false).",
+    responses((status = 200, description = "Server-sent events: `id: <seq>`, `event: <type>`, `data: <Event JSON of docs/events.md>`; `: keep-alive` comments every 15 s. Ends after the run's terminal run_state (or at once with follow=false). When the key or sign-in the stream was opened with is rotated, removed, signed out or expires, a last `event: error` (no id) with `{\"error\": {\"code\": \"credential_revoked\", …}}` ends it. A user may hold `[server] streams_per_user` streams (event streams and streamed execs) open; one more that follows is 429 `too_many_streams`.",
         content_type = "text/event-stream", body = String), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn run_events(
@@ -285,21 +288,42 @@ pub async fn run_events(
             })?,
         None => q.after.unwrap_or(0),
     };
+    // After the ownership check, so a foreign id is a 404 whatever the caller holds open. A
+    // stream that follows counts against the caller's cap; a finite one (follow=false) not.
+    let follow = q.follow.unwrap_or(true);
+    let kind = if follow { Kind::Stream } else { Kind::Request };
+    let guard = st.streams.open(&caller, kind, &st.shutdown)?;
     let follower = Follower::new(
         st.store.clone(),
         st.runs.clone(),
         id,
         after,
-        q.follow.unwrap_or(true),
-        st.shutdown.clone(),
+        follow,
+        // Cancelled at shutdown, and when the caller's credential is revoked.
+        guard.token().clone(),
     );
-    let stream = futures::stream::unfold(follower, |mut f| async move {
-        let e = f.next().await?;
-        let ev = SseEvent::default()
-            .id(e.seq.to_string())
-            .event(e.kind)
-            .data(e.payload);
-        Some((Ok::<_, Infallible>(ev), f))
+    let stream = futures::stream::unfold(Some((follower, guard)), |state| async move {
+        let (mut f, guard) = state?;
+        let next = if guard.token().is_cancelled() {
+            None
+        } else {
+            f.next().await
+        };
+        match next {
+            Some(e) if !guard.token().is_cancelled() => {
+                let ev = SseEvent::default()
+                    .id(e.seq.to_string())
+                    .event(e.kind)
+                    .data(e.payload);
+                Some((Ok::<_, Infallible>(ev), Some((f, guard))))
+            }
+            // Revoked: one last event says why (no id: it is not one of the run's events),
+            // then the stream ends. A shutdown or the run's end just ends it.
+            _ => {
+                let why = guard.revoked()?;
+                Some((Ok(revoked_event(why)), None))
+            }
+        }
     });
     Ok(Sse::new(stream)
         .keep_alive(
@@ -308,6 +332,17 @@ pub async fn run_events(
                 .text("keep-alive"),
         )
         .into_response())
+}
+
+/// The last event of a stream whose credential was revoked: `event: error`, the error body.
+pub fn revoked_event(why: Revoked) -> SseEvent {
+    let body = ErrorBody {
+        error: why.error().detail,
+    };
+    SseEvent::default()
+        .event("error")
+        .json_data(&body)
+        .unwrap_or_else(|_| SseEvent::default().event("error").data("{}"))
 }
 
 fn image_id_ok(id: &str) -> bool {

@@ -11,17 +11,19 @@
 
 use std::sync::Arc;
 
-use axum::Form;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
 use base64::Engine as _;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::super::AppState;
-use super::super::auth::authenticate;
+use super::super::auth::{Credential, authenticate};
 use super::super::error::{ApiError, ErrorCode};
+use super::super::proxies::ClientAddr;
+use super::super::streams::Revoked;
 use super::pages;
 use crate::store::{Login, NewLogin, now_ms};
 
@@ -50,12 +52,17 @@ fn cookie_token(headers: &HeaderMap) -> Option<&str> {
         .filter(|v| !v.is_empty() && v.len() <= 64)
 }
 
-/// The sign-in the request's cookie names, if it is live.
-pub async fn from_cookie(st: &AppState, headers: &HeaderMap) -> Result<Option<Login>, ApiError> {
+/// The sign-in the request's cookie names, if it is live, with its token's hash (the
+/// credential its streams are registered under).
+pub async fn from_cookie(
+    st: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<(Login, [u8; 32])>, ApiError> {
     let Some(token) = cookie_token(headers) else {
         return Ok(None);
     };
-    Ok(st.store.login(token_hash(token), now_ms()).await?)
+    let hash = token_hash(token);
+    Ok(st.store.login(hash, now_ms()).await?.map(|l| (l, hash)))
 }
 
 /// Whether a request with the cookie has a method that changes something.
@@ -126,27 +133,29 @@ pub struct LoginForm {
 }
 
 /// POST /login: the key from the form becomes a sign-in, or the form again with the reason.
+/// The key is checked first: a right key signs in whatever failures its address made.
 pub async fn login(
     State(st): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    client: Option<Extension<ClientAddr>>,
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
-    let ip = peer.ip();
+    let ip = client.map_or_else(|| peer.ip().to_canonical(), |Extension(c)| c.0);
     if check_origin(&headers).is_err() {
         return pages::login_page(
             Some("This sign-in came from another site and was refused."),
             StatusCode::FORBIDDEN,
         );
     }
-    if st.throttle.blocked(ip).is_some() {
-        return pages::login_page(
-            Some("Too many failed sign-ins from your address; wait a minute."),
-            StatusCode::TOO_MANY_REQUESTS,
-        );
-    }
     let user = match authenticate(&st, form.key.trim()).await {
         Ok(Some(u)) => u,
+        Ok(None) if st.throttle.blocked(ip).is_some() => {
+            return pages::login_page(
+                Some("Too many failed sign-ins from your address; wait a minute."),
+                StatusCode::TOO_MANY_REQUESTS,
+            );
+        }
         Ok(None) => {
             st.throttle.failed(ip);
             return pages::login_page(
@@ -194,7 +203,7 @@ pub async fn logout(State(st): State<Arc<AppState>>, req: Request) -> Response {
         Ok(l) => l,
         Err(e) => return e.into_response(),
     };
-    if let Some(login) = login {
+    if let Some((login, hash)) = login {
         let form =
             <Form<LogoutForm> as axum::extract::FromRequest<()>>::from_request(req, &()).await;
         let ok =
@@ -206,11 +215,12 @@ pub async fn logout(State(st): State<Arc<AppState>>, req: Request) -> Response {
             )
             .into_response();
         }
-        if let Some(token) = cookie_token(&headers)
-            && let Err(e) = st.store.remove_login(token_hash(token)).await
-        {
+        if let Err(e) = st.store.remove_login(hash).await {
             return ApiError::from(e).into_response();
         }
+        // What this sign-in opened (the run page's event stream) ends with it.
+        st.streams
+            .revoke_credential(&login.user.id, Credential::SignIn(hash), Revoked::SignedOut);
     }
     let mut resp = Redirect::to("/login").into_response();
     if let Some(c) = set_cookie("", 0, is_https(&headers)) {

@@ -47,13 +47,15 @@ const RENDER_BODY_LIMIT: usize = 8 << 20;
 
 type Shared = Arc<AppState>;
 
-/// The signed-in user of a page; without a live sign-in, a redirect to /login.
-pub struct PageUser(pub Login);
+/// The signed-in user of a page (and their cookie token's hash); without a live sign-in, a
+/// redirect to /login.
+pub struct PageUser(pub Login, [u8; 32]);
 
 impl PageUser {
     fn caller(&self) -> Caller {
         Caller {
             user: Arc::new(self.0.user.clone()),
+            credential: super::auth::Credential::SignIn(self.1),
         }
     }
 }
@@ -63,7 +65,7 @@ impl FromRequestParts<Shared> for PageUser {
 
     async fn from_request_parts(parts: &mut Parts, st: &Shared) -> Result<Self, Response> {
         match login::from_cookie(st, &parts.headers).await {
-            Ok(Some(l)) => Ok(PageUser(l)),
+            Ok(Some((l, hash))) => Ok(PageUser(l, hash)),
             Ok(None) => Err(Redirect::to("/login").into_response()),
             Err(e) => Err(e.into_response()),
         }

@@ -73,8 +73,15 @@ UI.views.run = async function () {
   function connect() {
     source = new EventSource('/v1/runs/' + enc(id) + '/events' + (lastSeq ? '?after=' + lastSeq : ''));
     source.onopen = () => { $('#live').textContent = 'live'; };
-    source.onerror = () => {
+    source.onerror = (e) => {
       if (!source) return;
+      // The server's last event when the key or sign-in was revoked: reconnecting is futile.
+      if (e && typeof e.data === 'string' && e.data.includes('credential_revoked')) {
+        source.close();
+        source = null;
+        $('#live').textContent = 'signed out: sign in again to follow';
+        return;
+      }
       if (TERMINAL.includes(state) && lastSeq >= (run.last_seq || 0)) closeStream();
       else $('#live').textContent = 'reconnecting…';
     };
