@@ -92,7 +92,10 @@ async fn healthz_answers(serve: &Serve) {
 
 #[tokio::test]
 async fn half_sent_requests_are_closed_at_the_header_timeout_while_healthz_answers() {
-    let env = Env::new(&server_section("header_timeout_secs = 2\nidle_timeout_secs = 2")).await;
+    let env = Env::new(&server_section(
+        "header_timeout_secs = 2\nidle_timeout_secs = 2",
+    ))
+    .await;
     let serve = env.start();
     let mut conns = stalled_connections(&serve, 60).await;
     healthz_answers(&serve).await;
@@ -153,7 +156,10 @@ async fn a_flood_of_stalled_connections_under_a_low_file_limit_does_not_stop_the
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let out = api.exec(&id, "echo still-serving").await;
-    assert!(out["stdout"].as_str().unwrap().contains("still-serving"), "{out}");
+    assert!(
+        out["stdout"].as_str().unwrap().contains("still-serving"),
+        "{out}"
+    );
     let (s, _) = api
         .json(Method::DELETE, &format!("/v1/sessions/{id}"), None)
         .await;
@@ -196,7 +202,10 @@ async fn read_response(conn: &mut TcpStream) -> String {
 #[tokio::test]
 async fn a_kept_alive_connection_with_no_request_is_closed_at_the_idle_timeout() {
     // The header timeout is far longer than the wait below: only the idle timeout can close.
-    let env = Env::new(&server_section("header_timeout_secs = 600\nidle_timeout_secs = 2")).await;
+    let env = Env::new(&server_section(
+        "header_timeout_secs = 600\nidle_timeout_secs = 2",
+    ))
+    .await;
     let serve = env.start();
     let mut conn = TcpStream::connect(addr(&serve)).await.unwrap();
     let request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
@@ -215,7 +224,10 @@ async fn a_kept_alive_connection_with_no_request_is_closed_at_the_idle_timeout()
 
 #[tokio::test]
 async fn requests_in_flight_longer_than_both_timeouts_are_not_cut() {
-    let env = Env::new(&server_section("header_timeout_secs = 1\nidle_timeout_secs = 1")).await;
+    let env = Env::new(&server_section(
+        "header_timeout_secs = 1\nidle_timeout_secs = 1",
+    ))
+    .await;
     let key = env.add_user("alice", &[]);
     let serve = env.start();
     let api = Api::new(&serve, &key);

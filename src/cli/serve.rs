@@ -103,7 +103,9 @@ pub(crate) fn raise_open_file_limit() {
             after = ?after,
             "raised the open-file limit (soft) to the hard limit"
         ),
-        Ok((now, _)) => tracing::info!(limit = ?now, "the open-file limit is already at its hard limit"),
+        Ok((now, _)) => {
+            tracing::info!(limit = ?now, "the open-file limit is already at its hard limit")
+        }
         Err(e) => tracing::warn!("{e}"),
     }
 }

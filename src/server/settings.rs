@@ -91,7 +91,13 @@ impl ServerConfig {
     /// upper bounds the limit no longer protects anything.
     fn validate_connections(&self) -> Result<(), ConfigError> {
         let checks: [(&str, u64, u64, u64, &str); 3] = [
-            ("header_timeout_secs", self.header_timeout_secs, 1, 3600, "10"),
+            (
+                "header_timeout_secs",
+                self.header_timeout_secs,
+                1,
+                3600,
+                "10",
+            ),
             ("idle_timeout_secs", self.idle_timeout_secs, 1, 86_400, "60"),
             ("max_connections", self.max_connections, 1, 1 << 20, "1024"),
         ];

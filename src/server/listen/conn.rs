@@ -314,7 +314,11 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1000)).await;
         drop(request);
         let idle_from = Instant::now();
-        assert_eq!(a.deadline(T), Some(idle_from + T.idle), "idle between requests");
+        assert_eq!(
+            a.deadline(T),
+            Some(idle_from + T.idle),
+            "idle between requests"
+        );
         assert_eq!(a.waiting_since(), Some(idle_from));
         tokio::time::advance(Duration::from_secs(50)).await;
         a.heard();
