@@ -31,6 +31,7 @@ pub(crate) async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
     let manager = ctx.manager().await?;
     match (args.listen, token) {
         (Some(addr), Some((token, generated))) => {
+            super::serve::raise_open_file_limit();
             let state = ServerState::new(manager, ctx.config.clone(), Owner::new("mcp-http")?);
             let server = HttpServer::bind(addr, token.clone()).await?;
             eprintln!("sandboxd mcp: listening on http://{}/mcp", server.addr);

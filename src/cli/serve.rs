@@ -41,6 +41,7 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
         let _ = std::io::stdout().write_all(openapi::document_json().as_bytes());
         return Ok(ExitCode::SUCCESS);
     }
+    raise_open_file_limit();
     let addr = match args.listen {
         Some(a) => a,
         None => ctx.config.server.listen.parse().with_context(|| {
@@ -88,4 +89,23 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
         .context("the server failed")?;
     eprintln!("sandboxd serve: stopped; API sessions are kept for the next start");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Raises the soft open-file limit to the hard one (systemd's default soft limit is 1024):
+/// client connections, Docker API streams and the store all take descriptors, and the
+/// connection cap is set from this limit. A failure is logged, not fatal: the cap then fits
+/// the lower limit.
+pub(crate) fn raise_open_file_limit() {
+    use sandboxd::server::listen::nofile;
+    match nofile::raise_soft_to_hard() {
+        Ok((before, after)) if before != after => tracing::info!(
+            before = ?before,
+            after = ?after,
+            "raised the open-file limit (soft) to the hard limit"
+        ),
+        Ok((now, _)) => {
+            tracing::info!(limit = ?now, "the open-file limit is already at its hard limit")
+        }
+        Err(e) => tracing::warn!("{e}"),
+    }
 }

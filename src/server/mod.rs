@@ -5,9 +5,11 @@
 //! Layout: `error` (the error shape and extractors), `auth` (keys, bearer check, throttle),
 //! `proxies` (the client address behind trusted proxies), `streams` (open streams by user
 //! and credential: revocation and the per-user cap), `http` (Host allow-list, time limits,
-//! access log), `backend` (the adapter over the
-//! SessionManager), `sessions`/`files`/`admin`/`health` (handlers), `mcp` (per-user MCP
-//! servers), `reconcile` (start-up and periodic agreement of store and engine), `openapi`.
+//! access log), `listen` (connections), `backend` (the adapter over the SessionManager),
+//! `sessions`/`files`/`admin`/`health` (handlers), `mcp` (per-user MCP servers), `reconcile` (start-up and periodic agreement of store and engine), `openapi`.
+//!
+//! Connections (`listen`): header and idle timeouts, a cap on open connections that closes
+//! stalled ones first, and the open-file limit raised at start (`listen::nofile`).
 //!
 //! Shutdown: the token stops the listener from accepting, ends rmcp's streams (and, with
 //! runs, every event stream: each one selects on it, so an open stream cannot hold the
@@ -30,6 +32,7 @@ pub mod exec_stream;
 pub mod files;
 pub mod health;
 pub mod http;
+pub mod listen;
 pub mod mcp;
 pub mod openapi;
 pub mod proxies;
@@ -361,23 +364,25 @@ impl Server {
         // The warm pool fills once the start-up reconcile is done (it must not take a fresh
         // warm sandbox for an orphan) and is closed by `remove_mcp_sessions` below.
         let pool = state.backend.manager().spawn_pool();
-        let app = app(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
-        let until = shutdown.clone();
-        // TCP_NODELAY: SSE events and streamed output are small writes; with Nagle each waits
-        // for the previous one's (delayed, up to 40 ms) ACK.
-        use axum::serve::ListenerExt as _;
-        let listener = self.listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let server = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { until.cancelled().await });
+        // Timeouts, the connection cap and TCP_NODELAY: see listen.rs.
+        let nofile = listen::nofile::soft_limit();
+        let bounds = listen::Bounds::new(&state.config.server, nofile);
+        if (bounds.max_connections as u64) < state.config.server.max_connections {
+            tracing::warn!(
+                configured = state.config.server.max_connections,
+                cap = bounds.max_connections,
+                open_file_limit = nofile,
+                "[server] max_connections is lowered to half the open-file limit; raise LimitNOFILE= to allow more"
+            );
+        }
+        let server = listen::serve(self.listener, app(state.clone()), bounds, shutdown.clone());
         let drain = Duration::from_secs(state.config.server.drain_secs);
         let bound = async {
             shutdown.cancelled().await;
             tokio::time::sleep(drain).await;
         };
         tokio::select! {
-            r = server => r?,
+            _ = server => {}
             _ = bound => tracing::warn!(seconds = drain.as_secs(), "requests still open after the drain bound; closing them"),
         }
         state.runs.shutdown(drain).await;

@@ -42,6 +42,17 @@ pub struct ServerConfig {
     pub trusted_proxies: Vec<String>,
     /// Event streams and streamed execs one user may have open at once.
     pub streams_per_user: u32,
+    /// How long a client has to send a complete request head: from the connection's accept,
+    /// or from the first byte of a later request on a kept-alive connection (slow-header
+    /// attacks end here).
+    pub header_timeout_secs: u64,
+    /// How long a kept-alive connection may wait, with no request in flight, for the next
+    /// request to begin. A request in flight (an event stream, a long exec) is never idle.
+    pub idle_timeout_secs: u64,
+    /// Client connections open at once. At the cap, the connection that has waited longest
+    /// without a request in flight is closed for a new one; with none, the new one is closed.
+    /// Lowered at start to half the process's open-file limit if that is smaller.
+    pub max_connections: u64,
 }
 
 /// The longest sign-in allowed: a cookie that outlives a month is a key by another name.
@@ -63,6 +74,9 @@ impl Default for ServerConfig {
             sign_in_secs: 12 * 3600,
             trusted_proxies: Vec::new(),
             streams_per_user: 16,
+            header_timeout_secs: 10,
+            idle_timeout_secs: 60,
+            max_connections: 1024,
         }
     }
 }
@@ -92,6 +106,33 @@ impl ServerConfig {
                 key: "server.streams_per_user".into(),
                 message: "0 would refuse every event stream; the default is 16".into(),
             });
+        }
+        self.validate_connections()
+    }
+
+    /// The connection keys: zero would close every connection (or refuse all), and past the
+    /// upper bounds the limit no longer protects anything.
+    fn validate_connections(&self) -> Result<(), ConfigError> {
+        let checks: [(&str, u64, u64, u64, &str); 3] = [
+            (
+                "header_timeout_secs",
+                self.header_timeout_secs,
+                1,
+                3600,
+                "10",
+            ),
+            ("idle_timeout_secs", self.idle_timeout_secs, 1, 86_400, "60"),
+            ("max_connections", self.max_connections, 1, 1 << 20, "1024"),
+        ];
+        for (key, value, min, max, default) in checks {
+            if !(min..=max).contains(&value) {
+                return Err(ConfigError::Invalid {
+                    key: format!("server.{key}"),
+                    message: format!(
+                        "{value} is not between {min} and {max}; the default is {default}"
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -299,5 +340,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("server.streams_per_user"), "{err}");
+    }
+
+    #[test]
+    fn connection_limits_of_zero_or_absurd_size_are_refused_at_load() {
+        for (key, bad) in [
+            ("HEADER_TIMEOUT_SECS", "0"),
+            ("HEADER_TIMEOUT_SECS", "3601"),
+            ("IDLE_TIMEOUT_SECS", "0"),
+            ("MAX_CONNECTIONS", "0"),
+            ("MAX_CONNECTIONS", "18446744073709551615"),
+        ] {
+            let err = crate::config::Config::load_with_env(
+                None,
+                &[(format!("SANDBOXD_SERVER_{key}"), bad.to_string())],
+            )
+            .unwrap_err()
+            .to_string();
+            let name = format!("server.{}", key.to_ascii_lowercase());
+            assert!(
+                err.contains(&name) && err.contains(bad),
+                "{key}={bad}: {err}"
+            );
+        }
+        ServerConfig::default().validate().unwrap();
     }
 }

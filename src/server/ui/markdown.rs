@@ -2,9 +2,11 @@
 //! HTML block or inline tag becomes escaped text (so `<script>`, `<img onerror>` and SVG are
 //! shown, not parsed), a link whose scheme is not http, https or mailto points nowhere, and
 //! images become links (the page loads no image the model named). Escaping of text and
-//! attributes is pulldown-cmark's own writer.
+//! attributes is pulldown-cmark's own writer. A table column's alignment becomes a class
+//! (`al-left`, `al-center`, `al-right`, styled in app.css): the writer's inline
+//! `style="text-align: …"` is blocked by the page's CSP (no 'unsafe-inline').
 
-use pulldown_cmark::{CowStr, Event, LinkType, Options, Parser, Tag, TagEnd};
+use pulldown_cmark::{Alignment, CowStr, Event, LinkType, Options, Parser, Tag, TagEnd};
 
 /// Whether a link target may be followed: http(s), mailto, or a relative reference.
 fn safe_url(url: &str) -> bool {
@@ -41,10 +43,61 @@ fn link<'a>(dest_url: CowStr<'a>, title: CowStr<'a>, id: CowStr<'a>) -> Tag<'a> 
     }
 }
 
+/// The table being written: its columns' alignments and where the next cell goes.
+#[derive(Default)]
+struct Table {
+    columns: Vec<Alignment>,
+    in_head: bool,
+    cell: usize,
+}
+
+impl Table {
+    /// Takes over the table events that carry alignment; the writer gets the table without
+    /// alignments (so it writes no `style`) and our opening tag of each cell.
+    fn map<'a>(&mut self, ev: Event<'a>) -> Event<'a> {
+        match ev {
+            Event::Start(Tag::Table(columns)) => {
+                *self = Table {
+                    columns,
+                    ..Table::default()
+                };
+                Event::Start(Tag::Table(Vec::new()))
+            }
+            Event::Start(Tag::TableHead) => {
+                self.in_head = true;
+                self.cell = 0;
+                ev
+            }
+            Event::End(TagEnd::TableHead) => {
+                self.in_head = false;
+                ev
+            }
+            Event::Start(Tag::TableRow) => {
+                self.cell = 0;
+                ev
+            }
+            Event::Start(Tag::TableCell) => {
+                let tag = if self.in_head { "th" } else { "td" };
+                let class = match self.columns.get(self.cell) {
+                    Some(Alignment::Left) => " class=\"al-left\"",
+                    Some(Alignment::Center) => " class=\"al-center\"",
+                    Some(Alignment::Right) => " class=\"al-right\"",
+                    Some(Alignment::None) | None => "",
+                };
+                self.cell += 1;
+                Event::InlineHtml(CowStr::from(format!("<{tag}{class}>")))
+            }
+            other => other,
+        }
+    }
+}
+
 /// Markdown as safe HTML.
 pub fn to_html(md: &str) -> String {
     let opts = Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TASKLISTS;
+    let mut table = Table::default();
     let events = Parser::new_ext(md, opts).map(|ev| match ev {
+        // The model's HTML is text; our own cell tags are made after this, in `table.map`.
         Event::Html(h) | Event::InlineHtml(h) => Event::Text(h),
         Event::Start(Tag::Link {
             dest_url,
@@ -59,7 +112,7 @@ pub fn to_html(md: &str) -> String {
             ..
         }) => Event::Start(link(dest_url, title, id)),
         Event::End(TagEnd::Image) => Event::End(TagEnd::Link),
-        other => other,
+        other => table.map(other),
     });
     let mut out = String::with_capacity(md.len() + md.len() / 4);
     pulldown_cmark::html::push_html(&mut out, events);
@@ -126,5 +179,30 @@ mod tests {
                 .contains(r#"<a href="https://x.example/p.png""#)
         );
         assert!(safe_url("/runs/a:b") && safe_url("#top") && safe_url("a/b:c"));
+    }
+
+    #[test]
+    fn aligned_table_columns_get_classes_not_inline_styles() {
+        let h = to_html(
+            "| plain | left | centre | right |\n|---|:---|:---:|---:|\n| a | b | c | 1.5 |\n| <b>x</b> | | | 22 |\n",
+        );
+        assert!(!h.contains("style"), "the CSP blocks inline styles: {h}");
+        assert!(h.contains("<th>plain</th>"), "{h}");
+        assert!(h.contains(r#"<th class="al-left">left</th>"#), "{h}");
+        assert!(h.contains(r#"<th class="al-center">centre</th>"#), "{h}");
+        assert!(h.contains(r#"<th class="al-right">right</th>"#), "{h}");
+        assert!(h.contains(r#"<td class="al-right">1.5</td>"#), "{h}");
+        assert!(h.contains(r#"<td class="al-right">22</td>"#), "{h}");
+        assert!(
+            h.contains("<td>&lt;b&gt;x&lt;/b&gt;</td>"),
+            "raw HTML stays text: {h}"
+        );
+        // A second table starts from its own columns.
+        let h = to_html("| a | b |\n|--:|---|\n| 1 | 2 |\n\n| c |\n|:-:|\n| 3 |\n");
+        assert!(
+            h.contains(r#"<td class="al-right">1</td><td>2</td>"#),
+            "{h}"
+        );
+        assert!(h.contains(r#"<td class="al-center">3</td>"#), "{h}");
     }
 }

@@ -2,7 +2,8 @@
 //! (`pages`), three small plain-JS files and a stylesheet embedded in the binary
 //! (`assets/`), sign-in by API key into a session cookie with CSRF protection (`login`),
 //! and the server-side rendering the page's script asks for: run events to HTML fragments
-//! (`render`, with `markdown` and `ansi`) and sandboxed previews of HTML files.
+//! (`render`, with `markdown` and `ansi`) and sandboxed previews of HTML files (a download
+//! unless loaded into a frame: `frame_or_attachment`).
 //!
 //! The page's script talks to the ordinary /v1 API (the cookie authenticates it, see
 //! `auth::require_user`), so the UI composes no flow of its own. Every response carries a
@@ -83,7 +84,10 @@ pub fn router() -> Router<Shared> {
         .route("/sessions/{id}/files", get(files_page))
         .route("/admin", get(admin_page))
         .route("/assets/{name}", get(asset))
-        .route("/ui/preview/{id}", get(preview))
+        .route(
+            "/ui/preview/{id}",
+            get(preview).layer(axum::middleware::from_fn(frame_or_attachment)),
+        )
         .route(
             "/ui/render",
             post(render_events).layer(DefaultBodyLimit::max(RENDER_BODY_LIMIT)),
@@ -208,6 +212,51 @@ async fn preview(
     Ok(resp)
 }
 
+/// A preview opened as a page of its own (a link someone was sent, a typed URL) would show
+/// model-made HTML on the service's own origin, a ready phishing page; so it is a download
+/// unless the browser says it loads it into a frame (`Sec-Fetch-Dest: iframe` or `frame`, a
+/// header pages cannot set). The files page's `<iframe>` sends it; browsers send Sec-Fetch-*
+/// only to https and loopback origins, so over plain http elsewhere previews download.
+async fn frame_or_attachment(req: Request, next: Next) -> Response {
+    let framed = matches!(
+        req.headers()
+            .get("sec-fetch-dest")
+            .and_then(|v| v.to_str().ok()),
+        Some("iframe" | "frame")
+    );
+    let name = attachment_name(req.uri().query().unwrap_or(""));
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.append(header::VARY, HeaderValue::from_static("Sec-Fetch-Dest"));
+    if !framed && resp.status().is_success() {
+        let value = format!("attachment; filename=\"{name}\"");
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            resp.headers_mut().insert(header::CONTENT_DISPOSITION, v);
+        }
+    }
+    resp
+}
+
+/// The file name of a preview's `?path=` for its download: the last component, only
+/// `[A-Za-z0-9._-]` kept (it goes into a quoted header parameter), `preview.html` if nothing is left.
+fn attachment_name(query: &str) -> String {
+    let path = url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "path")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    let last = path.rsplit('/').next().unwrap_or("");
+    let kept: String = last
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .take(100)
+        .collect();
+    if kept.trim_matches('.').is_empty() {
+        "preview.html".into()
+    } else {
+        kept
+    }
+}
+
 /// POST /ui/render: run events (as the page got them) to timeline fragments.
 async fn render_events(
     user: PageUser,
@@ -244,4 +293,24 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
         }
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attachment_name;
+
+    #[test]
+    fn a_previews_download_name_is_its_file_name_made_header_safe() {
+        assert_eq!(attachment_name("path=report.html"), "report.html");
+        assert_eq!(
+            attachment_name("path=%2Fworkspace%2Fout%2Fa%20b.html"),
+            "ab.html"
+        );
+        assert_eq!(
+            attachment_name("path=x%22%3B%20filename%3Devil.exe"),
+            "xfilenameevil.exe"
+        );
+        assert_eq!(attachment_name("path=..%2F.."), "preview.html");
+        assert_eq!(attachment_name(""), "preview.html");
+    }
 }
