@@ -36,7 +36,9 @@ async fn readable(api: &Api, session: &str, run: &str, image: &str) -> (u16, u16
     let listed = runs["runs"]
         .as_array()
         .is_some_and(|r| r.iter().any(|r| r["id"] == run));
-    let (got, _) = api.json(Method::GET, &format!("/v1/runs/{run}"), None).await;
+    let (got, _) = api
+        .json(Method::GET, &format!("/v1/runs/{run}"), None)
+        .await;
     let evs = api
         .req(Method::GET, &format!("/v1/runs/{run}/events?follow=false"))
         .send()
@@ -180,7 +182,11 @@ async fn ending_a_session_keeps_its_history_until_the_explicit_purge() {
     // Purging a live session ends it first: its container goes too.
     let other_rt = env.runtime_id(&other).await;
     let (s, v) = a
-        .json(Method::DELETE, &format!("/v1/sessions/{other}/history"), None)
+        .json(
+            Method::DELETE,
+            &format!("/v1/sessions/{other}/history"),
+            None,
+        )
         .await;
     assert_eq!(s, 204, "{v}");
     assert!(!container_of(&other_rt, false), "its container is gone");

@@ -18,7 +18,8 @@ use serve::runs::{SERVER, get_run, llm_config, start_run, until};
 use serve::{Api, Env};
 use support::fake_llm::{FakeLlm, Reply};
 
-const COMMAND: &str = "(while :; do echo tick >> /workspace/ticks; sleep 1; done) & sleep 300; touch /workspace/late";
+const COMMAND: &str =
+    "(while :; do echo tick >> /workspace/ticks; sleep 1; done) & sleep 300; touch /workspace/late";
 
 /// How many processes in the session run `sleep 300`, counted through the API's exec (the
 /// counting shell's own processes never start with `sleep`).
