@@ -135,15 +135,16 @@ async fn another_users_objects_are_404_on_every_route_and_lists_are_per_user() {
         .await;
     assert_ne!(p1["sessions"][0]["id"], p2["sessions"][0]["id"]);
 
-    // Bob deletes his: it is gone for everyone, container included.
+    // Bob deletes his: it ends (its container goes; issue 20 point 6: the session and its
+    // history stay, ended, until the retention or DELETE …/history).
     let (s, _) = bob
         .json(Method::DELETE, &format!("/v1/sessions/{id}"), None)
         .await;
     assert_eq!(s, 204);
-    let (s, _) = bob
+    let (s, v) = bob
         .json(Method::GET, &format!("/v1/sessions/{id}"), None)
         .await;
-    assert_eq!(s, 404);
+    assert_eq!((s, v["state"].as_str()), (200, Some("ended")), "{v}");
 }
 
 #[tokio::test]

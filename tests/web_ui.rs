@@ -312,12 +312,11 @@ async fn the_admin_page_adds_rotates_and_removes_users_and_ends_sessions() {
         "the ended session gone",
     )
     .await;
-    assert_eq!(
-        bob.json(Method::GET, &format!("/v1/sessions/{bobs}"), None)
-            .await
-            .0,
-        404
-    );
+    // Ended, not deleted (issue 20 point 6): the session and its history stay.
+    let (s, v) = bob
+        .json(Method::GET, &format!("/v1/sessions/{bobs}"), None)
+        .await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("ended")), "{v}");
 
     // Remove dave.
     click(&page, "#users tr[data-user=dave] button.danger").await;

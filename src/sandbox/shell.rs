@@ -40,6 +40,14 @@ use super::{
 /// How long a timed-out command gets to die before the shell itself is replaced.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 
+/// The `SANDBOXD_TAG` every persistent shell carries in its environment, and so every
+/// command it runs (and what they start, unless they scrub their environment). A process
+/// that re-attaches a kept sandbox after its previous holder died kills what that holder
+/// left running with `Sandbox::kill_tagged(SHELL_TAG)`: a command in flight there has
+/// nobody watching its timeout any more. It must be done before this process starts a
+/// shell of its own in the sandbox, whose commands carry the same tag.
+pub const SHELL_TAG: &str = "sandboxd-shell";
+
 struct Running {
     process: AttachedProcess,
     pid: u32,
@@ -384,7 +392,8 @@ async fn start(host: &dyn Sandbox) -> Result<Running, SandboxError> {
         .spawn(
             SpawnRequest::new(["bash", "--noprofile", "--norc"])
                 .cwd(super::WORKSPACE)
-                .env("SANDBOXD_SHELL", "1"),
+                .env("SANDBOXD_SHELL", "1")
+                .env("SANDBOXD_TAG", SHELL_TAG),
         )
         .await?;
     process

@@ -16,6 +16,7 @@ use tokio::sync::Mutex;
 use crate::config::{Config, LimitRequest, Limits};
 use crate::sandbox::in_use::InUse;
 use crate::sandbox::manager::Session;
+use crate::sandbox::shell::SHELL_TAG;
 use crate::sandbox::{
     CreateOptions, Owner, Sandbox, SandboxError, SessionInfo, SessionManager, Viewer,
 };
@@ -113,7 +114,7 @@ impl Backend {
     }
 
     /// Re-attaches a stored session whose container is still running, with the limits the
-    /// manager recorded on it.
+    /// manager recorded on it, after killing what the previous process left running in it.
     pub async fn reattach(
         &self,
         row: &SessionRow,
@@ -121,6 +122,12 @@ impl Backend {
     ) -> Result<Arc<Live>, SandboxError> {
         let owner = Self::owner_of(&row.owner)?;
         let session = self.manager.get(&owner, runtime_id).await?;
+        // Whatever the process that held it left running in its shell (a run's command, an
+        // exec) has lost its timeout and kill-tree with that process: nobody would ever stop
+        // it. Kill the old shell and everything it started before this process runs anything
+        // there. A kill that cannot be confirmed fails the re-attach, and the caller then
+        // ends the session and removes its container: nothing is left unsupervised.
+        session.sandbox.kill_tagged(SHELL_TAG).await?;
         // Its idle time goes on from the last use the store recorded, not from this start.
         let ago = now_ms().saturating_sub(row.last_used_at).max(0);
         session.used_ago(Duration::from_millis(ago as u64));

@@ -38,6 +38,7 @@ pub mod openapi;
 pub mod proxies;
 pub mod reconcile;
 pub mod runs;
+pub mod session_end;
 pub mod sessions;
 pub mod settings;
 pub mod streams;
@@ -167,8 +168,9 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
         ))
         .routes(l(
             Short,
-            routes!(sessions::get_session, sessions::delete_session),
+            routes!(sessions::get_session, session_end::delete_session),
         ))
+        .routes(l(Short, routes!(session_end::delete_history)))
         .routes(l(Long, routes!(sessions::exec)))
         .routes(l(Long, routes!(exec_stream::exec_stream)))
         .routes(l(Short, routes!(sessions::list_tools)))

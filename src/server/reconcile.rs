@@ -2,7 +2,8 @@
 //! every `[sessions] reap_interval_secs`.
 //!
 //! At start: a stored session whose container still runs is re-attached with its stored
-//! limits; one whose container is gone, or that was still being created, is marked ended;
+//! limits, after what the dead process left running in its shell is killed (a kill that
+//! cannot be confirmed ends the session instead); one whose container is gone, or that was still being created, is marked ended;
 //! containers of API sessions that no active stored session owns are removed, and so are
 //! unkept containers whose creating process is gone (the manager's own reconcile); last,
 //! the tool records of every session without a container go (`saved::forget_orphans`). Only the

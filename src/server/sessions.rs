@@ -283,24 +283,6 @@ pub async fn get_session(
     Ok(Json((&row).into()))
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
-    params(("id" = String, Path, description = "The session id")),
-    responses((status = 204, description = "The session and its container are gone"), ErrorResponses),
-    security(("bearer" = [])))]
-pub async fn delete_session(
-    State(st): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
-    let row = owned_row(&st, &caller, &id).await?;
-    st.store.end_session(&id, "deleted", now_ms()).await?;
-    // Its runs end (cancelled) before their container and rows go.
-    st.runs.cancel_session(&id, Duration::from_secs(10)).await;
-    st.backend.remove(&id, Some(&row)).await?;
-    st.store.delete_session(&id).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
 /// Checks an exec body and finds its session: the sync and the streamed exec take the same
 /// body, the same session states and the same timeout and output caps.
 pub async fn exec_target(

@@ -139,7 +139,9 @@ pub enum SessionStatus {
     /// Its container is being made.
     Creating,
     Running,
-    /// Deleted by idleness, its user's removal, or its container's loss; see `end_reason`.
+    /// Ended by a DELETE, idleness, its user's removal, or its container's loss (see
+    /// `end_reason`); its container is gone, its runs and events stay readable until the
+    /// retention period or DELETE /v1/sessions/{id}/history.
     Ended,
 }
 

@@ -271,7 +271,9 @@ pub trait Store: Logins + Send + Sync {
     /// Marks a session ended (idempotent); returns whether it was still active.
     async fn end_session(&self, id: &str, reason: &str, now: i64) -> Result<bool, StoreError>;
 
-    /// Deletes a session row (DELETE in the API); its runs and events go with it.
+    /// Deletes a session row with its history: its runs, their events and images, and its
+    /// conversation go with it (`DELETE /v1/sessions/{id}/history`, and a session whose
+    /// container could not be made). Ending a session (`end_session`) keeps all of it.
     async fn delete_session(&self, id: &str) -> Result<bool, StoreError>;
 
     /// Every user id this store knows: its users and the owners of its session rows (a

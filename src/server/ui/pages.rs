@@ -145,7 +145,8 @@ pub fn admin(login: &Login) -> Response {
         "<section class=\"panel\"><h1>Users</h1><form id=\"add-user\" class=\"row\"><label>Name <input id=\"new-name\" required pattern=\"[A-Za-z0-9][A-Za-z0-9_.\\-]{0,63}\"></label>\
 <label><input id=\"new-admin\" type=\"checkbox\"> admin</label><button type=\"submit\">Add user</button></form><div id=\"new-key\" class=\"key\" hidden></div>\
 <div class=\"scroll\"><table class=\"list\"><thead><tr><th>Name</th><th>Admin</th><th>Key</th><th>Sessions</th><th>Runs</th><th>Tokens today</th><th></th></tr></thead><tbody id=\"users\"></tbody></table></div></section>\
-<section class=\"panel\"><h1>Live sessions</h1><div class=\"scroll\"><table class=\"list\"><thead><tr><th>Session</th><th>Owner</th><th>Age</th><th>Idle</th><th></th></tr></thead><tbody id=\"sessions\"></tbody></table></div></section>",
+<section class=\"panel\"><h1>Live sessions</h1><div class=\"scroll\"><table class=\"list\"><thead><tr><th>Session</th><th>Owner</th><th>Age</th><th>Idle</th><th></th></tr></thead><tbody id=\"sessions\"></tbody></table></div></section>\
+<section class=\"panel\"><h1>Ended sessions</h1><p class=\"hint\">Their runs and events stay until the retention period.</p><div class=\"scroll\"><table class=\"list\"><thead><tr><th>Session</th><th>Owner</th><th>Ended</th><th>Why</th><th></th></tr></thead><tbody id=\"ended-sessions\"></tbody></table></div></section>",
         StatusCode::OK,
     )
 }

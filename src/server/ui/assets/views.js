@@ -188,7 +188,7 @@ UI.views.admin = async function () {
     const rows = r.data.sessions.map((s) => {
       const end = el('button', { type: 'button', class: 'danger', text: 'End' });
       end.addEventListener('click', async () => {
-        if (!confirm('End session ' + s.id + '? Its container is removed.')) return;
+        if (!confirm('End session ' + s.id + '? Its container is removed; its runs and events stay until the retention period (delete them below).')) return;
         const d = await api('DELETE', '/v1/sessions/' + enc(s.id));
         if (d.status === 204) { toast('Session ended.'); sessions(); users(); } else toast(UI.errorText(d), true);
       });
@@ -200,6 +200,30 @@ UI.views.admin = async function () {
     });
     if (!rows.length) rows.push(el('tr', {}, el('td', { colspan: 5, class: 'hint', text: 'No live sessions.' })));
     $('#sessions').replaceChildren(...rows);
+    await ended();
+  }
+
+  // Ended sessions keep their runs and events until the retention period; deleting that
+  // history now is a separate call, confirmed here first.
+  async function ended() {
+    const r = await api('GET', '/v1/sessions?limit=100&include_ended=true');
+    if (r.status !== 200) { toast(UI.errorText(r), true); return; }
+    const rows = r.data.sessions.filter((s) => s.state === 'ended').map((s) => {
+      const purge = el('button', { type: 'button', class: 'danger', text: 'Delete history' });
+      purge.addEventListener('click', async () => {
+        if (!confirm('Delete the history of session ' + s.id + '? Its runs, their events and images are deleted for good.')) return;
+        const d = await api('DELETE', '/v1/sessions/' + enc(s.id) + '/history');
+        if (d.status === 204) { toast('History deleted.'); ended(); } else toast(UI.errorText(d), true);
+      });
+      return el('tr', { 'data-session': s.id },
+        el('td', { text: s.id }),
+        el('td', { text: names.get(s.owner) || s.owner }),
+        el('td', { text: since(s.ended_at || s.last_used_at) }),
+        el('td', { text: s.end_reason || '' }),
+        el('td', {}, purge));
+    });
+    if (!rows.length) rows.push(el('tr', {}, el('td', { colspan: 5, class: 'hint', text: 'No ended sessions.' })));
+    $('#ended-sessions').replaceChildren(...rows);
   }
 
   $('#add-user').addEventListener('submit', async (e) => {
