@@ -34,6 +34,8 @@ pub mod reconcile;
 pub mod runs;
 pub mod sessions;
 pub mod settings;
+pub mod spool;
+pub mod transfers;
 pub mod types;
 pub mod ui;
 
@@ -87,6 +89,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Agent and plan runs (the runs API).
     pub runs: Arc<runs::RunService>,
+    /// How many file and archive transfers may run at once, and where they spool.
+    pub transfers: transfers::Transfers,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -294,7 +298,19 @@ impl Server {
             run_ctx,
             Duration::from_secs(config.server.question_timeout_secs.max(1)),
         );
+        let transfers = transfers::Transfers::new(
+            config.server.transfers_per_user,
+            config.server.transfers,
+            config.data_dir().join("spool"),
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot create the transfer spool directory {}: {e}; check that the data directory is writable",
+                config.data_dir().join("spool").display()
+            )
+        })?;
         let state = Arc::new(AppState {
+            transfers,
             runs,
             store,
             backend: backend::Backend::new(manager.clone()),
