@@ -135,7 +135,11 @@ async fn eight_parallel_95_mib_uploads_and_downloads_keep_serve_small_and_round_
 
 #[tokio::test]
 async fn an_archive_never_follows_a_symlinked_path_and_streams_with_serve_small() {
-    let env = Env::new("").await;
+    // Four archives at once: room for them (the cap has its own test).
+    let env = Env::new(
+        "[server]\ndrain_secs = 2\nbody_limit_kb = 64\nupload_limit_mb = 4\nauth_failures_per_minute = 10000\ntransfers_per_user = 4\n",
+    )
+    .await;
     let key = env.add_user("vic", &[]);
     let serve = env.start();
     let api = Api::new(&serve, &key);
@@ -266,22 +270,47 @@ impl HeldUpload {
     }
 }
 
-/// Sends `probe` until it answers `want`, for at most two minutes (the held transfers claim
-/// their places as their handlers start; nothing else here holds one).
-async fn until_status(api: &Api, url: &str, want: u16) -> serde_json::Value {
+impl HeldUpload {
+    /// Whether the server has answered already (a refusal): then it holds no place.
+    fn answered(&self) -> bool {
+        let mut byte = [0u8; 1];
+        !matches!(self.conn.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+/// Opens one held upload per name (of `key` into session `id`) until `probe` (a GET by
+/// `api`) answers 429: then every held upload holds its place. A held upload that was itself
+/// refused (a probe took the place first) is opened again; bounded at two minutes.
+async fn hold_places(
+    serve: &serve::Serve,
+    key: &str,
+    id: &str,
+    names: &[&str],
+    api: &Api,
+    probe: &str,
+) -> (Vec<HeldUpload>, serde_json::Value) {
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut held: Vec<Option<HeldUpload>> = names.iter().map(|_| None).collect();
     loop {
-        let (s, v) = api.json(Method::GET, url, None).await;
-        if s == want {
-            return v;
+        for (slot, name) in held.iter_mut().zip(names) {
+            if slot.as_ref().is_none_or(HeldUpload::answered) {
+                *slot = Some(HeldUpload::open(&serve.base, key, id, name, HELD_LEN, 1 << 20).await);
+            }
+        }
+        let (s, v) = api.json(Method::GET, probe, None).await;
+        if s == 429 && held.iter().flatten().all(|h| !h.answered()) {
+            return (held.into_iter().flatten().collect(), v);
         }
         assert!(
             Instant::now() < deadline,
-            "{url} never answered {want}: {s} {v}"
+            "{probe} never answered 429 beside the held uploads: {s} {v}; serve's log: {}",
+            serve.log.lock().unwrap()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+const HELD_LEN: usize = 3 << 20;
 
 #[tokio::test]
 async fn concurrent_transfers_are_capped_per_user_and_per_server_with_429() {
@@ -307,10 +336,9 @@ async fn concurrent_transfers_are_capped_per_user_and_per_server_with_429() {
     let small = |id: &str| format!("/v1/sessions/{id}/files/content?path=s.txt");
 
     // wes holds two uploads open: his third transfer is refused, xia's is not.
-    let len = 3 << 20;
-    let w1 = HeldUpload::open(&serve.base, &wes, &wid, "a.bin", len, 1 << 20).await;
-    let w2 = HeldUpload::open(&serve.base, &wes, &wid, "b.bin", len, 1 << 20).await;
-    let v = until_status(&w, &small(&wid), 429).await;
+    let len = HELD_LEN;
+    let (mut held, v) =
+        hold_places(&serve, &wes, &wid, &["a.bin", "b.bin"], &w, &small(&wid)).await;
     assert_eq!(code(&v), "quota_exceeded", "{v}");
     assert_eq!(v["error"]["quota"], "transfers_per_user", "{v}");
     assert!(
@@ -323,13 +351,13 @@ async fn concurrent_transfers_are_capped_per_user_and_per_server_with_429() {
     assert_eq!(s, 200, "another user is unaffected: {v}");
 
     // xia holds the server's third place: now yan, with none of his own, is refused too.
-    let x1 = HeldUpload::open(&serve.base, &xia, &xid, "c.bin", len, 1 << 20).await;
-    let v = until_status(&y, &small(&yid), 429).await;
+    let (x1, v) = hold_places(&serve, &xia, &xid, &["c.bin"], &y, &small(&yid)).await;
     assert_eq!(code(&v), "rate_limited", "the server-wide limit: {v}");
+    held.extend(x1);
 
     // Finished transfers give their places back, and what they carried arrived whole.
-    for held in [w1, w2, x1] {
-        let answer = held.finish().await;
+    for one in held {
+        let answer = one.finish().await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
     for (api, id) in [(&w, &wid), (&x, &xid), (&y, &yid)] {
