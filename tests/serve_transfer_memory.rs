@@ -330,28 +330,37 @@ async fn concurrent_transfers_are_capped_per_user_and_per_server_with_429() {
         Api::new(&serve, &yan),
     );
     let (wid, xid, yid) = (w.session().await, x.session().await, y.session().await);
+    // A file over 1 MiB: reading it is a transfer (a smaller one is answered from memory).
     for (api, id) in [(&w, &wid), (&x, &xid), (&y, &yid)] {
-        api.exec(id, "echo small > /workspace/s.txt").await;
+        api.exec(id, "head -c 2M /dev/zero > /workspace/s.bin")
+            .await;
     }
-    let small = |id: &str| format!("/v1/sessions/{id}/files/content?path=s.txt");
+    let probe_url = |id: &str| format!("/v1/sessions/{id}/files/content?path=s.bin");
 
     // wes holds two uploads open: his third transfer is refused, xia's is not.
     let len = HELD_LEN;
-    let (mut held, v) =
-        hold_places(&serve, &wes, &wid, &["a.bin", "b.bin"], &w, &small(&wid)).await;
+    let (mut held, v) = hold_places(
+        &serve,
+        &wes,
+        &wid,
+        &["a.bin", "b.bin"],
+        &w,
+        &probe_url(&wid),
+    )
+    .await;
     assert_eq!(code(&v), "quota_exceeded", "{v}");
     assert_eq!(v["error"]["quota"], "transfers_per_user", "{v}");
     assert!(
         v["error"]["message"].as_str().unwrap().contains("retry"),
         "{v}"
     );
-    let r = w.req(Method::GET, &small(&wid)).send().await.unwrap();
+    let r = w.req(Method::GET, &probe_url(&wid)).send().await.unwrap();
     assert!(r.headers().contains_key("retry-after"), "429 says when");
-    let (s, v) = x.json(Method::GET, &small(&xid), None).await;
+    let (s, v) = x.json(Method::GET, &probe_url(&xid), None).await;
     assert_eq!(s, 200, "another user is unaffected: {v}");
 
     // xia holds the server's third place: now yan, with none of his own, is refused too.
-    let (x1, v) = hold_places(&serve, &xia, &xid, &["c.bin"], &y, &small(&yid)).await;
+    let (x1, v) = hold_places(&serve, &xia, &xid, &["c.bin"], &y, &probe_url(&yid)).await;
     assert_eq!(code(&v), "rate_limited", "the server-wide limit: {v}");
     held.extend(x1);
 
@@ -361,7 +370,7 @@ async fn concurrent_transfers_are_capped_per_user_and_per_server_with_429() {
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
     for (api, id) in [(&w, &wid), (&x, &xid), (&y, &yid)] {
-        let (s, v) = api.json(Method::GET, &small(id), None).await;
+        let (s, v) = api.json(Method::GET, &probe_url(id), None).await;
         assert_eq!(s, 200, "{v}");
     }
     let out = w

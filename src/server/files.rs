@@ -122,9 +122,8 @@ pub async fn download_file(
     let live = live_session(&st, &caller, &id).await?;
     // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
     let _in_use = live.hold();
-    let permit = st.transfers.start(caller.id())?;
-    // The file helper answers a small file at once; a bigger one is copied into a spool file
-    // by a process of its own and streamed from there.
+    // The file helper answers a small file at once, in memory like any small answer; a bigger
+    // one is a transfer: copied into a spool file by a process of its own, streamed from there.
     let (head, size) = match live.sandbox.read_head(&path, INLINE_MAX).await {
         Ok(h) => h,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
@@ -132,6 +131,8 @@ pub async fn download_file(
     if size == head.len() as u64 {
         return Ok(octets(Body::from(head), None, "application/octet-stream"));
     }
+    drop(head);
+    let permit = st.transfers.start(caller.id())?;
     let cap = live.limits.max_file_bytes();
     let file = st.transfers.spool_file()?;
     let read = transfer::read_file_into(&*live.sandbox, &path, &file, cap, timeout(&live));
@@ -173,14 +174,20 @@ fn upload_limit(st: &AppState, headers: &HeaderMap) -> Result<u64, ApiError> {
     }
 }
 
-/// Claims a transfer and reads the body, in that order: a refused transfer reads nothing.
+/// Claims a transfer and reads the body, in that order: a refused transfer reads nothing. A
+/// body announced at `INLINE_MAX` or less stays in memory, like any small request, and claims
+/// nothing.
 async fn spool_upload(
     st: &AppState,
     caller: &Caller,
+    headers: &HeaderMap,
     body: Body,
     limit: u64,
-) -> Result<(TransferPermit, Spooled), ApiError> {
-    let permit = st.transfers.start(caller.id())?;
+) -> Result<(Option<TransferPermit>, Spooled), ApiError> {
+    let permit = match spool::declared_len(headers) {
+        Some(n) if n <= INLINE_MAX as u64 => None,
+        _ => Some(st.transfers.start(caller.id())?),
+    };
     let body = spool::read_body(body, limit, &st.transfers).await?;
     Ok((permit, body))
 }
@@ -221,7 +228,7 @@ pub async fn upload_file(
     if let Some(n) = spool::declared_len(&headers).filter(|n| *n > cap) {
         return Err(too_large(n));
     }
-    let (_permit, body) = spool_upload(&st, &caller, body, limit).await?;
+    let (_permit, body) = spool_upload(&st, &caller, &headers, body, limit).await?;
     let bytes = body.len();
     if bytes > cap {
         return Err(too_large(bytes));
@@ -307,7 +314,7 @@ pub async fn upload_archive(
     let live = live_session(&st, &caller, &id).await?;
     // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
     let _in_use = live.hold();
-    let (_permit, body) = spool_upload(&st, &caller, body, limit).await?;
+    let (_permit, body) = spool_upload(&st, &caller, &headers, body, limit).await?;
     // Validated here, from the spool file in bounded reads, to answer with the summary (and
     // 400 before touching the sandbox); `upload_tar` validates a small one again on its own.
     let limits = tar_limits(live.limits.workspace_mb);

@@ -20,8 +20,8 @@ pub struct ServerConfig {
     pub body_limit_kb: u64,
     /// Largest file or tar upload.
     pub upload_limit_mb: u64,
-    /// File and archive transfers (uploads, downloads, previews) one user may have in
-    /// progress at once; one more is answered 429.
+    /// File and archive transfers (uploads and downloads over 1 MiB, archives, previews) one
+    /// user may have in progress at once; one more is answered 429.
     pub transfers_per_user: u32,
     /// File and archive transfers the whole server may have in progress at once. With
     /// `upload_limit_mb` and the sessions' `workspace_mb` this bounds the spool files in

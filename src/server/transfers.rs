@@ -1,6 +1,9 @@
 //! Transfers (file and archive uploads and downloads, previews): how many may run at once,
 //! per user and on the whole server, and where their bytes wait on the host.
 //!
+//! A transfer is what goes through a spool file: an upload not announced at 1 MiB or less, a
+//! download of a file over 1 MiB, an archive either way; and a preview (up to 4 MiB in
+//! memory). Small bodies and files stay in memory like any small request and claim nothing.
 //! Each transfer holds one `TransferPermit` from before it reads a body until its response has
 //! been streamed out; over a limit the answer is 429 at once, with Retry-After, so a client
 //! retries instead of queueing connections. Together with `[server] upload_limit_mb` and the
