@@ -229,7 +229,7 @@ pub async fn upload_file(
         return Err(too_large(n));
     }
     let (_permit, body) = spool_upload(&st, &caller, &headers, body, limit).await?;
-    let bytes = body.len();
+    let bytes = body.size();
     if bytes > cap {
         return Err(too_large(bytes));
     }

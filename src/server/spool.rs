@@ -34,7 +34,8 @@ pub enum Spooled {
 }
 
 impl Spooled {
-    pub fn len(&self) -> u64 {
+    /// How many bytes the body has.
+    pub fn size(&self) -> u64 {
         match self {
             Spooled::Memory(b) => b.len() as u64,
             Spooled::File { len, .. } => *len,
