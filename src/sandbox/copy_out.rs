@@ -10,23 +10,19 @@
 //! every entry the rules refuse (an absolute symlink in a venv, a hard link, a FIFO) is
 //! skipped and listed, everything else is copied, nothing refused is written.
 
+use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
-
-use super::output::CappedBuffer;
 use super::tar_safety::{self, LenientSummary, TarLimits};
-use super::{OutputChunk, Sandbox, SandboxError, SpawnRequest, helpers, resolve_path};
+use super::{Sandbox, SandboxError, resolve_path, transfer};
 
-/// How much of tar's stderr is kept: enough for its warnings, never a flood.
-pub const STDERR_CAP: usize = 4096;
+pub use super::transfer::STDERR_CAP;
 
 /// Per-entry overhead allowed on top of the workspace size: a 512-byte header and up to 511
 /// bytes of padding per file, for the most entries an archive may have.
-const ARCHIVE_SLACK: u64 = 128 << 20;
+pub const ARCHIVE_SLACK: u64 = 128 << 20;
 
 /// An archive streamed out of a sandbox into an unlinked host temp file.
 pub struct ArchiveFile {
@@ -55,86 +51,67 @@ impl CopyReport {
     }
 }
 
-/// Streams `tar -C dir -cf - .` from the sandbox into a temp file of at most `max_bytes`.
+/// Packs the directory `$1`, refusing one that is, or goes through, a symbolic link: `-C`
+/// would follow it, and a link to /usr/lib would pack the image's libraries (a link *inside*
+/// the directory is stored as a link, never followed).
+const PACK: &str = r#"d=$1
+[ -e "$d" ] || { echo "no such file or directory" >&2; exit 20; }
+cd -P -- "$d" 2>/dev/null || { echo "not a directory, or not readable" >&2; exit 25; }
+r=$(pwd -P)
+[ "$r" = "$d" ] || { printf '%s' "$r" >&2; exit 24; }
+exec tar --sparse -cf - ."#;
+
+/// Streams `tar -cf - .` of `dir` in the sandbox into `into` (an empty host file, normally
+/// unlinked), at most `max_bytes` of it. `dir` must not be, or go through, a symbolic link.
 pub async fn tar_to_file(
     sandbox: &dyn Sandbox,
     dir: &str,
+    into: File,
     max_bytes: u64,
     timeout: Duration,
 ) -> Result<ArchiveFile, SandboxError> {
     let dir = resolve_path(dir)?;
-    let tag = format!("{:032x}", rand::random::<u128>());
-    let mut req = SpawnRequest::new(["tar", "--sparse", "-C", &dir, "-cf", "-", "."]);
-    for (k, v) in helpers::env() {
-        req = req.env(k, v);
+    let argv = transfer::bash(PACK, &[&dir]);
+    let done = transfer::run(
+        sandbox,
+        argv,
+        "download",
+        &dir,
+        None,
+        Some((&into, max_bytes)),
+        timeout,
+    )
+    .await?;
+    match done.exit {
+        // GNU tar: 1 = some files changed while being read, 2 = some could not be read at
+        // all (a chmod 000 file) — in both cases it still writes a whole archive of the
+        // rest, which the validator checks; one unreadable file must not cost the user
+        // everything else.
+        Some(0..=2) => {}
+        Some(transfer::NOT_FOUND) => return Err(SandboxError::NotFound { path: dir }),
+        Some(transfer::THROUGH_LINK) => {
+            return Err(SandboxError::InvalidPath {
+                reason: format!(
+                    "it is, or goes through, a symbolic link (to {:?}); archives never follow a link in the path they are given: ask for the directory itself (links inside it are packed as links)",
+                    done.stderr
+                ),
+                path: dir,
+            });
+        }
+        _ => return Err(transfer::failed("download", &dir, &done)),
     }
-    let req = req.env("SANDBOXD_TAG", &tag);
+    let mut file = into;
     let io = |e: std::io::Error| SandboxError::FileOp {
         operation: "download",
         path: dir.clone(),
         message: format!("host temp file: {e}"),
     };
-    let temp = tempfile::tempfile().map_err(io)?;
-    let mut out = tokio::fs::File::from_std(temp.try_clone().map_err(io)?);
-    let mut process = sandbox.spawn(req).await?;
-    drop(process.stdin);
-    let mut stderr = CappedBuffer::new(STDERR_CAP);
-    let mut len: u64 = 0;
-    let pump = async {
-        while let Some(chunk) = process.output.next().await {
-            match chunk? {
-                OutputChunk::Stdout(bytes) => {
-                    len += bytes.len() as u64;
-                    if len > max_bytes {
-                        return Err(SandboxError::FileTooLarge {
-                            path: dir.clone(),
-                            size: len,
-                            limit: max_bytes,
-                        });
-                    }
-                    out.write_all(&bytes).await.map_err(io)?;
-                }
-                OutputChunk::Stderr(bytes) => stderr.push(&bytes),
-            }
-        }
-        out.flush().await.map_err(io)?;
-        Ok(())
-    };
-    // Watched: under gVisor a sandbox that died keeps the exec's stream open.
-    let watched = super::watch::while_alive(sandbox, pump);
-    let pumped = match tokio::time::timeout(timeout, watched).await {
-        Ok(Err(gone @ SandboxError::SandboxGone { .. })) => return Err(gone),
-        Ok(r) => r,
-        Err(_) => Err(SandboxError::Timeout {
-            what: format!("packing {dir}"),
-            after: timeout,
-        }),
-    };
-    if let Err(e) = pumped {
-        let _ = sandbox.kill_tagged(&tag).await;
-        return Err(e);
-    }
-    let exit = (process.exit_code)().await;
-    let warnings = String::from_utf8_lossy(&stderr.finish().0)
-        .trim()
-        .to_string();
-    // GNU tar: 1 = some files changed while being read, 2 = some could not be read at all
-    // (a chmod 000 file) — in both cases it still writes a whole archive of the rest, which
-    // the validator checks; one unreadable file must not cost the user everything else.
-    if !matches!(exit, Some(0..=2)) {
-        return Err(SandboxError::FileOp {
-            operation: "download",
-            path: dir,
-            message: format!("tar ended with status {exit:?}: {warnings}"),
-        });
-    }
-    let mut file = temp;
     file.seek(SeekFrom::Start(0)).map_err(io)?;
     Ok(ArchiveFile {
         file,
-        len,
-        warnings,
-        incomplete: exit == Some(2),
+        len: done.out_len,
+        incomplete: done.exit == Some(2),
+        warnings: done.stderr,
     })
 }
 
@@ -148,9 +125,15 @@ pub async fn copy_dir_out(
     workspace_bytes: u64,
     timeout: Duration,
 ) -> Result<CopyReport, SandboxError> {
+    let temp = tempfile::tempfile().map_err(|e| SandboxError::FileOp {
+        operation: "download",
+        path: dir.to_string(),
+        message: format!("host temp file: {e}"),
+    })?;
     let archive = tar_to_file(
         sandbox,
         dir,
+        temp,
         workspace_bytes.saturating_add(ARCHIVE_SLACK),
         timeout,
     )

@@ -351,7 +351,12 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         // the finished archive is read into memory, once.
         let cap = self.limits.workspace_mb.saturating_mul(1 << 20) + (1 << 20);
         let timeout = Duration::from_secs(self.limits.max_timeout_secs);
-        let mut archive = super::copy_out::tar_to_file(self, dir, cap, timeout).await?;
+        let temp = tempfile::tempfile().map_err(|e| SandboxError::FileOp {
+            operation: "download",
+            path: dir.to_string(),
+            message: format!("host temp file: {e}"),
+        })?;
+        let mut archive = super::copy_out::tar_to_file(self, dir, temp, cap, timeout).await?;
         let mut bytes = Vec::with_capacity(archive.len as usize);
         std::io::Read::read_to_end(&mut archive.file, &mut bytes).map_err(|e| {
             SandboxError::FileOp {

@@ -29,6 +29,7 @@ pub mod shell;
 mod shell_scan;
 pub mod slots;
 pub mod tar_safety;
+pub mod transfer;
 pub mod tunnel;
 pub mod watch;
 pub mod ws_guard;
@@ -128,8 +129,12 @@ pub trait Sandbox: Send + Sync {
     async fn remove(&self, path: &str, recursive: bool) -> Result<(), SandboxError>;
 
     /// Unpacks a tar archive (validated on the host first) into `dir` inside the sandbox.
+    /// The archive is in memory: for archives of any size, spool them to a host file and use
+    /// `transfer::unpack_tar_from` (the service does).
     async fn upload_tar(&self, dir: &str, archive: &[u8]) -> Result<(), SandboxError>;
-    /// Packs `dir` inside the sandbox into a tar archive (to be validated by the caller).
+    /// Packs `dir` inside the sandbox into a tar archive (to be validated by the caller),
+    /// returned in memory: `copy_out::tar_to_file` packs into a host file instead (the service
+    /// and the CLI's copy-out use it).
     async fn download_tar(&self, dir: &str) -> Result<Vec<u8>, SandboxError>;
 
     /// Kills every process in the sandbox that carries `SANDBOXD_TAG=<tag>` in its environment.

@@ -41,17 +41,21 @@
 //!   skips, and lists, each entry the rules refuse instead of refusing the whole archive: one
 //!   venv symlink must not cost the user every deliverable. The rules themselves are the same,
 //!   nothing refused is written, and a damaged archive or a broken bound still stops it all.
+//! * An archive in a file (`validate_archive_file`, `extract_lenient`) is read in bounded pieces,
+//!   and its GNU long names and PAX headers, which the `tar` crate reads whole into memory, are
+//!   refused over 1 MiB by a pass over its headers first (`screen`).
 
 use std::io;
 use std::path::Path;
 
 mod build;
 mod extract;
+mod screen;
 mod validate;
 
 pub use build::archive_dir;
 pub use extract::{LenientSummary, Skipped, extract_archive, extract_lenient};
-pub use validate::validate_archive;
+pub use validate::{validate_archive, validate_archive_file};
 
 const DIR_MODE: u32 = 0o755;
 const EXEC_MODE: u32 = 0o755;

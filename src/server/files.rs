@@ -3,25 +3,37 @@
 //!
 //! Every path is hostile: it is resolved lexically against /workspace and refused if it
 //! leaves it (the container is the security boundary, so a symlink inside /workspace that
-//! points elsewhere in the container reaches only the container). Archives pass the
+//! points elsewhere in the container reaches only the container; but an archive's `path` is
+//! never followed through a symlink, see `copy_out::tar_to_file`). Archives pass the
 //! hostile-tar rules (`sandbox::tar_safety`) on the host before anything is unpacked, and the
 //! archive sent to a client is validated the same way first.
+//!
+//! Transfers stream: each one holds a `TransferPermit` (429 over `[server] transfers` or
+//! `transfers_per_user`), a body is spooled to an unlinked file (`spool`; small ones stay in
+//! memory), archives are packed into one and validated from it with bounded reads, and what
+//! goes out is streamed from it. No route holds a whole file or archive in memory.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Extension;
 use axum::Json;
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use super::auth::Caller;
-use super::error::{ApiBody, ApiError, ApiPath, ApiQuery, ErrorCode, ErrorResponses};
+use super::backend::Live;
+use super::error::{ApiError, ApiPath, ApiQuery, ErrorCode, ErrorResponses};
 use super::sessions::{live_session, sandbox_failed};
+use super::spool::{self, INLINE_MAX, Spooled};
+use super::transfers::TransferPermit;
 use super::types::*;
-use crate::sandbox::tar_safety::{TarLimits, validate_archive};
-use crate::sandbox::{FileKind, WORKSPACE};
+use crate::sandbox::copy_out::{ARCHIVE_SLACK, tar_to_file};
+use crate::sandbox::tar_safety::{TarLimits, validate_archive, validate_archive_file};
+use crate::sandbox::{FileKind, WORKSPACE, transfer};
 
 /// Resolves a client path to an absolute path inside /workspace, or says why not.
 pub fn workspace_path(raw: &str) -> Result<String, ApiError> {
@@ -110,17 +122,74 @@ pub async fn download_file(
     let live = live_session(&st, &caller, &id).await?;
     // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
     let _in_use = live.hold();
-    match live.sandbox.read_file(&path).await {
-        Ok(bytes) => Ok(octets(bytes, "application/octet-stream")),
-        Err(e) => Err(sandbox_failed(&st, &live, e).await),
+    // The file helper answers a small file at once, in memory like any small answer; a bigger
+    // one is a transfer: copied into a spool file by a process of its own, streamed from there.
+    let (head, size) = match live.sandbox.read_head(&path, INLINE_MAX).await {
+        Ok(h) => h,
+        Err(e) => return Err(sandbox_failed(&st, &live, e).await),
+    };
+    if size == head.len() as u64 {
+        return Ok(octets(Body::from(head), None, "application/octet-stream"));
+    }
+    drop(head);
+    let permit = st.transfers.start(caller.id())?;
+    let cap = live.limits.max_file_bytes();
+    let file = st.transfers.spool_file()?;
+    let read = transfer::read_file_into(&*live.sandbox, &path, &file, cap, timeout(&live));
+    let len = match read.await {
+        Ok(len) => len,
+        Err(e) => return Err(sandbox_failed(&st, &live, e).await),
+    };
+    let body = spool::file_body(file, len, permit, stream_deadline(&st));
+    Ok(octets(body, Some(len), "application/octet-stream"))
+}
+
+/// How long one process of a transfer may take in the sandbox.
+fn timeout(live: &Live) -> Duration {
+    Duration::from_secs(live.limits.max_timeout_secs.max(1))
+}
+
+/// How long a response may take to stream out: the time limit of the transfer routes.
+fn stream_deadline(st: &AppState) -> Duration {
+    let s = &st.config.server;
+    Duration::from_secs(s.request_timeout_secs.max(1) + st.config.limits.max_timeout_secs)
+}
+
+fn octets(body: Body, len: Option<u64>, mime: &'static str) -> Response {
+    let mut resp = (StatusCode::OK, body).into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime));
+    if let Some(len) = len {
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+    resp
+}
+
+/// The upload limit, checked against the announced length before anything is read.
+fn upload_limit(st: &AppState, headers: &HeaderMap) -> Result<u64, ApiError> {
+    let limit = st.config.server.upload_limit_mb.saturating_mul(1 << 20);
+    match spool::declared_len(headers) {
+        Some(n) if n > limit => Err(spool::over_limit()),
+        _ => Ok(limit),
     }
 }
 
-fn octets(bytes: Vec<u8>, mime: &'static str) -> Response {
-    let mut resp = (StatusCode::OK, bytes).into_response();
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(mime));
-    resp
+/// Claims a transfer and reads the body, in that order: a refused transfer reads nothing. A
+/// body announced at `INLINE_MAX` or less stays in memory, like any small request, and claims
+/// nothing.
+async fn spool_upload(
+    st: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+) -> Result<(Option<TransferPermit>, Spooled), ApiError> {
+    let permit = match spool::declared_len(headers) {
+        Some(n) if n <= INLINE_MAX as u64 => None,
+        _ => Some(st.transfers.start(caller.id())?),
+    };
+    let body = spool::read_body(body, limit, &st.transfers).await?;
+    Ok((permit, body))
 }
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/content", tag = "files",
@@ -133,8 +202,10 @@ pub async fn upload_file(
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
-    ApiBody(body): ApiBody,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Json<Written>, ApiError> {
+    let limit = upload_limit(&st, &headers)?;
     let path = workspace_path(&q.path)?;
     if path == WORKSPACE {
         return Err(ApiError::new(
@@ -146,19 +217,33 @@ pub async fn upload_file(
     // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
     let _in_use = live.hold();
     let cap = live.limits.max_file_bytes();
-    if body.len() as u64 > cap {
-        return Err(ApiError::new(
+    let too_large = |size: u64| {
+        ApiError::new(
             ErrorCode::PayloadTooLarge,
             format!(
-                "the file is {} bytes, over this session's max_file_mb ({cap} bytes); upload a tar archive in parts",
-                body.len()
+                "the file is {size} bytes, over this session's max_file_mb ({cap} bytes); upload a tar archive in parts"
             ),
-        ));
+        )
+    };
+    if let Some(n) = spool::declared_len(&headers).filter(|n| *n > cap) {
+        return Err(too_large(n));
     }
-    match live.sandbox.write_file(&path, &body).await {
+    let (_permit, body) = spool_upload(&st, &caller, &headers, body, limit).await?;
+    let bytes = body.size();
+    if bytes > cap {
+        return Err(too_large(bytes));
+    }
+    let written = match &body {
+        Spooled::Memory(data) => live.sandbox.write_file(&path, data).await,
+        Spooled::File { file, len } => {
+            let to = timeout(&live);
+            transfer::write_file_from(&*live.sandbox, &path, file, *len, cap, to).await
+        }
+    };
+    match written {
         Ok(()) => Ok(Json(Written {
             path,
-            bytes: body.len() as u64,
+            bytes,
             entries: None,
         })),
         Err(e) => Err(sandbox_failed(&st, &live, e).await),
@@ -186,18 +271,29 @@ pub async fn download_archive(
     let live = live_session(&st, &caller, &id).await?;
     // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
     let _in_use = live.hold();
-    let tar = match live.sandbox.download_tar(&path).await {
-        Ok(t) => t,
+    let permit = st.transfers.start(caller.id())?;
+    let file = st.transfers.spool_file()?;
+    let workspace = live.limits.workspace_mb.saturating_mul(1 << 20);
+    let max = workspace.saturating_add(ARCHIVE_SLACK);
+    let packed = tar_to_file(&*live.sandbox, &path, file, max, timeout(&live)).await;
+    let archive = match packed {
+        Ok(a) => a,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
     };
     // What the sandbox packed is hostile too: never hand a client what we would refuse.
-    validate_archive(&tar, &tar_limits(live.limits.workspace_mb)).map_err(|e| {
+    let check = archive.file.try_clone().map_err(ApiError::internal)?;
+    let (len, limits) = (archive.len, tar_limits(live.limits.workspace_mb));
+    let checked = tokio::task::spawn_blocking(move || validate_archive_file(&check, len, &limits))
+        .await
+        .map_err(ApiError::internal)?;
+    checked.map_err(|e| {
         ApiError::new(
             ErrorCode::Conflict,
             format!("the sandbox's archive of {path} is unsafe and was not sent: {e}"),
         )
     })?;
-    Ok(octets(tar, "application/x-tar"))
+    let body = spool::file_body(archive.file, len, permit, stream_deadline(&st));
+    Ok(octets(body, Some(len), "application/x-tar"))
 }
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/archive", tag = "files",
@@ -210,18 +306,38 @@ pub async fn upload_archive(
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<DirQuery>,
-    ApiBody(body): ApiBody,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Json<Written>, ApiError> {
+    let limit = upload_limit(&st, &headers)?;
     let path = workspace_path(q.path.as_deref().unwrap_or(WORKSPACE))?;
     let live = live_session(&st, &caller, &id).await?;
     // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
     let _in_use = live.hold();
-    // Validated here to answer with the summary (and 400 before touching the sandbox);
-    // upload_tar validates again on its own.
-    let summary = validate_archive(&body, &tar_limits(live.limits.workspace_mb)).map_err(|e| {
+    let (_permit, body) = spool_upload(&st, &caller, &headers, body, limit).await?;
+    // Validated here, from the spool file in bounded reads, to answer with the summary (and
+    // 400 before touching the sandbox); `upload_tar` validates a small one again on its own.
+    let limits = tar_limits(live.limits.workspace_mb);
+    let checked = match &body {
+        Spooled::Memory(data) => validate_archive(data, &limits),
+        Spooled::File { file, len } => {
+            let (check, len) = (file.try_clone().map_err(ApiError::internal)?, *len);
+            tokio::task::spawn_blocking(move || validate_archive_file(&check, len, &limits))
+                .await
+                .map_err(ApiError::internal)?
+        }
+    };
+    let summary = checked.map_err(|e| {
         ApiError::invalid(format!("the archive was refused, nothing was written: {e}"))
     })?;
-    match live.sandbox.upload_tar(&path, &body).await {
+    let unpacked = match &body {
+        Spooled::Memory(data) => live.sandbox.upload_tar(&path, data).await,
+        Spooled::File { file, len } => {
+            let to = timeout(&live);
+            transfer::unpack_tar_from(&*live.sandbox, &path, file, *len, to).await
+        }
+    };
+    match unpacked {
         Ok(()) => Ok(Json(Written {
             path,
             bytes: summary.total_bytes,

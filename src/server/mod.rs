@@ -41,7 +41,9 @@ pub mod runs;
 pub mod session_end;
 pub mod sessions;
 pub mod settings;
+pub mod spool;
 pub mod streams;
+pub mod transfers;
 pub mod types;
 pub mod ui;
 
@@ -99,6 +101,8 @@ pub struct AppState {
     pub proxies: Arc<proxies::TrustedProxies>,
     /// Open streams and long requests by user and credential (revocation, per-user cap).
     pub streams: Arc<streams::Streams>,
+    /// How many file and archive transfers may run at once, and where they spool.
+    pub transfers: transfers::Transfers,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -311,7 +315,19 @@ impl Server {
         let proxies = Arc::new(proxies::TrustedProxies::parse(
             &config.server.trusted_proxies,
         )?);
+        let transfers = transfers::Transfers::new(
+            config.server.transfers_per_user,
+            config.server.transfers,
+            config.data_dir().join("spool"),
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot create the transfer spool directory {}: {e}; check that the data directory is writable",
+                config.data_dir().join("spool").display()
+            )
+        })?;
         let state = Arc::new(AppState {
+            transfers,
             runs,
             proxies,
             streams: streams::Streams::new(config.server.streams_per_user),

@@ -20,6 +20,13 @@ pub struct ServerConfig {
     pub body_limit_kb: u64,
     /// Largest file or tar upload.
     pub upload_limit_mb: u64,
+    /// File and archive transfers (uploads and downloads over 1 MiB, archives, previews) one
+    /// user may have in progress at once; one more is answered 429.
+    pub transfers_per_user: u32,
+    /// File and archive transfers the whole server may have in progress at once. With
+    /// `upload_limit_mb` and the sessions' `workspace_mb` this bounds the spool files in
+    /// `<data_dir>/spool`; one more is answered 429.
+    pub transfers: u32,
     /// Time limit of a request that does not run a command; exec, tool and file routes get
     /// `[limits] max_timeout_secs` plus this.
     pub request_timeout_secs: u64,
@@ -66,6 +73,8 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
             body_limit_kb: 1024,
             upload_limit_mb: 100,
+            transfers_per_user: 2,
+            transfers: 8,
             request_timeout_secs: 30,
             drain_secs: 5,
             retention_days: 30,
@@ -84,6 +93,19 @@ impl Default for ServerConfig {
 impl ServerConfig {
     /// Refuses values that make no sense rather than guessing what was meant.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (key, value, default) in [
+            ("server.transfers_per_user", self.transfers_per_user, 2),
+            ("server.transfers", self.transfers, 8),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    key: key.into(),
+                    message: format!(
+                        "0 would refuse every upload and download; give at least 1 (the default is {default})"
+                    ),
+                });
+            }
+        }
         if !(1..=MAX_SIGN_IN_SECS).contains(&self.sign_in_secs) {
             return Err(ConfigError::Invalid {
                 key: "server.sign_in_secs".into(),

@@ -133,6 +133,7 @@ pub fn extract_lenient(
 ) -> Result<LenientSummary, TarError> {
     let reader = file.try_clone().map_err(io_err(dest))?;
     let source = FileSource { file, len };
+    super::screen::screen_extensions(&source)?;
     let plan = plan_from(BufReader::new(reader), &source, limits, true)?;
     if !fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
         let path = dest.display().to_string();

@@ -432,6 +432,29 @@ pub(super) fn plan(
     Ok((plan.planned, plan.summary))
 }
 
+/// `validate_archive` of the first `len` bytes of a file, read in bounded pieces (a buffered
+/// pass over the entries, positioned reads for the end marker): the archive is never loaded.
+pub fn validate_archive_file(
+    file: &std::fs::File,
+    len: u64,
+    limits: &TarLimits,
+) -> Result<ArchiveSummary, TarError> {
+    use std::io::{BufReader, Seek, SeekFrom};
+    let io = |source| TarError::Io {
+        path: "(archive)".into(),
+        source,
+    };
+    let mut reader = file.try_clone().map_err(io)?;
+    reader.seek(SeekFrom::Start(0)).map_err(io)?;
+    let source = super::FileSource {
+        file: file.try_clone().map_err(io)?,
+        len,
+    };
+    super::screen::screen_extensions(&source)?;
+    let reader = BufReader::new(reader).take(len);
+    plan_from(reader, &source, limits, false).map(|plan| plan.summary)
+}
+
 /// Reads and checks the whole archive; nothing is written anywhere.
 pub fn validate_archive(bytes: &[u8], limits: &TarLimits) -> Result<ArchiveSummary, TarError> {
     plan(bytes, limits).map(|(_, summary)| summary)

@@ -189,9 +189,13 @@ async fn preview(
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<Response, ApiError> {
     let path = workspace_path(&q.path)?;
-    let live = live_session(&st, &user.caller(), &id).await?;
-    let bytes = match live.sandbox.read_file(&path).await {
-        Ok(b) => b,
+    let caller = user.caller();
+    let live = live_session(&st, &caller, &id).await?;
+    let _permit = st.transfers.start(caller.id())?;
+    // Capped, never read whole: a page of more than PREVIEW_MAX is not for reading in a frame.
+    let bytes = match live.sandbox.read_head(&path, PREVIEW_MAX).await {
+        Ok((head, size)) if size <= head.len() as u64 => head,
+        Ok((_, size)) => too_big_to_preview(size),
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
     };
     let mut resp = (StatusCode::OK, bytes).into_response();
@@ -255,6 +259,18 @@ fn attachment_name(query: &str) -> String {
     } else {
         kept
     }
+}
+
+/// The largest HTML file the UI previews; a bigger one gets a note instead.
+const PREVIEW_MAX: usize = 4 << 20;
+
+/// The note shown in place of an HTML file over `PREVIEW_MAX`.
+fn too_big_to_preview(size: u64) -> Vec<u8> {
+    format!(
+        "<!doctype html><meta charset=\"utf-8\"><p>This file is {size} bytes; previews stop at {} MiB. Download it to read it.</p>",
+        PREVIEW_MAX >> 20
+    )
+    .into_bytes()
 }
 
 /// POST /ui/render: run events (as the page got them) to timeline fragments.
