@@ -36,6 +36,7 @@ async fn view(st: &AppState, u: &User) -> Result<UserView, ApiError> {
         },
         usage: UsageView {
             active_sessions: usage.active_sessions,
+            active_mcp_sessions: usage.active_mcp_sessions,
             active_runs: usage.active_runs,
             input_tokens_today: usage.input_tokens_today,
         },
@@ -131,11 +132,16 @@ pub async fn delete_user(
             "you cannot remove yourself; another admin can, or use `sandboxd users rm`",
         ));
     }
+    let removed = st.store.user_by_name(&name).await?;
     for row in accounts::remove(st.store.as_ref(), &name).await? {
         if let Err(e) = st.backend.remove(&row.id, Some(&row)).await {
             // The reconciler removes what is left of an ended session later.
             tracing::warn!(session = %row.id, error = %e, "could not remove a removed user's container now");
         }
+    }
+    // Their /mcp sessions close and their MCP sandboxes go now, not at their idle timeout.
+    if let Some(user) = removed {
+        st.mcp.remove_user(&user.id).await;
     }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -5,12 +5,13 @@
 //! Layout: `error` (the error shape and extractors), `auth` (keys, bearer check, throttle),
 //! `http` (Host allow-list, time limits, access log), `backend` (the adapter over the
 //! SessionManager), `sessions`/`files`/`admin`/`health` (handlers), `mcp` (per-user MCP
-//! servers), `reconcile` (start-up and periodic agreement of store and engine), `openapi`.
+//! servers) and `mcp_quota` (their sandboxes as the user's sessions), `reconcile` (start-up and periodic agreement of store and engine), `openapi`.
 //!
 //! Shutdown: the token stops the listener from accepting, ends rmcp's streams (and, with
 //! runs, every event stream: each one selects on it, so an open stream cannot hold the
 //! drain), and requests in flight get `[server] drain_secs` before the server returns anyway.
-//! API sessions' containers are kept for the next start to re-attach; /mcp sandboxes go.
+//! API sessions' containers are kept for the next start to re-attach; /mcp sandboxes go,
+//! and their session rows end (mcp_quota.rs).
 //!
 //! The warm pool: `serve`'s manager has a pool scoped to its data directory (`pool_owner`),
 //! so API sessions (kept) claim from it as /mcp sessions do; the claim is recorded in the
@@ -29,6 +30,7 @@ pub mod files;
 pub mod health;
 pub mod http;
 pub mod mcp;
+pub mod mcp_quota;
 pub mod openapi;
 pub mod reconcile;
 pub mod runs;
@@ -294,12 +296,18 @@ impl Server {
             run_ctx,
             Duration::from_secs(config.server.question_timeout_secs.max(1)),
         );
+        let mcp = mcp::McpUsers::new(
+            manager.clone(),
+            config.clone(),
+            store.clone(),
+            shutdown.clone(),
+        );
         let state = Arc::new(AppState {
             runs,
             store,
-            backend: backend::Backend::new(manager.clone()),
+            backend: backend::Backend::new(manager),
             throttle: auth::Throttle::new(config.server.auth_failures_per_minute),
-            mcp: mcp::McpUsers::new(manager, config.clone(), shutdown.clone()),
+            mcp,
             ready,
             tool_specs,
             shutdown,
@@ -337,6 +345,12 @@ impl Server {
             runs.shutdown(run_drain).await;
         });
         let upkeep = reconcile::spawn_upkeep(state.clone());
+        // The rows of /mcp sandboxes the manager itself removes (idle, memory budget) end
+        // as they go.
+        let mcp_ends = state
+            .mcp
+            .ledger()
+            .spawn_listener(state.backend.manager().clone(), shutdown.clone());
         // The manager's one reaper: idle /mcp sessions (API sessions have their own timeouts,
         // kept by `upkeep`, and are touched in the manager on every use).
         let reaper = state.backend.manager().spawn_reaper();
@@ -370,6 +384,12 @@ impl Server {
         }
         state.mcp.close_all().await;
         state.backend.remove_mcp_sessions().await;
+        mcp_ends.abort();
+        state
+            .mcp
+            .ledger()
+            .end_all("sandboxd stopped (MCP sandboxes do not outlive the service)")
+            .await;
         Ok(())
     }
 }
