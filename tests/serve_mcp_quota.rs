@@ -1,0 +1,536 @@
+//! /mcp on `sandboxd serve` inside the users' quotas (issue 20, points 2, 5 and 8), against
+//! a real serve, engine and image, with raw JSON-RPC and the official Python MCP SDK: an
+//! MCP sandbox is a session of its user (their quota, their ceilings, /v1/me, /v1/sessions),
+//! stateless sandboxes are owned by their user, removing a user removes their MCP sandboxes
+//! at once, rows end with their sandboxes, and DELETE /mcp of a session the caller does not
+//! have is a 404.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
+
+#[path = "mcp/common.rs"]
+#[allow(dead_code)]
+mod common;
+mod serve;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use serve::{Api, Env, Serve, code};
+
+/// The body of an MCP answer: plain JSON, or the last `data:` line of an SSE stream.
+fn parse(text: &str) -> Value {
+    if let Ok(v) = serde_json::from_str(text) {
+        return v;
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .rfind(|v| v.get("id").is_some())
+        .unwrap_or_else(|| panic!("no JSON-RPC answer in {text:?}"))
+}
+
+/// One client of /mcp with one user's key: a session (`open`) or stateless calls.
+struct Mcp {
+    http: reqwest::Client,
+    url: String,
+    key: String,
+    sid: Option<String>,
+    /// Stateless: every request names protocol 2026-07-28 (none has a session).
+    stateless: bool,
+}
+
+impl Mcp {
+    /// A session: `initialize`, then `notifications/initialized`.
+    async fn open(serve: &Serve, key: &str) -> Mcp {
+        let mut m = Mcp {
+            http: reqwest::Client::new(),
+            url: serve.url("/mcp"),
+            key: key.to_string(),
+            sid: None,
+            stateless: false,
+        };
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "quota-test", "version": "1"}}});
+        let r = m.post(&init).await;
+        assert_eq!(r.status().as_u16(), 200);
+        m.sid = Some(r.headers()["mcp-session-id"].to_str().unwrap().to_string());
+        let r = m
+            .post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        assert!(r.status().is_success(), "{}", r.status());
+        m
+    }
+
+    /// Stateless (2026-07-28) calls: no session, the protocol in every request.
+    fn stateless(serve: &Serve, key: &str) -> Mcp {
+        Mcp {
+            http: reqwest::Client::new(),
+            url: serve.url("/mcp"),
+            key: key.to_string(),
+            sid: None,
+            stateless: true,
+        }
+    }
+
+    async fn post(&self, body: &Value) -> reqwest::Response {
+        let mut r = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.key)
+            .header("accept", "application/json, text/event-stream")
+            .json(body);
+        if let Some(s) = &self.sid {
+            r = r
+                .header("mcp-session-id", s)
+                .header("mcp-protocol-version", "2025-06-18");
+        }
+        if self.stateless {
+            // 2026-07-28 repeats the method and tool name in headers.
+            r = r
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", body["method"].as_str().unwrap_or_default());
+            if let Some(name) = body["params"]["name"].as_str() {
+                r = r.header("mcp-name", name);
+            }
+        }
+        r.send().await.expect("POST /mcp")
+    }
+
+    /// tools/call: whether it is an error, and its text.
+    async fn call(&self, name: &str, args: Value) -> (bool, String) {
+        let mut params = json!({"name": name, "arguments": args});
+        if self.stateless {
+            params["_meta"] = json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}});
+        }
+        let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params});
+        let r = self.post(&body).await;
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 200, "tools/call {name}: {text}");
+        let v = parse(&text);
+        let result = &v["result"];
+        assert!(result.is_object(), "tools/call {name}: {v}");
+        let text = result["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        (result["isError"].as_bool().unwrap_or(false), text)
+    }
+
+    /// bash in the session's sandbox (or the stateless sandbox `id`), which must succeed.
+    async fn bash(&self, command: &str, sandbox: Option<&str>) -> String {
+        let mut args = json!({"command": command});
+        if let Some(id) = sandbox {
+            args["sandbox_id"] = json!(id);
+        }
+        let (err, text) = self.call("bash", args).await;
+        assert!(!err, "bash {command:?}: {text}");
+        text
+    }
+
+    /// sandbox_create, which must succeed: the new sandbox_id.
+    async fn create(&self) -> String {
+        let (err, text) = self.call("sandbox_create", json!({})).await;
+        assert!(!err, "sandbox_create: {text}");
+        text.split_whitespace().nth(1).unwrap().to_string()
+    }
+
+    /// DELETE /mcp naming `sid` (this client's session by default): the status.
+    async fn delete(&self, sid: Option<&str>) -> u16 {
+        let sid = sid.or(self.sid.as_deref()).unwrap();
+        self.http
+            .delete(&self.url)
+            .bearer_auth(&self.key)
+            .header("mcp-session-id", sid)
+            .header("mcp-protocol-version", "2025-06-18")
+            .send()
+            .await
+            .expect("DELETE /mcp")
+            .status()
+            .as_u16()
+    }
+}
+
+/// The caller's sessions (running ones), as GET /v1/sessions lists them.
+async fn sessions(api: &Api) -> Vec<Value> {
+    let (s, v) = api.json(Method::GET, "/v1/sessions", None).await;
+    assert_eq!(s, 200, "{v}");
+    v["sessions"].as_array().unwrap().clone()
+}
+
+/// The runtime ids of the caller's running sessions of kind `mcp`.
+async fn mcp_runtime_ids(env: &Env, api: &Api) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in sessions(api).await {
+        if s["kind"] == "mcp" && s["state"] == "running" {
+            out.push(env.runtime_id(s["id"].as_str().unwrap()).await);
+        }
+    }
+    out
+}
+
+/// `docker inspect` of the container of runtime session `rt`.
+fn inspect(rt: &str, format: &str) -> String {
+    let ps = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=sandboxd.session={rt}"),
+        ])
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&ps.stdout).trim().to_string();
+    assert!(!id.is_empty(), "no container for session {rt}");
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "-f", format, &id])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Waits (bounded) until `check` holds.
+async fn wait_until<F: AsyncFnMut() -> bool>(what: &str, limit: Duration, mut check: F) {
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what} within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn gone(rts: &[String]) -> bool {
+    rts.iter().all(|rt| !serve::container_of(rt, false))
+}
+
+/// Removes leftover containers of these sessions (a failed test must not leak them).
+struct Cleanup(Vec<String>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for rt in &self.0 {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f", &format!("sandboxd-{rt}")])
+                .output();
+        }
+    }
+}
+
+async fn me(api: &Api) -> Value {
+    let (s, v) = api.json(Method::GET, "/v1/me", None).await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+#[tokio::test]
+async fn an_mcp_sandbox_is_a_session_of_its_user_with_their_quota_and_ceilings() {
+    let env = Env::new("idle_timeout_secs = 600").await;
+    let key = env.add_user("ann", &["--sessions", "1", "--memory-mb", "256"]);
+    let serve = env.start();
+    let api = Api::new(&serve, &key);
+    let mut cleanup = Cleanup(Vec::new());
+
+    // The official SDK, stateless (its default against this server), keeps its sandbox open.
+    let out = tokio::process::Command::new(common::python())
+        .args([
+            common::script("client_sdk.py"),
+            serve.url("/mcp"),
+            key.clone(),
+            "auto-keep".into(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client_sdk.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sdk: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        sdk["bash"]
+            .as_str()
+            .unwrap()
+            .starts_with("hello-from-python"),
+        "{sdk}"
+    );
+    let rts = mcp_runtime_ids(&env, &api).await;
+    cleanup.0.extend(rts.clone());
+    assert_eq!(rts.len(), 1, "the SDK's sandbox is one session of ann's");
+
+    // Her ceiling, not the admin's default of 1 GiB.
+    let memory = inspect(&rts[0], "{{.HostConfig.Memory}}");
+    assert_eq!(
+        memory,
+        (256u64 << 20).to_string(),
+        "the container's memory limit"
+    );
+    let listed = sessions(&api).await;
+    assert_eq!(listed[0]["kind"], "mcp", "{listed:?}");
+    assert_eq!(listed[0]["limits"]["memory_mb"], 256, "{listed:?}");
+    let mine = me(&api).await;
+    assert_eq!(mine["usage"]["active_sessions"], 1, "{mine}");
+    assert_eq!(mine["usage"]["active_mcp_sessions"], 1, "{mine}");
+
+    // Her quota of 1 is in use: no second session through the API or through /mcp.
+    let (s, v) = api
+        .json(Method::POST, "/v1/sessions", Some(json!({})))
+        .await;
+    assert_eq!(code(&v), "quota_exceeded", "{s} {v}");
+    let second = Mcp::open(&serve, &key).await;
+    let (err, text) = second.call("bash", json!({"command": "true"})).await;
+    assert!(err, "a second sandbox beyond the quota: {text}");
+    assert!(
+        text.contains("quota of 1 session") && text.contains("end one"),
+        "the refusal says what to do: {text}"
+    );
+    let stateless = Mcp::stateless(&serve, &key);
+    let (err, text) = stateless.call("sandbox_create", json!({})).await;
+    assert!(err && text.contains("quota of 1 session"), "{text}");
+
+    // The MCP session is not an API session; DELETE ends it and frees the place.
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    let (s, v) = api
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{id}/exec"),
+            Some(json!({"command": "true"})),
+        )
+        .await;
+    assert_eq!((s, code(&v)), (409, "conflict"), "{v}");
+    let (s, v) = api
+        .json(Method::DELETE, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(s, 204, "{v}");
+    wait_until(
+        "the deleted MCP sandbox's container goes",
+        Duration::from_secs(30),
+        async || gone(&rts).await,
+    )
+    .await;
+    assert_eq!(me(&api).await["usage"]["active_sessions"], 0);
+
+    // Now the waiting MCP session gets its sandbox, with the same ceiling.
+    second.bash("echo second", None).await;
+    let rts = mcp_runtime_ids(&env, &api).await;
+    cleanup.0.extend(rts.clone());
+    assert_eq!(rts.len(), 1);
+    assert_eq!(
+        inspect(&rts[0], "{{.HostConfig.Memory}}"),
+        (256u64 << 20).to_string()
+    );
+    assert_eq!(second.delete(None).await, 202);
+    wait_until(
+        "the closed session's container goes",
+        Duration::from_secs(30),
+        async || gone(&rts).await,
+    )
+    .await;
+    wait_until(
+        "the closed session's row ends",
+        Duration::from_secs(30),
+        async || me(&api).await["usage"]["active_sessions"] == 0,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn stateless_sandboxes_are_owned_by_their_user_and_one_users_cap_leaves_the_other_alone() {
+    let env = Env::new("idle_timeout_secs = 600\nmax_per_owner = 1").await;
+    let bo_key = env.add_user("bo", &[]);
+    let cy_key = env.add_user("cy", &[]);
+    let serve = env.start();
+    let (bo, cy) = (Api::new(&serve, &bo_key), Api::new(&serve, &cy_key));
+    let (bo_mcp, cy_mcp) = (
+        Mcp::stateless(&serve, &bo_key),
+        Mcp::stateless(&serve, &cy_key),
+    );
+    let mut cleanup = Cleanup(Vec::new());
+
+    let bo_id = bo_mcp.create().await;
+    cleanup.0.extend(mcp_runtime_ids(&env, &bo).await);
+    // Bo's cap of one sandbox is full...
+    let (err, text) = bo_mcp.call("sandbox_create", json!({})).await;
+    assert!(err && text.contains("already hold 1"), "{text}");
+    // ...which is Bo's alone: Cy still gets one.
+    let cy_id = cy_mcp.create().await;
+    cleanup.0.extend(mcp_runtime_ids(&env, &cy).await);
+    assert!(cy_mcp.bash("echo cy", Some(&cy_id)).await.contains("cy"));
+    assert!(bo_mcp.bash("echo bo", Some(&bo_id)).await.contains("bo"));
+    // Neither can use the other's id.
+    let (err, _) = bo_mcp
+        .call("bash", json!({"command": "true", "sandbox_id": cy_id}))
+        .await;
+    assert!(err);
+
+    let owners: Vec<String> = cleanup
+        .0
+        .iter()
+        .map(|rt| inspect(rt, "{{index .Config.Labels \"sandboxd.owner\"}}"))
+        .collect();
+    assert_eq!(owners.len(), 2, "{owners:?}");
+    assert_ne!(owners[0], owners[1], "each user owns their own sandboxes");
+    assert!(
+        owners.iter().all(|o| o.starts_with("serve-mcp")),
+        "{owners:?}"
+    );
+    for (api, n) in [(&bo, 1), (&cy, 1)] {
+        assert_eq!(me(api).await["usage"]["active_mcp_sessions"], n);
+    }
+
+    let (err, text) = bo_mcp
+        .call("sandbox_close", json!({"sandbox_id": bo_id}))
+        .await;
+    assert!(!err, "{text}");
+    let (err, text) = cy_mcp
+        .call("sandbox_close", json!({"sandbox_id": cy_id}))
+        .await;
+    assert!(!err, "{text}");
+    let rts = cleanup.0.clone();
+    wait_until("closed sandboxes go", Duration::from_secs(30), async || {
+        gone(&rts).await
+    })
+    .await;
+    assert_eq!(me(&bo).await["usage"]["active_sessions"], 0);
+}
+
+#[tokio::test]
+async fn removing_a_user_removes_their_mcp_sessions_and_sandboxes_at_once() {
+    let env = Env::new("idle_timeout_secs = 600").await;
+    let root = env.add_user("root", &["--admin"]);
+    let dee_key = env.add_user("dee", &[]);
+    let eve_key = env.add_user("eve", &[]);
+    let serve = env.start();
+    let admin = Api::new(&serve, &root);
+    let mut cleanup = Cleanup(Vec::new());
+
+    // Dee holds a session's sandbox and a stateless one.
+    let dee = Api::new(&serve, &dee_key);
+    let session = Mcp::open(&serve, &dee_key).await;
+    session.bash("true", None).await;
+    Mcp::stateless(&serve, &dee_key).create().await;
+    let dee_rts = mcp_runtime_ids(&env, &dee).await;
+    cleanup.0.extend(dee_rts.clone());
+    assert_eq!(dee_rts.len(), 2, "{dee_rts:?}");
+
+    let (s, v) = admin.json(Method::DELETE, "/v1/users/dee", None).await;
+    assert_eq!(s, 204, "{v}");
+    wait_until(
+        "dee's MCP containers go with her",
+        Duration::from_secs(20),
+        async || gone(&dee_rts).await,
+    )
+    .await;
+
+    // Eve, removed by the CLI (another process): serve's upkeep closes hers.
+    let eve = Api::new(&serve, &eve_key);
+    Mcp::open(&serve, &eve_key).await.bash("true", None).await;
+    let eve_rts = mcp_runtime_ids(&env, &eve).await;
+    cleanup.0.extend(eve_rts.clone());
+    assert_eq!(eve_rts.len(), 1);
+    let out = env.cmd().args(["users", "rm", "eve"]).output().unwrap();
+    assert!(out.status.success());
+    wait_until(
+        "eve's MCP container goes with her",
+        Duration::from_secs(30),
+        async || gone(&eve_rts).await,
+    )
+    .await;
+    // Nothing of theirs is left running in the store either.
+    let (s, v) = admin.json(Method::GET, "/v1/sessions", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["sessions"], json!([]), "{v}");
+}
+
+#[tokio::test]
+async fn delete_mcp_with_another_users_or_an_unknown_session_id_is_404() {
+    let env = Env::new("idle_timeout_secs = 600").await;
+    let fay_key = env.add_user("fay", &[]);
+    let gus_key = env.add_user("gus", &[]);
+    let serve = env.start();
+    let mut cleanup = Cleanup(Vec::new());
+    let fay = Mcp::open(&serve, &fay_key).await;
+    let host = fay.bash("hostname", None).await;
+    cleanup
+        .0
+        .extend(mcp_runtime_ids(&env, &Api::new(&serve, &fay_key)).await);
+
+    let gus = Mcp::open(&serve, &gus_key).await;
+    assert_eq!(
+        gus.delete(fay.sid.as_deref()).await,
+        404,
+        "another user's id"
+    );
+    assert_eq!(
+        gus.delete(Some("00000000-0000-0000-0000-000000000000"))
+            .await,
+        404,
+        "an unknown id"
+    );
+    // Fay's session and its sandbox are untouched.
+    assert_eq!(fay.bash("hostname", None).await, host);
+    assert_eq!(fay.delete(None).await, 202);
+    assert_eq!(fay.delete(None).await, 404, "a closed session is unknown");
+    assert_eq!(gus.delete(None).await, 202);
+}
+
+#[tokio::test]
+async fn mcp_rows_end_with_their_sandbox_when_idle_and_at_a_restart() {
+    let env = Env::new("idle_timeout_secs = 2").await;
+    let key = env.add_user("hal", &["--sessions", "1"]);
+    let mut serve = env.start();
+    let api = Api::new(&serve, &key);
+    let mut cleanup = Cleanup(Vec::new());
+
+    let m = Mcp::open(&serve, &key).await;
+    m.bash("true", None).await;
+    let rts = mcp_runtime_ids(&env, &api).await;
+    cleanup.0.extend(rts.clone());
+    assert_eq!(rts.len(), 1);
+    // The reaper takes the idle sandbox; its row ends with it and the place is free.
+    wait_until(
+        "the idle MCP sandbox goes",
+        Duration::from_secs(60),
+        async || gone(&rts).await,
+    )
+    .await;
+    wait_until("its row ends", Duration::from_secs(30), async || {
+        me(&api).await["usage"]["active_sessions"] == 0
+    })
+    .await;
+    let ended = {
+        let (_, v) = api
+            .json(Method::GET, "/v1/sessions?include_ended=true", None)
+            .await;
+        v["sessions"][0].clone()
+    };
+    assert_eq!(
+        (ended["kind"].as_str(), ended["state"].as_str()),
+        (Some("mcp"), Some("ended")),
+        "{ended}"
+    );
+
+    // The next call gets a new sandbox; a kill -9 leaves its row, which the next start ends.
+    m.bash("true", None).await;
+    let rts = mcp_runtime_ids(&env, &api).await;
+    cleanup.0.extend(rts.clone());
+    assert_eq!(rts.len(), 1);
+    serve.kill9();
+    let serve = env.start();
+    let api = Api::new(&serve, &key);
+    assert_eq!(me(&api).await["usage"]["active_sessions"], 0);
+    assert!(sessions(&api).await.is_empty());
+    wait_until(
+        "the dead serve's MCP container goes",
+        Duration::from_secs(30),
+        async || gone(&rts).await,
+    )
+    .await;
+}
