@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 #[path = "mcp/common.rs"]
-#[allow(dead_code)]
 mod common;
 mod serve;
 mod support;
@@ -210,17 +209,23 @@ async fn gone(rts: &[String]) -> bool {
     rts.iter().all(|rt| !serve::container_of(rt, false))
 }
 
-/// Removes leftover containers of these sessions (a failed test must not leak them).
+/// Removes leftover containers (a failed test must not leak them): by runtime session id,
+/// or by container id.
 struct Cleanup(Vec<String>);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        for rt in &self.0 {
+        for x in &self.0 {
             let _ = std::process::Command::new("docker")
-                .args(["rm", "-f", &format!("sandboxd-{rt}")])
+                .args(["rm", "-f", &format!("sandboxd-{x}"), x])
                 .output();
         }
     }
+}
+
+/// The owner label of a user's /mcp sandboxes (`McpUsers::owner_of`).
+fn mcp_owner(user_id: &str) -> String {
+    sandboxd::sandbox::Owner::from_secret("serve-mcp", user_id.as_bytes()).to_string()
 }
 
 async fn me(api: &Api) -> Value {
@@ -403,7 +408,7 @@ async fn stateless_sandboxes_are_owned_by_their_user_and_one_users_cap_leaves_th
 
 #[tokio::test]
 async fn removing_a_user_removes_their_mcp_sessions_and_sandboxes_at_once() {
-    let env = Env::new("idle_timeout_secs = 600").await;
+    let env = Env::new("idle_timeout_secs = 600\n[pool]\nsize = 0").await;
     let root = env.add_user("root", &["--admin"]);
     let dee_key = env.add_user("dee", &[]);
     let eve_key = env.add_user("eve", &[]);
@@ -411,36 +416,45 @@ async fn removing_a_user_removes_their_mcp_sessions_and_sandboxes_at_once() {
     let admin = Api::new(&serve, &root);
     let mut cleanup = Cleanup(Vec::new());
 
-    // Dee holds a session's sandbox and a stateless one.
-    let dee = Api::new(&serve, &dee_key);
+    // Dee holds a session's sandbox and a stateless one (both hers: her owner label; no warm
+    // pool, whose sandboxes keep the pool's label when claimed).
+    let ids = env.user_ids();
+    let (dee_id, eve_id) = (&ids[1], &ids[2]);
     let session = Mcp::open(&serve, &dee_key).await;
     session.bash("true", None).await;
     Mcp::stateless(&serve, &dee_key).create().await;
-    let dee_rts = mcp_runtime_ids(&env, &dee).await;
+    let dee_owner = mcp_owner(dee_id);
+    let dee_rts = serve::containers_of(&dee_owner);
     cleanup.0.extend(dee_rts.clone());
-    assert_eq!(dee_rts.len(), 2, "{dee_rts:?}");
+    cleanup
+        .0
+        .extend(mcp_runtime_ids(&env, &Api::new(&serve, &dee_key)).await);
+    assert!(!dee_rts.is_empty(), "dee's MCP containers");
 
     let (s, v) = admin.json(Method::DELETE, "/v1/users/dee", None).await;
     assert_eq!(s, 204, "{v}");
     wait_until(
         "dee's MCP containers go with her",
         Duration::from_secs(20),
-        async || gone(&dee_rts).await,
+        async || serve::containers_of(&dee_owner).is_empty(),
     )
     .await;
 
     // Eve, removed by the CLI (another process): serve's upkeep closes hers.
-    let eve = Api::new(&serve, &eve_key);
     Mcp::open(&serve, &eve_key).await.bash("true", None).await;
-    let eve_rts = mcp_runtime_ids(&env, &eve).await;
-    cleanup.0.extend(eve_rts.clone());
-    assert_eq!(eve_rts.len(), 1);
+    let eve_owner = mcp_owner(eve_id);
+    cleanup
+        .0
+        .extend(mcp_runtime_ids(&env, &Api::new(&serve, &eve_key)).await);
+    let eve_containers = serve::containers_of(&eve_owner);
+    cleanup.0.extend(eve_containers.clone());
+    assert_eq!(eve_containers.len(), 1);
     let out = env.cmd().args(["users", "rm", "eve"]).output().unwrap();
     assert!(out.status.success());
     wait_until(
         "eve's MCP container goes with her",
         Duration::from_secs(30),
-        async || gone(&eve_rts).await,
+        async || serve::containers_of(&eve_owner).is_empty(),
     )
     .await;
     // Nothing of theirs is left running in the store either.
