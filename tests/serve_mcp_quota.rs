@@ -349,6 +349,7 @@ async fn an_mcp_sandbox_is_a_session_of_its_user_with_their_quota_and_ceilings()
 #[tokio::test]
 async fn stateless_sandboxes_are_owned_by_their_user_and_one_users_cap_leaves_the_other_alone() {
     let env = Env::new("idle_timeout_secs = 600\nmax_per_owner = 1").await;
+    let root = env.add_user("root", &["--admin"]);
     let bo_key = env.add_user("bo", &[]);
     let cy_key = env.add_user("cy", &[]);
     let serve = env.start();
@@ -386,9 +387,27 @@ async fn stateless_sandboxes_are_owned_by_their_user_and_one_users_cap_leaves_th
         owners.iter().all(|o| o.starts_with("serve-mcp")),
         "{owners:?}"
     );
-    for (api, n) in [(&bo, 1), (&cy, 1)] {
-        assert_eq!(me(api).await["usage"]["active_mcp_sessions"], n);
+    for api in [&bo, &cy] {
+        assert_eq!(me(api).await["usage"]["active_mcp_sessions"], 1);
     }
+    // The admin's view (the admin page's tables) has them too.
+    let admin = Api::new(&serve, &root);
+    let (_, users) = admin.json(Method::GET, "/v1/users", None).await;
+    let bo_view = users
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "bo")
+        .unwrap()
+        .clone();
+    assert_eq!(bo_view["usage"]["active_sessions"], 1, "{bo_view}");
+    assert_eq!(bo_view["usage"]["active_mcp_sessions"], 1, "{bo_view}");
+    let all = sessions(&admin).await;
+    assert_eq!(
+        all.iter().filter(|s| s["kind"] == "mcp").count(),
+        2,
+        "{all:?}"
+    );
 
     let (err, text) = bo_mcp
         .call("sandbox_close", json!({"sandbox_id": bo_id}))
