@@ -21,6 +21,7 @@ mod remote;
 mod remote_tool;
 pub mod server;
 pub mod stateless;
+mod wire;
 
 use std::sync::Arc;
 

@@ -43,20 +43,21 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
-    Tool as McpTool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::task::TaskTracker;
 
 use super::admission::{Admission, Open};
 use super::lazy::LazySandbox;
 use super::stateless::{StatelessSandboxes, create_refusal, token_owner};
+pub use super::wire::to_call_result;
+use super::wire::{error_result, lifecycle_tools, to_mcp_tool, with_sandbox_id};
 use crate::config::Config;
 use crate::sandbox::{Owner, Sandbox, SessionManager};
 use crate::tools::session::SessionTools;
-use crate::tools::{ToolContext, ToolRegistry, ToolResult, ToolSpec};
+use crate::tools::{ToolContext, ToolRegistry, ToolSpec};
 
 /// The tools of a sandbox no session state is kept for (the specs, tests): the same
 /// sandbox tools the agent gets, plus file access. Calls of a live session go through
@@ -223,88 +224,6 @@ impl SandboxServer {
     pub fn slot(&self) -> &Arc<Slot> {
         &self.slot
     }
-}
-
-fn to_mcp_tool(spec: &ToolSpec) -> McpTool {
-    let schema: JsonObject = spec.parameters.as_object().cloned().unwrap_or_default();
-    McpTool::new(
-        spec.name.clone(),
-        spec.description.clone(),
-        Arc::new(schema),
-    )
-}
-
-/// A spec with the required `sandbox_id` parameter stateless clients pass.
-fn with_sandbox_id(spec: &ToolSpec) -> McpTool {
-    let mut params = spec.parameters.clone();
-    if let Some(obj) = params.as_object_mut() {
-        let props = obj.entry("properties").or_insert_with(|| json!({}));
-        if let Some(p) = props.as_object_mut() {
-            p.insert(
-                "sandbox_id".into(),
-                json!({"type": "string", "description": "The id sandbox_create returned."}),
-            );
-        }
-        let req = obj.entry("required").or_insert_with(|| json!([]));
-        if let Some(r) = req.as_array_mut() {
-            r.push(json!("sandbox_id"));
-        }
-    }
-    to_mcp_tool(&ToolSpec {
-        name: spec.name.clone(),
-        description: spec.description.clone(),
-        parameters: params,
-    })
-}
-
-fn lifecycle_tools() -> Vec<McpTool> {
-    let create = ToolSpec {
-        name: "sandbox_create".into(),
-        description: "Create a sandbox (a fresh container) and return its sandbox_id, which every \
-                      other tool needs. It is removed by sandbox_close or after being idle."
-            .into(),
-        parameters: json!({"type": "object", "properties": {}}),
-    };
-    let close = ToolSpec {
-        name: "sandbox_close".into(),
-        description: "Remove a sandbox and everything in it.".into(),
-        parameters: json!({"type": "object", "properties": {"sandbox_id": {"type": "string"}}, "required": ["sandbox_id"]}),
-    };
-    vec![to_mcp_tool(&create), to_mcp_tool(&close)]
-}
-
-/// A ToolResult as MCP content: text first, then the image.
-pub fn to_call_result(r: &ToolResult) -> CallToolResult {
-    let mut content = Vec::new();
-    let text = r.render();
-    if !text.is_empty() || r.base64_image.is_none() {
-        content.push(ContentBlock::text(text));
-    }
-    if let Some(img) = &r.base64_image {
-        content.push(ContentBlock::image(img.clone(), mime_of_base64(img)));
-    }
-    if r.is_error() {
-        CallToolResult::error(content)
-    } else {
-        CallToolResult::success(content)
-    }
-}
-
-/// Guesses the type of a base64 image from its first bytes (PNG unless it says otherwise).
-fn mime_of_base64(b64: &str) -> &'static str {
-    if b64.starts_with("/9j/") {
-        "image/jpeg"
-    } else if b64.starts_with("R0lGOD") {
-        "image/gif"
-    } else if b64.starts_with("UklGR") {
-        "image/webp"
-    } else {
-        "image/png"
-    }
-}
-
-fn error_result(text: impl Into<String>) -> CallToolResponse {
-    CallToolResult::error(vec![ContentBlock::text(text.into())]).into()
 }
 
 async fn run(
