@@ -265,3 +265,63 @@ pub async fn removed_users(store: &dyn Store, ids: &[String]) -> Option<Vec<Stri
             .collect(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{NewUser, QuotaOverride, SqliteStore};
+
+    /// One place left: the first sandbox is admitted with the user's ceiling, the second is
+    /// refused in words that say what to do, and a sandbox never made gives its place back.
+    #[tokio::test]
+    async fn admission_reserves_in_the_users_quota_with_their_ceilings() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&dir.path().join("s.db")).await.unwrap());
+        let (_, key) = super::super::auth::new_key(None);
+        let quota = QuotaOverride {
+            sessions: Some(1),
+            memory_mb: Some(256),
+            ..Default::default()
+        };
+        let user = store
+            .add_user(NewUser {
+                name: "ann".into(),
+                admin: false,
+                key,
+                quota,
+            })
+            .await
+            .unwrap();
+        let ledger = McpLedger::new(store.clone(), Config::default());
+        let admission = UserAdmission::new(ledger, Arc::new(user.clone()));
+
+        let first = admission.admit().await.unwrap();
+        assert_eq!(first.limits.memory_mb, Some(256));
+        let row = store
+            .session(first.record.as_deref().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((row.kind, row.limits.memory_mb), (SessionKind::Mcp, 256));
+        let usage = store.usage(&user.id, now_ms()).await.unwrap();
+        assert_eq!((usage.active_sessions, usage.active_mcp_sessions), (1, 1));
+
+        let refused = admission.admit().await.unwrap_err().to_string();
+        assert!(
+            refused.contains("quota of 1 session is in use") && refused.contains("end one"),
+            "{refused}"
+        );
+        admission.failed(&first).await;
+        let again = admission.admit().await.unwrap();
+        admission.ended(&again, "closed").await;
+        assert_eq!(
+            store
+                .usage(&user.id, now_ms())
+                .await
+                .unwrap()
+                .active_sessions,
+            0
+        );
+    }
+}
