@@ -1,27 +1,34 @@
 //! LazySandbox: a Sandbox whose container is created on first use and removed when the
 //! owner (one MCP session) goes away. Listing tools never creates a container; the first
-//! tool call does.
+//! tool call does, through the front end's `Admission` (serve: the user's quota).
 //!
 //! Every call goes through `SessionManager::get`, which marks the session as used (so the
 //! idle reaper only takes sessions nobody calls) and notices a session the reaper already
-//! removed: the next call then gets a fresh container, and a warning is logged.
+//! removed: the next call then gets a fresh container (admitted anew), and a warning is logged.
 
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use tokio_util::task::TaskTracker;
 
-use crate::config::LimitRequest;
+use super::admission::{Admission, Open, Ticket, create_admitted};
 use crate::sandbox::manager::Session;
 use crate::sandbox::{
-    AttachedProcess, CreateOptions, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox,
-    SandboxError, SessionManager, ShellOptions, ShellOutput, ShellStream, SpawnRequest,
+    AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox, SandboxError,
+    SessionManager, ShellOptions, ShellOutput, ShellStream, SpawnRequest,
 };
+
+/// The session a LazySandbox holds and the ticket it was admitted with.
+struct Held {
+    session: Arc<Session>,
+    ticket: Ticket,
+}
 
 pub struct LazySandbox {
     manager: Arc<SessionManager>,
     owner: Owner,
-    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    admission: Arc<dyn Admission>,
+    session: tokio::sync::Mutex<Option<Held>>,
     first_id: OnceLock<String>,
     /// Where the removal on drop runs, so a server can wait for it before exiting.
     tracker: Option<TaskTracker>,
@@ -29,71 +36,110 @@ pub struct LazySandbox {
 
 impl LazySandbox {
     pub fn new(manager: Arc<SessionManager>, owner: Owner) -> Arc<Self> {
-        Arc::new(Self {
-            manager,
-            owner,
-            session: tokio::sync::Mutex::new(None),
-            first_id: OnceLock::new(),
-            tracker: None,
-        })
+        Self::make(manager, owner, Arc::new(Open), None)
     }
 
     /// Like `new`, with the removal on drop spawned on `tracker`.
     pub fn tracked(manager: Arc<SessionManager>, owner: Owner, tracker: TaskTracker) -> Arc<Self> {
+        Self::make(manager, owner, Arc::new(Open), Some(tracker))
+    }
+
+    /// Like `tracked`, with every sandbox admitted (and its end reported) by `admission`.
+    pub fn admitted(
+        manager: Arc<SessionManager>,
+        owner: Owner,
+        tracker: TaskTracker,
+        admission: Arc<dyn Admission>,
+    ) -> Arc<Self> {
+        Self::make(manager, owner, admission, Some(tracker))
+    }
+
+    fn make(
+        manager: Arc<SessionManager>,
+        owner: Owner,
+        admission: Arc<dyn Admission>,
+        tracker: Option<TaskTracker>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             manager,
             owner,
+            admission,
             session: tokio::sync::Mutex::new(None),
             first_id: OnceLock::new(),
-            tracker: Some(tracker),
+            tracker,
         })
     }
 
     /// The live session, created now if there is none (or the reaper took it).
     pub async fn session(&self) -> Result<Arc<Session>, SandboxError> {
         let mut slot = self.session.lock().await;
-        if let Some(s) = slot.as_ref() {
-            match self.manager.get(&self.owner, &s.id).await {
+        if let Some(h) = slot.as_ref() {
+            match self.manager.get(&self.owner, &h.session.id).await {
                 Ok(s) => return Ok(s),
                 Err(e) => {
-                    tracing::warn!(session = %s.id, error = %e, "the MCP session's sandbox is gone; creating a new one");
-                    *slot = None;
+                    tracing::warn!(session = %h.session.id, error = %e, "the MCP session's sandbox is gone; creating a new one");
+                    if let Some(gone) = slot.take() {
+                        self.admission
+                            .ended(
+                                &gone.ticket,
+                                "its sandbox was removed (idle, or over the memory budget)",
+                            )
+                            .await;
+                    }
                 }
             }
         }
-        let s = self
-            .manager
-            .create(
-                &self.owner,
-                &LimitRequest::default(),
-                CreateOptions::default(),
-            )
-            .await?;
+        let (s, ticket) = create_admitted(
+            self.admission.clone(),
+            self.manager.clone(),
+            self.owner.clone(),
+        )
+        .await?;
         let _ = self.first_id.set(s.id.clone());
-        *slot = Some(s.clone());
+        *slot = Some(Held {
+            session: s.clone(),
+            ticket,
+        });
         Ok(s)
     }
 
     /// Removes the container now (session closed). Later calls would create a new one.
     pub async fn close(&self) {
         let taken = self.session.lock().await.take();
-        if let Some(s) = taken {
-            remove(&self.manager, &s).await;
+        if let Some(h) = taken {
+            remove(&self.manager, &h.session).await;
+            self.admission
+                .ended(&h.ticket, "its MCP session was closed")
+                .await;
         }
     }
 
     async fn sb(&self) -> Result<Arc<dyn Sandbox>, SandboxError> {
         Ok(self.session().await?.sandbox.clone())
     }
+
+    async fn current(&self) -> Option<Arc<Session>> {
+        self.session
+            .lock()
+            .await
+            .as_ref()
+            .map(|h| h.session.clone())
+    }
 }
 
 impl Drop for LazySandbox {
     fn drop(&mut self) {
-        let Some(session) = self.session.get_mut().take() else {
+        let Some(held) = self.session.get_mut().take() else {
             return;
         };
         let manager = self.manager.clone();
-        let removal = async move { remove(&manager, &session).await };
+        let admission = self.admission.clone();
+        let removal = async move {
+            remove(&manager, &held.session).await;
+            admission
+                .ended(&held.ticket, "its MCP session was closed")
+                .await;
+        };
         match (&self.tracker, tokio::runtime::Handle::try_current()) {
             (Some(tracker), Ok(rt)) => {
                 tracker.spawn_on(removal, &rt);
@@ -101,7 +147,8 @@ impl Drop for LazySandbox {
             (None, Ok(rt)) => {
                 rt.spawn(removal);
             }
-            // No runtime left (process exit): the startup reconciler removes the orphan.
+            // No runtime left (process exit): the startup reconciler removes the orphan
+            // (and `serve`'s start ends its row).
             (_, Err(_)) => {
                 tracing::warn!("no runtime to remove an MCP sandbox; it will be reconciled")
             }
@@ -191,16 +238,14 @@ impl Sandbox for LazySandbox {
     }
 
     async fn is_alive(&self) -> bool {
-        let current = self.session.lock().await.clone();
-        match current {
+        match self.current().await {
             Some(s) => s.sandbox.is_alive().await,
             None => false,
         }
     }
 
     async fn check_alive(&self) -> Result<(), SandboxError> {
-        let current = self.session.lock().await.clone();
-        match current {
+        match self.current().await {
             Some(s) => s.sandbox.check_alive().await,
             None => Err(SandboxError::SandboxGone {
                 session: self.session_id().to_string(),

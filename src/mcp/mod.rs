@@ -6,9 +6,11 @@
 //!   explicit sandbox ids (see the header of server.rs).
 //! * `client`: external MCP servers from config/mcp.json as agent tools
 //!   (`connect_all`, `McpClients::register_into`, `refresh`, `system_messages`).
+//! * `admission`: what the front end decides around each sandbox (serve: the user's quota).
 //! * `names`: the sanitizing of remote tool names; `config`: the mcp.json format.
 //! * `bench`: the tools/call round-trip benchmark for `sandboxd bench`.
 
+pub mod admission;
 pub mod bench;
 pub mod client;
 pub mod config;
@@ -19,6 +21,7 @@ mod remote;
 mod remote_tool;
 pub mod server;
 pub mod stateless;
+mod wire;
 
 use std::sync::Arc;
 

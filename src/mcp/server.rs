@@ -23,10 +23,15 @@
 //!   request): nothing on the connection can carry a sandbox, so the client holds it
 //!   explicitly. `tools/list` then also offers `sandbox_create` (returns an opaque
 //!   128-bit id) and `sandbox_close`, and every sandbox tool takes a required `sandbox_id`.
-//!   The session is owned by the SHA-256 of the bearer token that created it: a request
-//!   with another token cannot use or close it (with a single shared token the id itself
-//!   is the capability, which is why it is long and random), and one token holds at most
-//!   `[sessions] max_per_owner` of them. They are sessions of the one SessionManager, so
+//!   The session is owned by the SHA-256 of the bearer token that created it (on `serve`,
+//!   `ServerState::for_user`: by the user, like their sessions): a request with another
+//!   token cannot use or close it (with a single shared token the id itself is the
+//!   capability, which is why it is long and random), and one owner holds at most
+//!   `[sessions] max_per_owner` of them.
+//!
+//! Every sandbox is made through the server's `Admission` (admission.rs): `sandboxd mcp`
+//! admits all with the admin's limits; `serve` reserves a session of the user's quota first,
+//! with their ceilings, and a full quota is a tool error that says how to free a place. They are sessions of the one SessionManager, so
 //!   its one reaper removes those unused for `idle_timeout_secs` (see stateless.rs).
 //!
 //! Images in a result become MCP image content; model-actionable failures and sandboxd's
@@ -38,19 +43,21 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
-    Tool as McpTool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::task::TaskTracker;
 
+use super::admission::{Admission, Open};
 use super::lazy::LazySandbox;
 use super::stateless::{StatelessSandboxes, create_refusal, token_owner};
+pub use super::wire::to_call_result;
+use super::wire::{error_result, lifecycle_tools, to_mcp_tool, with_sandbox_id};
 use crate::config::Config;
 use crate::sandbox::{Owner, Sandbox, SessionManager};
 use crate::tools::session::SessionTools;
-use crate::tools::{ToolContext, ToolRegistry, ToolResult, ToolSpec};
+use crate::tools::{ToolContext, ToolRegistry, ToolSpec};
 
 /// The tools of a sandbox no session state is kept for (the specs, tests): the same
 /// sandbox tools the agent gets, plus file access. Calls of a live session go through
@@ -94,8 +101,13 @@ pub struct ServerState {
     pub manager: Arc<SessionManager>,
     pub config: Config,
     /// The owner of the sessions of clients with a session (`mcp-stdio`, `mcp-http`);
-    /// stateless clients' sessions are owned by their token.
+    /// stateless clients' sessions are owned by their token, unless `owns_stateless`.
     pub owner: Owner,
+    /// Stateless sandboxes are owned by `owner` too (serve: one server per user, whose
+    /// sandboxes are theirs whatever the protocol), not by the request's token.
+    owns_stateless: bool,
+    /// The front end's rules for every sandbox made here (serve: the user's quota).
+    pub admission: Arc<dyn Admission>,
     specs: Vec<ToolSpec>,
     instructions: String,
     pub stateless: StatelessSandboxes,
@@ -104,7 +116,30 @@ pub struct ServerState {
 }
 
 impl ServerState {
+    /// A server of its own (`sandboxd mcp`): sandboxes with the admin's limits, stateless
+    /// ones owned by their token.
     pub fn new(manager: Arc<SessionManager>, config: Config, owner: Owner) -> Arc<Self> {
+        Self::make(manager, config, owner, Arc::new(Open), false)
+    }
+
+    /// The server of one user of a front end (`serve`): every sandbox, stateless ones
+    /// too, is owned by `owner` and admitted by `admission`.
+    pub fn for_user(
+        manager: Arc<SessionManager>,
+        config: Config,
+        owner: Owner,
+        admission: Arc<dyn Admission>,
+    ) -> Arc<Self> {
+        Self::make(manager, config, owner, admission, true)
+    }
+
+    fn make(
+        manager: Arc<SessionManager>,
+        config: Config,
+        owner: Owner,
+        admission: Arc<dyn Admission>,
+        owns_stateless: bool,
+    ) -> Arc<Self> {
         // Specs do not depend on the sandbox: build them once over a sandbox never used.
         let probe = LazySandbox::new(manager.clone(), owner.clone());
         let specs = session_registry(probe, &config).specs();
@@ -112,6 +147,8 @@ impl ServerState {
         Arc::new(Self {
             manager,
             owner,
+            owns_stateless,
+            admission,
             specs,
             instructions,
             stateless: StatelessSandboxes::default(),
@@ -134,12 +171,29 @@ impl ServerState {
     }
 
     fn new_slot(&self) -> Slot {
-        let sandbox = LazySandbox::tracked(
+        let sandbox = LazySandbox::admitted(
             self.manager.clone(),
             self.owner.clone(),
             self.removals.clone(),
+            self.admission.clone(),
         );
         Slot { sandbox }
+    }
+
+    /// The request came over HTTP without a session: a stateless (2026-07-28) client, owned
+    /// by its token, or by this server's owner when it owns every sandbox it makes.
+    fn stateless_owner(&self, ctx: &RequestContext<RoleServer>) -> Option<Owner> {
+        let parts = ctx.extensions.get::<axum::http::request::Parts>()?;
+        if parts.headers.contains_key("mcp-session-id") {
+            return None;
+        }
+        if self.owns_stateless {
+            return Some(self.owner.clone());
+        }
+        // Set by the bearer check from the verified token (never from the raw header, whose
+        // spelling a client controls); without auth every stateless client is the same one.
+        let client = parts.extensions.get::<super::http::VerifiedClient>();
+        Some(token_owner(client.map(|c| &c.0[..]).unwrap_or_default()))
     }
 }
 
@@ -170,101 +224,6 @@ impl SandboxServer {
     pub fn slot(&self) -> &Arc<Slot> {
         &self.slot
     }
-}
-
-/// The request came over HTTP without a session: a stateless (2026-07-28) client, owned
-/// by its token.
-fn stateless_owner(ctx: &RequestContext<RoleServer>) -> Option<Owner> {
-    let parts = ctx.extensions.get::<axum::http::request::Parts>()?;
-    if parts.headers.contains_key("mcp-session-id") {
-        return None;
-    }
-    // Set by the bearer check from the verified token (never from the raw header, whose
-    // spelling a client controls); without auth every stateless client is the same one.
-    let client = parts.extensions.get::<super::http::VerifiedClient>();
-    Some(token_owner(client.map(|c| &c.0[..]).unwrap_or_default()))
-}
-
-fn to_mcp_tool(spec: &ToolSpec) -> McpTool {
-    let schema: JsonObject = spec.parameters.as_object().cloned().unwrap_or_default();
-    McpTool::new(
-        spec.name.clone(),
-        spec.description.clone(),
-        Arc::new(schema),
-    )
-}
-
-/// A spec with the required `sandbox_id` parameter stateless clients pass.
-fn with_sandbox_id(spec: &ToolSpec) -> McpTool {
-    let mut params = spec.parameters.clone();
-    if let Some(obj) = params.as_object_mut() {
-        let props = obj.entry("properties").or_insert_with(|| json!({}));
-        if let Some(p) = props.as_object_mut() {
-            p.insert(
-                "sandbox_id".into(),
-                json!({"type": "string", "description": "The id sandbox_create returned."}),
-            );
-        }
-        let req = obj.entry("required").or_insert_with(|| json!([]));
-        if let Some(r) = req.as_array_mut() {
-            r.push(json!("sandbox_id"));
-        }
-    }
-    to_mcp_tool(&ToolSpec {
-        name: spec.name.clone(),
-        description: spec.description.clone(),
-        parameters: params,
-    })
-}
-
-fn lifecycle_tools() -> Vec<McpTool> {
-    let create = ToolSpec {
-        name: "sandbox_create".into(),
-        description: "Create a sandbox (a fresh container) and return its sandbox_id, which every \
-                      other tool needs. It is removed by sandbox_close or after being idle."
-            .into(),
-        parameters: json!({"type": "object", "properties": {}}),
-    };
-    let close = ToolSpec {
-        name: "sandbox_close".into(),
-        description: "Remove a sandbox and everything in it.".into(),
-        parameters: json!({"type": "object", "properties": {"sandbox_id": {"type": "string"}}, "required": ["sandbox_id"]}),
-    };
-    vec![to_mcp_tool(&create), to_mcp_tool(&close)]
-}
-
-/// A ToolResult as MCP content: text first, then the image.
-pub fn to_call_result(r: &ToolResult) -> CallToolResult {
-    let mut content = Vec::new();
-    let text = r.render();
-    if !text.is_empty() || r.base64_image.is_none() {
-        content.push(ContentBlock::text(text));
-    }
-    if let Some(img) = &r.base64_image {
-        content.push(ContentBlock::image(img.clone(), mime_of_base64(img)));
-    }
-    if r.is_error() {
-        CallToolResult::error(content)
-    } else {
-        CallToolResult::success(content)
-    }
-}
-
-/// Guesses the type of a base64 image from its first bytes (PNG unless it says otherwise).
-fn mime_of_base64(b64: &str) -> &'static str {
-    if b64.starts_with("/9j/") {
-        "image/jpeg"
-    } else if b64.starts_with("R0lGOD") {
-        "image/gif"
-    } else if b64.starts_with("UklGR") {
-        "image/webp"
-    } else {
-        "image/png"
-    }
-}
-
-fn error_result(text: impl Into<String>) -> CallToolResponse {
-    CallToolResult::error(vec![ContentBlock::text(text.into())]).into()
 }
 
 async fn run(
@@ -298,7 +257,7 @@ impl ServerHandler for SandboxServer {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let tools = if stateless_owner(&ctx).is_some() {
+        let tools = if self.state.stateless_owner(&ctx).is_some() {
             let mut t = lifecycle_tools();
             t.extend(self.state.specs.iter().map(with_sandbox_id));
             t
@@ -315,7 +274,7 @@ impl ServerHandler for SandboxServer {
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
         let mut args = request.arguments.unwrap_or_default();
-        let Some(owner) = stateless_owner(&ctx) else {
+        let Some(owner) = self.state.stateless_owner(&ctx) else {
             if !self.state.specs.iter().any(|s| s.name == name) {
                 // Answered without creating a container for it.
                 return Ok(run(&ToolRegistry::new(), &name, args, &ctx).await);
@@ -330,11 +289,16 @@ impl ServerHandler for SandboxServer {
                 Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
             });
         };
-        let (stateless, manager) = (&self.state.stateless, self.state.manager.as_ref());
+        let (stateless, manager) = (&self.state.stateless, &self.state.manager);
+        let admission = &self.state.admission;
         if name == "sandbox_create" {
-            // The manager's per-owner cap keeps one client from taking every session.
+            // The manager's per-owner cap keeps one client from taking every session (and
+            // serve's admission holds a user to their quota).
             return Ok(
-                match stateless.create(manager, &self.state.config, &owner).await {
+                match stateless
+                    .create(manager, &self.state.config, &owner, admission)
+                    .await
+                {
                     Ok(id) => CallToolResult::success(vec![ContentBlock::text(format!(
                         "sandbox_id: {id}\nPass it as sandbox_id to every tool; call sandbox_close when done."
                     ))])
@@ -352,17 +316,25 @@ impl ServerHandler for SandboxServer {
             }
         };
         if name == "sandbox_close" {
-            return Ok(match stateless.close(manager, &owner, &id).await {
-                true => CallToolResult::success(vec![ContentBlock::text(format!(
-                    "sandbox {id} removed"
-                ))])
-                .into(),
-                false => error_result(format!(
-                    "no sandbox {id:?} (it was closed, idled out, or belongs to another token)"
-                )),
-            });
+            return Ok(
+                match stateless
+                    .close(manager, &owner, &id, admission.as_ref())
+                    .await
+                {
+                    true => CallToolResult::success(vec![ContentBlock::text(format!(
+                        "sandbox {id} removed"
+                    ))])
+                    .into(),
+                    false => error_result(format!(
+                        "no sandbox {id:?} (it was closed, idled out, or belongs to another token)"
+                    )),
+                },
+            );
         }
-        match stateless.get(manager, &owner, &id).await {
+        match stateless
+            .get(manager, &owner, &id, admission.as_ref())
+            .await
+        {
             Some((session, registry)) => {
                 let _in_use = session.hold();
                 Ok(run(&registry, &name, args, &ctx).await)

@@ -12,9 +12,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{Config, LimitRequest};
+use super::admission::{Admission, Ticket, create_admitted};
+use crate::config::Config;
 use crate::sandbox::manager::Session;
-use crate::sandbox::{CreateOptions, Owner, SandboxError, SessionManager};
+use crate::sandbox::{Owner, SandboxError, SessionManager};
 use crate::tools::ToolRegistry;
 
 /// The owner of a stateless client's sandboxes: its bearer token, hashed (the token itself
@@ -27,6 +28,8 @@ struct Entry {
     owner: Owner,
     session_id: String,
     registry: Arc<ToolRegistry>,
+    /// What the front end admitted it with (serve: its session row).
+    ticket: Ticket,
 }
 
 /// The ids stateless clients hold, by id.
@@ -41,21 +44,23 @@ pub fn create_refusal(e: &SandboxError) -> String {
         SandboxError::TooManySessionsForOwner { limit, .. } => format!(
             "you already hold {limit} open sandboxes, the most one client may; call sandbox_close on one you no longer need"
         ),
+        // The front end's own words (serve: the user's session quota).
+        SandboxError::Refused { message } => message.clone(),
         other => format!("sandboxd could not create a sandbox: {other}"),
     }
 }
 
 impl StatelessSandboxes {
-    /// Creates a session for `owner` and returns the new id.
+    /// Creates a session for `owner`, admitted by `admission`, and returns the new id.
     pub async fn create(
         &self,
-        manager: &SessionManager,
+        manager: &Arc<SessionManager>,
         config: &Config,
         owner: &Owner,
+        admission: &Arc<dyn Admission>,
     ) -> Result<String, SandboxError> {
-        let session = manager
-            .create(owner, &LimitRequest::default(), CreateOptions::default())
-            .await?;
+        let (session, ticket) =
+            create_admitted(admission.clone(), manager.clone(), owner.clone()).await?;
         let registry = crate::tools::session::SessionTools::server_registry(&session, config);
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         let live: Vec<String> = manager
@@ -73,18 +78,20 @@ impl StatelessSandboxes {
                 owner: owner.clone(),
                 session_id: session.id.clone(),
                 registry,
+                ticket,
             },
         );
         Ok(id)
     }
 
     /// The session of `owner`'s sandbox `id` (marked used) and its tools; None when the id
-    /// is unknown, another owner's, or its session is gone.
+    /// is unknown, another owner's, or its session is gone (whose end is then reported).
     pub async fn get(
         &self,
         manager: &SessionManager,
         owner: &Owner,
         id: &str,
+        admission: &dyn Admission,
     ) -> Option<(Arc<Session>, Arc<ToolRegistry>)> {
         let (session_id, registry) = {
             let map = self.map.lock().await;
@@ -94,14 +101,27 @@ impl StatelessSandboxes {
         match manager.get(owner, &session_id).await {
             Ok(session) => Some((session, registry)),
             Err(_) => {
-                self.map.lock().await.remove(id);
+                if let Some(e) = self.map.lock().await.remove(id) {
+                    admission
+                        .ended(
+                            &e.ticket,
+                            "its sandbox was removed (idle, or over the memory budget)",
+                        )
+                        .await;
+                }
                 None
             }
         }
     }
 
     /// Removes `owner`'s sandbox `id`; false when there is no such sandbox of this owner.
-    pub async fn close(&self, manager: &SessionManager, owner: &Owner, id: &str) -> bool {
+    pub async fn close(
+        &self,
+        manager: &SessionManager,
+        owner: &Owner,
+        id: &str,
+        admission: &dyn Admission,
+    ) -> bool {
         let taken = {
             let mut map = self.map.lock().await;
             match map.get(id) {
@@ -112,6 +132,7 @@ impl StatelessSandboxes {
         let Some(e) = taken else {
             return false;
         };
+        admission.ended(&e.ticket, "sandbox_close").await;
         match manager.remove(owner, &e.session_id).await {
             Ok(()) => true,
             Err(SandboxError::SessionNotFound { .. }) => false,

@@ -82,6 +82,11 @@ pub enum SandboxError {
 
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+
+    /// The front end that asked for a session refused it by its own rules (a user's
+    /// session quota on `serve`); the message says what is in use and what to do.
+    #[error("{message}")]
+    Refused { message: String },
 }
 
 impl SandboxError {

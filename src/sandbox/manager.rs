@@ -140,6 +140,9 @@ impl Table {
     }
 }
 
+/// Ended-session ids a slow subscriber may fall behind by before it is told it lagged.
+const ENDS_BUFFERED: usize = 1024;
+
 /// Told the id of each session whose sandbox is gone (see `SessionManager::on_session_end`).
 /// It may block (it deletes files): the manager runs it on the blocking pool.
 pub type EndHook = Arc<dyn Fn(&str) + Send + Sync>;
@@ -159,6 +162,9 @@ pub struct SessionManager {
     pub(super) fills: tokio_util::task::TaskTracker,
     /// What to tell when a session ends; set once by the process that makes the manager.
     on_end: std::sync::OnceLock<EndHook>,
+    /// The ids of ended sessions, for whoever keeps its own books on them (`serve`'s /mcp
+    /// rows); a subscriber that lags must look again itself.
+    ends: tokio::sync::broadcast::Sender<String>,
 }
 
 /// Releases a creation's place in the caps however the creation ends (even cancelled).
@@ -248,7 +254,15 @@ impl SessionManager {
             refill: Arc::default(),
             fills: tokio_util::task::TaskTracker::new(),
             on_end: std::sync::OnceLock::new(),
+            ends: tokio::sync::broadcast::channel(ENDS_BUFFERED).0,
         })
+    }
+
+    /// The ids of the sessions that end from now on: every one this manager destroys (its
+    /// sandbox removed: closed, reaped, over the memory budget, reconciled) and every one
+    /// `session_ended` reports.
+    pub fn subscribe_ends(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.ends.subscribe()
     }
 
     /// Sets the hook told the id of every session this manager destroys (its sandbox
@@ -264,6 +278,8 @@ impl SessionManager {
     /// blocking pool; this waits for it, so what it deletes is gone when this returns (a
     /// one-shot command may exit right after, and the pool drops tasks not yet started).
     pub async fn session_ended(&self, session_id: &str) {
+        // No subscriber is not an error.
+        let _ = self.ends.send(session_id.to_string());
         let Some(hook) = self.on_end.get().cloned() else {
             return;
         };

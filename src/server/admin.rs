@@ -40,6 +40,7 @@ async fn view(st: &AppState, u: &User) -> Result<UserView, ApiError> {
         },
         usage: UsageView {
             active_sessions: usage.active_sessions,
+            active_mcp_sessions: usage.active_mcp_sessions,
             active_runs: usage.active_runs,
             input_tokens_today: usage.input_tokens_today,
         },
@@ -137,7 +138,7 @@ pub async fn delete_user(
     }
     let user = st.store.user_by_name(&name).await?;
     let live = accounts::remove(st.store.as_ref(), &name).await?;
-    if let Some(user) = user {
+    if let Some(user) = &user {
         user_removed(&st, &user.id).await;
     }
     for row in live {
@@ -145,6 +146,10 @@ pub async fn delete_user(
             // The reconciler removes what is left of an ended session later.
             tracing::warn!(session = %row.id, error = %e, "could not remove a removed user's container now");
         }
+    }
+    // Their /mcp sessions close and their MCP sandboxes go now, not at their idle timeout.
+    if let Some(user) = user {
+        st.mcp.remove_user(&user.id).await;
     }
     Ok(StatusCode::NO_CONTENT)
 }

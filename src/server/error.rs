@@ -207,6 +207,7 @@ impl From<SandboxError> for ApiError {
             SandboxGone { .. } => ErrorCode::Conflict,
             SessionNotFound { .. } | NotFound { .. } => ErrorCode::NotFound,
             TooManySessions { .. } => ErrorCode::CapacityUnavailable,
+            Refused { .. } => ErrorCode::QuotaExceeded,
             TooManySessionsForOwner { limit, .. } => {
                 return ApiError::quota(
                     "sessions",

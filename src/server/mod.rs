@@ -6,7 +6,8 @@
 //! `proxies` (the client address behind trusted proxies), `streams` (open streams by user
 //! and credential: revocation and the per-user cap), `http` (Host allow-list, time limits,
 //! access log), `listen` (connections), `backend` (the adapter over the SessionManager),
-//! `sessions`/`files`/`admin`/`health` (handlers), `mcp` (per-user MCP servers), `reconcile` (start-up and periodic agreement of store and engine), `openapi`.
+//! `sessions`/`files`/`admin`/`health` (handlers), `mcp` (per-user MCP servers) and `mcp_quota` (their sandboxes as the user's
+//! sessions), `reconcile` (start-up and periodic agreement of store and engine), `openapi`.
 //!
 //! Connections (`listen`): header and idle timeouts, a cap on open connections that closes
 //! stalled ones first, and the open-file limit raised at start (`listen::nofile`).
@@ -14,7 +15,8 @@
 //! Shutdown: the token stops the listener from accepting, ends rmcp's streams (and, with
 //! runs, every event stream: each one selects on it, so an open stream cannot hold the
 //! drain), and requests in flight get `[server] drain_secs` before the server returns anyway.
-//! API sessions' containers are kept for the next start to re-attach; /mcp sandboxes go.
+//! API sessions' containers are kept for the next start to re-attach; /mcp sandboxes go,
+//! and their session rows end (mcp_quota.rs).
 //!
 //! The warm pool: `serve`'s manager has a pool scoped to its data directory (`pool_owner`),
 //! so API sessions (kept) claim from it as /mcp sessions do; the claim is recorded in the
@@ -34,6 +36,7 @@ pub mod health;
 pub mod http;
 pub mod listen;
 pub mod mcp;
+pub mod mcp_quota;
 pub mod openapi;
 pub mod proxies;
 pub mod reconcile;
@@ -326,15 +329,21 @@ impl Server {
                 config.data_dir().join("spool").display()
             )
         })?;
+        let mcp = mcp::McpUsers::new(
+            manager.clone(),
+            config.clone(),
+            store.clone(),
+            shutdown.clone(),
+        );
         let state = Arc::new(AppState {
             transfers,
             runs,
             proxies,
             streams: streams::Streams::new(config.server.streams_per_user),
             store,
-            backend: backend::Backend::new(manager.clone()),
+            backend: backend::Backend::new(manager),
             throttle: auth::Throttle::new(config.server.auth_failures_per_minute),
-            mcp: mcp::McpUsers::new(manager, config.clone(), shutdown.clone()),
+            mcp,
             ready,
             tool_specs,
             shutdown,
@@ -376,6 +385,12 @@ impl Server {
         let recheck = state
             .streams
             .spawn_recheck(state.store.clone(), shutdown.clone());
+        // The rows of /mcp sandboxes the manager itself removes (idle, memory budget) end
+        // as they go.
+        let mcp_ends = state
+            .mcp
+            .ledger()
+            .spawn_listener(state.backend.manager().clone(), shutdown.clone());
         // The manager's one reaper: idle /mcp sessions (API sessions have their own timeouts,
         // kept by `upkeep`, and are touched in the manager on every use).
         let reaper = state.backend.manager().spawn_reaper();
@@ -412,6 +427,12 @@ impl Server {
         }
         state.mcp.close_all().await;
         state.backend.remove_mcp_sessions().await;
+        mcp_ends.abort();
+        state
+            .mcp
+            .ledger()
+            .end_all("sandboxd stopped (MCP sandboxes do not outlive the service)")
+            .await;
         Ok(())
     }
 }

@@ -19,7 +19,11 @@
 //! Then periodically: orphans whose creator is gone are removed (the manager's reconcile),
 //! sessions idle past their timeout are ended and removed, live sessions
 //! whose row ended elsewhere (`sandboxd users rm`) are removed, last-use times are persisted,
-//! and old rows past the retention are purged.
+//! the rows of /mcp sandboxes that went are ended and the MCP sessions of removed users
+//! closed (mcp_quota.rs), and old rows past the retention are purged.
+//!
+//! /mcp sandboxes are never kept: at start their containers are the manager's orphans and
+//! their rows, still active, are ended.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -28,7 +32,7 @@ use std::time::Duration;
 use super::AppState;
 use super::backend::{Backend, OWNER_PREFIX};
 use crate::sandbox::{SandboxState, SessionInfo};
-use crate::store::{SessionState, now_ms};
+use crate::store::{SessionKind, SessionState, now_ms};
 use crate::tools::saved;
 
 /// What the start-up reconcile did.
@@ -51,6 +55,19 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
     let of_scope = |c: &SessionInfo| c.pooled && scope.as_deref() == Some(c.owner.as_str());
     let mut kept: HashSet<String> = HashSet::new();
     for row in st.store.active_sessions().await? {
+        // An /mcp sandbox never outlives the process that made it (its container is not
+        // kept; the manager's reconcile above removed it): its row ends here.
+        if row.kind == SessionKind::Mcp {
+            st.store
+                .end_session(
+                    &row.id,
+                    "sandboxd stopped (MCP sandboxes do not outlive the service)",
+                    now_ms(),
+                )
+                .await?;
+            out.ended.push(row.id);
+            continue;
+        }
         let found = row.runtime_id.as_deref().and_then(|r| {
             containers.iter().find(|c| {
                 c.session_id == r
@@ -169,6 +186,10 @@ pub async fn tick(st: &AppState) {
             }
         }
     }
+    // /mcp sandboxes: rows whose sandbox went unnoticed end, and the MCP sessions of users
+    // removed by `sandboxd users rm` close.
+    st.mcp.ledger().sweep(st.backend.manager()).await;
+    st.mcp.remove_gone_users(st.store.as_ref()).await;
     let days = st.config.server.retention_days;
     if days > 0 {
         let cutoff = now - (days as i64).saturating_mul(86_400_000);

@@ -23,7 +23,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, ApiPath, ErrorResponses};
 use super::sessions::owned_row;
-use crate::store::{SessionRow, now_ms};
+use crate::store::{SessionKind, SessionRow, now_ms};
 
 /// How long ending a session waits for each of its runs to stop.
 const RUN_STOP_WAIT: Duration = Duration::from_secs(10);
@@ -68,6 +68,12 @@ async fn end(st: &AppState, caller: &Caller, row: &SessionRow) -> Result<(), Api
     } else {
         "ended by an admin"
     };
+    if row.kind == SessionKind::Mcp {
+        // An MCP client's sandbox: no runs and no kept container; the ledger ends the row
+        // and the sandbox goes.
+        st.mcp.end_session(row, reason).await;
+        return Ok(());
+    }
     st.store.end_session(&row.id, reason, now_ms()).await?;
     st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
     st.backend.remove(&row.id, Some(row)).await?;

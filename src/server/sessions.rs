@@ -22,7 +22,7 @@ use super::streams::Kind;
 use super::types::*;
 use crate::config::LimitRequest;
 use crate::sandbox::{SandboxError, ShellOptions};
-use crate::store::{SessionQuery, SessionRow, SessionState, now_ms};
+use crate::store::{SessionKind, SessionQuery, SessionRow, SessionState, now_ms};
 use crate::tools::ToolContext;
 
 const MAX_METADATA: usize = 32;
@@ -75,6 +75,14 @@ pub async fn owned_row(st: &AppState, caller: &Caller, id: &str) -> Result<Sessi
 /// The caller's running session with its sandbox, or 404/409.
 pub async fn live_session(st: &AppState, caller: &Caller, id: &str) -> Result<Arc<Live>, ApiError> {
     let row = owned_row(st, caller, id).await?;
+    if row.kind == SessionKind::Mcp {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "session {id} is the sandbox of an MCP client: use it through /mcp (DELETE /v1/sessions/{id} ends it); create an API session with POST /v1/sessions"
+            ),
+        ));
+    }
     match row.state {
         SessionState::Running => {}
         SessionState::Creating => {

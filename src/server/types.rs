@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::config::{LimitRequest, Limits};
-use crate::store::{SessionRow, SessionState};
+use crate::store::{SessionKind, SessionRow, SessionState};
 
 /// An optional whole number; JSON Schema counts `5.0` as an integer, so it is accepted.
 pub(crate) fn integral<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -155,12 +155,33 @@ impl From<SessionState> for SessionStatus {
     }
 }
 
+/// Which front end made a session; both kinds count in the same `quota.sessions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionKindView {
+    /// Made by POST /v1/sessions or a run: exec, tools, files and runs use it.
+    Api,
+    /// The sandbox of an /mcp client: used only through /mcp; DELETE ends it, and it ends
+    /// when its MCP session closes, when it idles out, or when the service stops.
+    Mcp,
+}
+
+impl From<SessionKind> for SessionKindView {
+    fn from(k: SessionKind) -> Self {
+        match k {
+            SessionKind::Api => SessionKindView::Api,
+            SessionKind::Mcp => SessionKindView::Mcp,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Session {
     pub id: String,
     /// The owning user's id.
     pub owner: String,
     pub state: SessionStatus,
+    pub kind: SessionKindView,
     pub limits: LimitsView,
     pub metadata: BTreeMap<String, String>,
     /// Seconds unused after which the session is removed.
@@ -182,6 +203,7 @@ impl From<&SessionRow> for Session {
             id: r.id.clone(),
             owner: r.owner.clone(),
             state: r.state.into(),
+            kind: r.kind.into(),
             limits: (&r.limits).into(),
             metadata: r.metadata.clone(),
             idle_timeout: r.idle_timeout_secs,
@@ -325,7 +347,10 @@ pub struct QuotaView {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct UsageView {
+    /// Live sessions of every kind (what `quota.sessions` bounds).
     pub active_sessions: u32,
+    /// Of `active_sessions`, the sandboxes of /mcp clients.
+    pub active_mcp_sessions: u32,
     pub active_runs: u32,
     pub input_tokens_today: u64,
 }

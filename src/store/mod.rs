@@ -130,6 +130,35 @@ impl SessionState {
     }
 }
 
+/// Which front end made a session: both count in the owner's one session quota.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionKind {
+    /// POST /v1/sessions or a run: a kept container the API drives.
+    #[default]
+    Api,
+    /// The sandbox of an /mcp client (one per MCP session, or per stateless `sandbox_id`):
+    /// driven only through /mcp, and gone when the serve that made it stops.
+    Mcp,
+}
+
+impl SessionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionKind::Api => "api",
+            SessionKind::Mcp => "mcp",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "api" => Some(SessionKind::Api),
+            "mcp" => Some(SessionKind::Mcp),
+            _ => None,
+        }
+    }
+}
+
 /// One stored session.
 #[derive(Debug, Clone)]
 pub struct SessionRow {
@@ -137,6 +166,7 @@ pub struct SessionRow {
     /// The owning user's id.
     pub owner: String,
     pub state: SessionState,
+    pub kind: SessionKind,
     pub limits: Limits,
     pub metadata: BTreeMap<String, String>,
     pub idle_timeout_secs: u64,
@@ -163,6 +193,7 @@ impl SessionRow {
             id: id.into(),
             owner: owner.into(),
             state: SessionState::Creating,
+            kind: SessionKind::Api,
             limits,
             metadata,
             idle_timeout_secs,
@@ -173,6 +204,14 @@ impl SessionRow {
             ended_at: None,
             end_reason: None,
         }
+    }
+}
+
+impl SessionRow {
+    /// The same row with another kind (what `reserve_session` records).
+    pub fn with_kind(mut self, kind: SessionKind) -> Self {
+        self.kind = kind;
+        self
     }
 }
 
@@ -200,7 +239,10 @@ pub struct SessionPage {
 /// What a user is using now, for quotas and the admin's view.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
+    /// Every live session: API sessions and /mcp sandboxes alike.
     pub active_sessions: u32,
+    /// Of those, the /mcp sandboxes.
+    pub active_mcp_sessions: u32,
     pub active_runs: u32,
     pub input_tokens_today: u64,
 }

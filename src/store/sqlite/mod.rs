@@ -39,6 +39,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../schema_v1.sql"),
     include_str!("../schema_v2.sql"),
     include_str!("../schema_v3.sql"),
+    include_str!("../schema_v4.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

@@ -4,9 +4,9 @@
 use rusqlite::{Connection, Params, Transaction, params};
 
 use super::{page, sql, to_json};
-use crate::store::{SessionPage, SessionQuery, SessionRow, SessionState, StoreError};
+use crate::store::{SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError};
 
-const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason";
+const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind";
 
 /// The sessions matching `tail` with their rowids (the paging cursor), JSON decoded.
 pub(super) fn select(
@@ -24,10 +24,12 @@ pub(super) fn select(
                 r.get::<_, String>(3)?,
                 r.get::<_, String>(4)?,
                 r.get::<_, String>(5)?,
+                r.get::<_, String>(13)?,
                 SessionRow {
                     id: r.get(1)?,
                     owner: r.get(2)?,
                     state: SessionState::Ended,
+                    kind: SessionKind::Api,
                     limits: Default::default(),
                     metadata: Default::default(),
                     idle_timeout_secs: r.get::<_, i64>(6)?.max(0) as u64,
@@ -43,7 +45,9 @@ pub(super) fn select(
         .map_err(sql)?;
     let corrupt = |what, message: String| StoreError::Corrupt { what, message };
     rows.map(|row| {
-        let (rowid, state, limits, metadata, mut row) = row.map_err(sql)?;
+        let (rowid, state, limits, metadata, kind, mut row) = row.map_err(sql)?;
+        row.kind =
+            SessionKind::parse(&kind).ok_or_else(|| corrupt("session kind", kind.clone()))?;
         row.state =
             SessionState::parse(&state).ok_or_else(|| corrupt("session state", state.clone()))?;
         row.limits =
@@ -81,15 +85,16 @@ pub(super) fn reserve(
         });
     }
     tx.execute(
-        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at)
-         VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?6)",
+        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind)
+         VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?6, ?7)",
         params![
             row.id,
             row.owner,
             to_json(&row.limits)?,
             to_json(&row.metadata)?,
             row.idle_timeout_secs as i64,
-            row.created_at
+            row.created_at,
+            row.kind.as_str()
         ],
     )
     .map_err(sql)?;

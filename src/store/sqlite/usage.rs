@@ -14,6 +14,9 @@ pub(super) fn usage(c: &Connection, owner: &str, now: i64) -> Result<Usage, Stor
     };
     let active_sessions =
         count("SELECT COUNT(*) FROM sessions WHERE owner = ?1 AND state != 'ended'")?;
+    let active_mcp_sessions = count(
+        "SELECT COUNT(*) FROM sessions WHERE owner = ?1 AND state != 'ended' AND kind = 'mcp'",
+    )?;
     let active_runs = count(
         "SELECT COUNT(*) FROM runs WHERE owner = ?1 AND state IN ('queued', 'running', 'waiting_for_human')",
     )?;
@@ -27,6 +30,7 @@ pub(super) fn usage(c: &Connection, owner: &str, now: i64) -> Result<Usage, Stor
         .map_err(sql)?;
     Ok(Usage {
         active_sessions,
+        active_mcp_sessions,
         active_runs,
         input_tokens_today: tokens.unwrap_or(0).max(0) as u64,
     })

@@ -19,7 +19,8 @@ UI.views.runs = async function () {
 
   const sessions = await api('GET', '/v1/sessions?limit=100');
   for (const s of ((sessions.data && sessions.data.sessions) || [])) {
-    if (s.owner === me.id) {
+    // An MCP client's sandbox is driven through /mcp only; a run cannot use it.
+    if (s.owner === me.id && s.kind !== 'mcp') {
       $('#session').append(el('option', { value: s.id, text: s.id + ' (since ' + when(s.created_at) + ')' }));
     }
   }
@@ -167,7 +168,8 @@ UI.views.admin = async function () {
       return el('tr', { 'data-user': u.name },
         el('td', { text: u.name }), el('td', { text: u.admin ? 'yes' : 'no' }),
         el('td', {}, el('code', { text: u.key_prefix + '…' })),
-        el('td', { text: u.usage.active_sessions + ' / ' + u.quota.sessions }),
+        el('td', { text: u.usage.active_sessions + ' / ' + u.quota.sessions +
+          (u.usage.active_mcp_sessions ? ' (' + u.usage.active_mcp_sessions + ' MCP)' : '') }),
         el('td', { text: u.usage.active_runs + ' / ' + u.quota.runs }),
         el('td', { text: u.usage.input_tokens_today.toLocaleString() + tokens }),
         el('td', { class: 'actions' }, rotate, remove));
@@ -193,7 +195,10 @@ UI.views.admin = async function () {
         if (d.status === 204) { toast('Session ended.'); sessions(); users(); } else toast(UI.errorText(d), true);
       });
       return el('tr', { 'data-session': s.id },
-        el('td', {}, el('a', { href: '/sessions/' + enc(s.id) + '/files', text: s.id })),
+        // An MCP client's sandbox has no files page (it is used through /mcp only).
+        el('td', {}, s.kind === 'mcp'
+          ? el('span', {}, el('code', { text: s.id }), ' ', el('span', { class: 'badge', text: 'MCP' }))
+          : el('a', { href: '/sessions/' + enc(s.id) + '/files', text: s.id })),
         el('td', { text: names.get(s.owner) || s.owner }),
         el('td', { text: since(s.created_at) }), el('td', { text: since(s.last_used_at) }),
         el('td', {}, end));

@@ -1,0 +1,87 @@
+//! Admission: what the front end that serves MCP decides around each sandbox's life.
+//!
+//! The MCP server makes sandboxes on its own (the first tool call of a session,
+//! `sandbox_create`), so the rules of whoever runs it are asked here: before a sandbox is
+//! made (`admit`: may it be, and with which limits), once it exists (`started`), and when it
+//! goes (`ended`) or never came (`failed`). `sandboxd mcp` admits everything with the
+//! admin's limits (`Open`); `serve` counts each sandbox as a session of its user, in the
+//! same quota and with the same ceilings as API sessions (server/mcp_quota.rs).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::config::LimitRequest;
+use crate::sandbox::manager::Session;
+use crate::sandbox::{CreateOptions, Owner, SandboxError, SessionManager};
+
+/// One admitted sandbox: what to make it with, and the front end's own name for it.
+#[derive(Debug, Clone, Default)]
+pub struct Ticket {
+    /// The front end's record of it (`serve`: the session row's id); None when it keeps none.
+    pub record: Option<String>,
+    /// What the sandbox is made with: the manager lowers the admin's limits to it.
+    pub limits: LimitRequest,
+}
+
+#[async_trait]
+pub trait Admission: Send + Sync {
+    /// Before a sandbox is made: a ticket, or a refusal (`SandboxError::Refused`) whose
+    /// message tells the client what is in use and what to do.
+    async fn admit(&self) -> Result<Ticket, SandboxError>;
+    /// The sandbox exists, as `session`.
+    async fn started(&self, ticket: &Ticket, session: &Session);
+    /// The sandbox could not be made: the ticket is given back as if never issued.
+    async fn failed(&self, ticket: &Ticket);
+    /// The sandbox is gone (closed, idled out, its user removed). Idempotent.
+    async fn ended(&self, ticket: &Ticket, reason: &str);
+}
+
+/// Admits every sandbox with the admin's limits and keeps no records (`sandboxd mcp`: the
+/// manager's global and per-owner caps are the only bounds).
+pub struct Open;
+
+#[async_trait]
+impl Admission for Open {
+    async fn admit(&self) -> Result<Ticket, SandboxError> {
+        Ok(Ticket::default())
+    }
+
+    async fn started(&self, _ticket: &Ticket, _session: &Session) {}
+
+    async fn failed(&self, _ticket: &Ticket) {}
+
+    async fn ended(&self, _ticket: &Ticket, _reason: &str) {}
+}
+
+/// Makes a sandbox through `admission`: admitted first, then made with the ticket's limits,
+/// then reported started (or failed, giving the ticket back). It runs on its own task, so a
+/// caller that gives up half-way (a cancelled tool call) cannot leave a ticket neither
+/// started nor given back: a sandbox made for nobody is then reaped like any idle one, and
+/// its end reported.
+pub async fn create_admitted(
+    admission: Arc<dyn Admission>,
+    manager: Arc<SessionManager>,
+    owner: Owner,
+) -> Result<(Arc<Session>, Ticket), SandboxError> {
+    let made = tokio::spawn(async move {
+        let ticket = admission.admit().await?;
+        match manager
+            .create(&owner, &ticket.limits, CreateOptions::default())
+            .await
+        {
+            Ok(session) => {
+                admission.started(&ticket, &session).await;
+                Ok((session, ticket))
+            }
+            Err(e) => {
+                admission.failed(&ticket).await;
+                Err(e)
+            }
+        }
+    });
+    made.await.map_err(|e| SandboxError::Protocol {
+        helper: "the MCP server".into(),
+        message: format!("the sandbox creation task failed: {e}"),
+    })?
+}
