@@ -108,8 +108,12 @@ UI.views.run = async function () {
     queue.push(ev);
     if (!rendering) render();
     if (ev.type === 'run_finished' || ev.type === 'flow_finished') {
-      // The state change may come after; ask once so the header is right either way.
-      api('GET', '/v1/runs/' + enc(id)).then((r) => { if (r.status === 200) { run = r.data; setState(r.data.state); } });
+      // The state change may come after; ask once so the header is right either way. A run
+      // never leaves a final state: an answer read before the change but slow to arrive (a
+      // loaded server) must not take the page back to `running` after the run_state event.
+      api('GET', '/v1/runs/' + enc(id)).then((r) => {
+        if (r.status === 200 && !TERMINAL.includes(state)) { run = r.data; setState(r.data.state); }
+      });
     }
   }
 
