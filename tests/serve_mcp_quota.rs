@@ -136,7 +136,9 @@ async fn an_mcp_sandbox_is_a_session_of_its_user_with_their_quota_and_ceilings()
 
 #[tokio::test]
 async fn stateless_sandboxes_are_owned_by_their_user_and_one_users_cap_leaves_the_other_alone() {
-    let env = Env::new("idle_timeout_secs = 600\nmax_per_owner = 1").await;
+    // No warm pool: a claimed warm sandbox keeps the pool's owner label (labels cannot
+    // change), and this test reads the owner from the label.
+    let env = Env::new("idle_timeout_secs = 600\nmax_per_owner = 1\n[pool]\nsize = 0").await;
     let root = env.add_user("root", &["--admin"]);
     let bo_key = env.add_user("bo", &[]);
     let cy_key = env.add_user("cy", &[]);
