@@ -1,0 +1,130 @@
+//! Shared plumbing of the CLI commands: config, the Docker connection, the image check,
+//! the owner of the CLI's sessions, and the two ways to get a SessionManager: one that may
+//! create sessions (the image is built if missing; orphans, and the tool records of sessions
+//! whose container is gone, are reconciled first) and one
+//! for commands that only look or remove (never builds anything).
+
+pub(crate) mod bench;
+pub(crate) mod bench_pool;
+pub(crate) mod copy_out;
+pub(crate) mod doctor;
+pub(crate) mod exec;
+pub(crate) mod image;
+pub(crate) mod mcp;
+pub(crate) mod plan;
+pub(crate) mod render;
+pub(crate) mod run;
+pub(crate) mod serve;
+pub(crate) mod sessions;
+pub(crate) mod signals;
+pub(crate) mod tool;
+pub(crate) mod users;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use sandboxd_core::config::Config;
+use sandboxd_core::sandbox::{Owner, SessionManager};
+use sandboxd_core::tools::saved;
+use sandboxd_docker::image as docker_image;
+use sandboxd_docker::{self as docker, DockerRuntime};
+
+pub(crate) struct Ctx {
+    pub config: Config,
+}
+
+impl Ctx {
+    pub(crate) fn load(path: Option<&Path>) -> anyhow::Result<Ctx> {
+        let config = Config::load(path)?;
+        Ok(Ctx { config })
+    }
+
+    /// Connects to Docker and makes sure the sandbox image exists, building it (with
+    /// progress on stderr) when it does not.
+    pub(crate) async fn runtime(&self) -> anyhow::Result<DockerRuntime> {
+        let docker = docker::connect().await?;
+        let image = if self.config.docker.image.is_empty() {
+            image::ensure(&docker).await?
+        } else {
+            self.config.docker.image.clone()
+        };
+        let oci = Some(self.config.docker.runtime.clone()).filter(|r| !r.is_empty());
+        Ok(DockerRuntime::new(docker, image, oci))
+    }
+
+    /// A manager for commands that create sessions. It runs the reconciler first (one
+    /// labelled list), so the orphans of a process that crashed or was killed are gone
+    /// before anything new is made.
+    pub(crate) async fn manager(&self) -> anyhow::Result<Arc<SessionManager>> {
+        let runtime = self
+            .runtime()
+            .await
+            .context("cannot prepare the sandbox runtime")?;
+        let manager = self.manager_over(runtime);
+        match manager.reconcile().await {
+            Ok(removed) if !removed.is_empty() => tracing::info!(
+                removed = removed.len(),
+                "removed sessions left behind by processes that are gone"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not reconcile orphaned sessions"),
+        }
+        // The local user's own data directory, swept whole: see saved::forget_orphans.
+        if let Err(e) = saved::forget_orphans(&self.config.data_dir(), &manager).await {
+            tracing::warn!(error = %e, "could not look for orphaned tool records");
+        }
+        Ok(manager)
+    }
+
+    /// A manager for commands that look at or remove sessions but never create one
+    /// (`sessions list|rm|gc`): it never builds the image.
+    pub(crate) async fn read_only_manager(&self) -> anyhow::Result<Arc<SessionManager>> {
+        let engine = docker::connect().await?;
+        Ok(self.manager_over(self.runtime_without_image(engine)))
+    }
+
+    fn runtime_without_image(&self, engine: docker::Engine) -> DockerRuntime {
+        let image = if self.config.docker.image.is_empty() {
+            docker_image::image_tag()
+        } else {
+            self.config.docker.image.clone()
+        };
+        let oci = Some(self.config.docker.runtime.clone()).filter(|r| !r.is_empty());
+        DockerRuntime::new(engine, image, oci)
+    }
+
+    fn manager_over(&self, runtime: DockerRuntime) -> Arc<SessionManager> {
+        // The pool only fills in processes that start it (`spawn_pool`: the MCP server and
+        // `serve`); a one-shot command claims nothing and makes nothing ahead.
+        let manager = SessionManager::with_pool(
+            Arc::new(runtime),
+            self.config.limits.clone(),
+            self.config.sessions.clone(),
+            self.config.pool.clone(),
+        );
+        self.forget_ended_sessions(&manager);
+        manager
+    }
+
+    /// A kept session's tool records go when any command destroys the session.
+    pub(crate) fn forget_ended_sessions(&self, manager: &SessionManager) {
+        manager.on_session_end(saved::end_hook(self.config.data_dir()));
+    }
+
+    /// The owner recorded on sessions the CLI creates ([sessions] default_owner).
+    pub(crate) fn owner(&self) -> anyhow::Result<Owner> {
+        Owner::new(self.config.sessions.default_owner.clone())
+            .context("[sessions] default_owner is not usable")
+    }
+}
+
+/// `default` applies when SANDBOXD_LOG is unset (serve adds its access log).
+pub(crate) fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SANDBOXD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
