@@ -2,7 +2,7 @@
 //! calls); the numbers are printed, never asserted — timing does not belong in tests.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

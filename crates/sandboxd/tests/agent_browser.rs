@@ -2,7 +2,7 @@
 //! after the browser was used, and extract_content goes to the LLM as a forced function call.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

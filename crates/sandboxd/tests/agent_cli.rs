@@ -3,9 +3,8 @@
 //! when no LLM is configured, and Ctrl-C during a long command.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-#[path = "mcp/common.rs"]
-mod mcp_common;
-mod support;
+use crate::mcp_common;
+use crate::support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

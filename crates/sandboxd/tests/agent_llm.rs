@@ -3,7 +3,7 @@
 //! reasoning-model parameters and Azure's request shape.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -2,8 +2,8 @@
 //! python's http.server inside the container and opened as file://.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod browser_support;
-mod support;
+use crate::browser_support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 

@@ -2,7 +2,7 @@
 //! go to BENCHMARKS.md; timing targets are not asserted here, only that every step worked).
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use sandboxd::bench::browser::bench_browser;
 

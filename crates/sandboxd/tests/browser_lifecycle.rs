@@ -4,8 +4,8 @@
 //! one connection of this process.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod browser_support;
-mod support;
+use crate::browser_support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

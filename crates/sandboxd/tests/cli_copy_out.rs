@@ -4,7 +4,7 @@
 //! are listed with their reasons, and the exit status says the copy was partial.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Stdio};
 

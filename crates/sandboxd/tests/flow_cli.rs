@@ -2,7 +2,7 @@
 //! at the HTTP boundary. The live checklist on stderr, the summary on stdout, the files.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

@@ -5,8 +5,8 @@
 //! Every test here measures host memory, so they run one at a time (`rss::Peak` serializes).
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod browser_support;
-mod support;
+use crate::browser_support;
+use crate::support;
 
 use std::time::Duration;
 

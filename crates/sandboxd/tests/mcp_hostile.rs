@@ -4,9 +4,7 @@
 //! /proc), and the other clients keep working.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-#[path = "mcp/common.rs"]
-mod common;
-mod support;
+use crate::mcp_common as common;
 
 use common::{Containers, Listener, TOKEN};
 use sandboxd_core::mcp::McpClients;

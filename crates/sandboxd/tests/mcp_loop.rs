@@ -7,9 +7,8 @@
 //! another branch; the lead adds that case after merging.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-#[path = "mcp/common.rs"]
-mod common;
-mod support;
+use crate::mcp_common as common;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,8 +5,7 @@
 //! mid-call with reconnect, a server failing at startup, and name clashes.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-#[path = "mcp/common.rs"]
-mod common;
+use crate::mcp_common as common;
 
 use std::time::Duration;
 

@@ -8,7 +8,7 @@
 //! pool from a live one's. No Docker; virtual time.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::Arc;

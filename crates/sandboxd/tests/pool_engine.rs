@@ -7,7 +7,7 @@
 //! distinct and isolated.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};

@@ -5,7 +5,7 @@
 //! names are answered by a scripted resolver, so nothing here touches DNS or the internet.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::net::IpAddr;
 use std::sync::Arc;

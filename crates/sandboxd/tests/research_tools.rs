@@ -6,7 +6,7 @@
 //! allow-list, quotas, and the switches that turn the tools off or onto the MCP server.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! leaves the host and other sessions unharmed.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! and hostile tar archives refused before anything is written.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use sandboxd_core::sandbox::tar_safety::{self, TarLimits};
 use sandboxd_core::sandbox::{FileKind, SandboxError, ShellOptions};

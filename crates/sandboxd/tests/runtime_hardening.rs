@@ -2,7 +2,7 @@
 //! what a process inside actually experiences.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

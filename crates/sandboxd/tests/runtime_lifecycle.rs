@@ -2,7 +2,7 @@
 //! outside fails fast, limits requests only go down, the session cap holds.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! binary and large output, timeouts and a killed shell.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -3,11 +3,8 @@
 //! tar archives (hostile ones refused with nothing written), tools, health, /mcp per user.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
-#[path = "tar_safety/support.rs"]
-#[allow(dead_code, unused_macros)]
-mod tar_support;
+use crate::serve;
+use crate::tar_support;
 
 use reqwest::Method;
 use serde_json::json;

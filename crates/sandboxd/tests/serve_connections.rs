@@ -9,8 +9,7 @@
 //! whether a connection is closed, never about how fast.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
 
 use std::time::{Duration, Instant};
 

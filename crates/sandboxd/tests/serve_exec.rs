@@ -6,8 +6,7 @@
 //! under its calls answers "gone" (409) or 404, never a 5xx.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

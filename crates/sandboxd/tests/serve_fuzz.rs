@@ -7,8 +7,7 @@
 //! serve_api.rs tests that route with well-formed and hostile archives.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
 
 use std::path::Path;
 use std::process::Command;
@@ -21,7 +20,7 @@ fn schemathesis() -> String {
     {
         return p;
     }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-st/bin/st");
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv-st/bin/st");
     assert!(
         venv.exists(),
         "schemathesis is missing: .ci/run installs it (python3 -m venv .venv-st && .venv-st/bin/pip install schemathesis==4.32.5)"
@@ -66,7 +65,7 @@ async fn schemathesis_finds_no_server_error_nonconformance_or_cross_user_read() 
         ),
     )
     .unwrap();
-    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json");
     let out = Command::new(&st)
         .current_dir(dir)
         .args(["--config-file", "schemathesis.toml", "run"])

@@ -6,8 +6,8 @@
 //! another user cannot call on it (404, nothing removed).
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
+use crate::support;
 
 use reqwest::Method;
 use serde_json::{Value, json};

@@ -5,8 +5,8 @@
 //! set through it is there for a run in the same session, and the other way round.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -6,8 +6,8 @@
 //! growing, while the session itself keeps working.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -5,8 +5,7 @@
 //! the header says which client it forwards.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
 
 use reqwest::Method;
 use serde_json::{Value, json};

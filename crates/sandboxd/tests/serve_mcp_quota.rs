@@ -6,10 +6,8 @@
 //! have is a 404.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-#[path = "mcp/common.rs"]
-mod common;
-mod serve;
-mod support;
+use crate::mcp_common as common;
+use crate::serve;
 
 #[path = "mcp_quota/client.rs"]
 mod client;

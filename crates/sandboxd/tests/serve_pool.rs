@@ -5,8 +5,7 @@
 //! session's container is gone, not back in the pool; SIGTERM removes the warm sandboxes.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
 
 use std::process::Command;
 use std::time::Duration;

@@ -4,8 +4,7 @@
 //! open finishes within the drain bound and keeps API sessions for the next start.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
 
 use std::time::Duration;
 

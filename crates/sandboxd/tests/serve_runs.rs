@@ -6,8 +6,8 @@
 //! runs in serve_runs_lifecycle.rs; the shared SSE helpers in tests/serve/runs.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
+use crate::support;
 
 use reqwest::Method;
 use serde_json::json;

@@ -3,8 +3,8 @@
 //! queued run cancelled ends unstarted and spares the running one.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -3,8 +3,8 @@
 //! and runs interrupted by `kill -9` and by SIGTERM, which keep their events.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -3,8 +3,8 @@
 //! own runs, and the daily token quota that stops a run and refuses the next.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
+use crate::support;
 
 use reqwest::Method;
 use serde_json::{Value, json};

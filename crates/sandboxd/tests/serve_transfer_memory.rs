@@ -8,8 +8,8 @@
 //! and another build may run beside; the figures are printed for BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

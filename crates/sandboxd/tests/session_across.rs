@@ -5,7 +5,7 @@
 //! `sandboxd tool` process made.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

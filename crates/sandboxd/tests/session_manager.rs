@@ -5,7 +5,7 @@
 //! session tells, and a create that is abandoned half-way. No Docker; virtual time.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,8 +8,8 @@
 //! stay. The real binary, engine and image; the LLM faked at the HTTP boundary.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

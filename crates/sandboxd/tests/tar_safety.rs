@@ -2,9 +2,7 @@
 //! send, and each test checks the exact refusal *and* that nothing was written (security.md 2.4).
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-#[macro_use]
-#[path = "tar_safety/support.rs"]
-mod support;
+use crate::tar_support as support;
 
 #[path = "tar_safety/formats.rs"]
 mod formats;

@@ -3,7 +3,7 @@
 //! timeouts, crashes, output floods, protocol garbage, reset and cancellation.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! timeouts and a hint for commands that wait for input; `sandboxd tool` runs one call.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,8 +5,7 @@
 //! and all) is refused, while the user's API key still works and a new sign-in does too.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
-mod serve;
-mod support;
+use crate::serve;
 
 use std::time::{Duration, Instant};
 

@@ -44,7 +44,7 @@ pub fn python() -> PathBuf {
     if let Ok(p) = std::env::var("SANDBOXD_TEST_MCP_PYTHON") {
         return PathBuf::from(p);
     }
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv-mcp/bin/python");
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-mcp/bin/python");
     if repo.exists() {
         return repo;
     }

@@ -189,7 +189,7 @@ async fn act(page: &Page, selector: &str, text: Option<&str>) {
 
 /// Where the tests keep their screenshots: target/ui-artifacts/.
 pub fn artifacts_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/ui-artifacts");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/ui-artifacts");
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -3,7 +3,7 @@
 use sandboxd_core::sandbox::tar_safety::{TarError, TarLimits};
 use tar::EntryType;
 
-use crate::support::{Scene, Tar};
+use crate::tar_support::{Scene, Tar};
 
 type Res = anyhow::Result<()>;
 

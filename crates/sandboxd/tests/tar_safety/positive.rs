@@ -9,7 +9,7 @@ use sandboxd_core::sandbox::tar_safety::{
 };
 use tar::EntryType;
 
-use crate::support::{Scene, Tar};
+use crate::tar_support::{Scene, Tar};
 
 type Res = anyhow::Result<()>;
 type Plant = fn(&Path) -> std::io::Result<()>;

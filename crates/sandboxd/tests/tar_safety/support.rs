@@ -105,7 +105,7 @@ impl Scene {
 /// Asserts that validation and extraction both refuse with `$pat` and that nothing was written.
 macro_rules! assert_refused {
     ($scene:expr, $bytes:expr, $limits:expr, $pat:pat) => {{
-        let scene: &crate::support::Scene = &$scene;
+        let scene: &crate::tar_support::Scene = &$scene;
         let bytes: &[u8] = &$bytes;
         let limits: &sandboxd_core::sandbox::tar_safety::TarLimits = &$limits;
         let err = sandboxd_core::sandbox::tar_safety::validate_archive(bytes, limits)
