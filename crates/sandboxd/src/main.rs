@@ -1,6 +1,7 @@
 //! The sandboxd command line. Only argument parsing and dispatch live here; each command
 //! group is a file under src/cli/.
 
+mod backends;
 mod cli;
 
 use std::path::PathBuf;

@@ -39,6 +39,8 @@ pub struct Live {
     manager_owner: Owner,
     /// The runtime's session id (the container's `sandboxd.session` label).
     pub runtime_id: String,
+    /// The backend's handle of the sandbox (what the store records as the container).
+    pub handle: String,
     pub sandbox: Arc<dyn Sandbox>,
     pub limits: Limits,
     pub idle_timeout: Duration,
@@ -145,6 +147,7 @@ impl Backend {
             owner: row.owner.clone(),
             manager_owner,
             runtime_id: session.id.clone(),
+            handle: session.handle.clone(),
             sandbox: session.sandbox.clone(),
             limits: session.limits.clone(),
             idle_timeout: Duration::from_secs(row.idle_timeout_secs),
@@ -152,11 +155,6 @@ impl Backend {
         });
         self.live.lock().await.insert(row.id.clone(), live.clone());
         live
-    }
-
-    /// The container's name for a runtime session id (what the store records).
-    pub fn container_name(runtime_id: &str) -> String {
-        format!("sandboxd-{runtime_id}")
     }
 
     /// The live session, marked as used (on the manager's session: its reaper and

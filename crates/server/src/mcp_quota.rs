@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::backend::Backend;
 use crate::quota::Quota;
 use sandboxd_core::config::{Config, LimitRequest};
 use sandboxd_core::mcp::admission::{Admission, Ticket};
@@ -221,11 +220,10 @@ impl Admission for UserAdmission {
     async fn started(&self, ticket: &Ticket, session: &Session) {
         let Some(row) = &ticket.record else { return };
         self.ledger.open().insert(session.id.clone(), row.clone());
-        let name = Backend::container_name(&session.id);
         if let Err(e) = self
             .ledger
             .store
-            .session_started(row, &session.id, &name)
+            .session_started(row, &session.id, &session.handle)
             .await
         {
             tracing::warn!(session = %row, error = %e, "could not record an MCP sandbox as running");

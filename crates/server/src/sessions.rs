@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::backend::{Backend, Live};
+use crate::backend::Live;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorCode, ErrorResponses};
 use crate::quota::Quota;
 use crate::streams::Kind;
@@ -205,10 +205,9 @@ pub async fn create(
 async fn make(st: &AppState, row: &SessionRow, filled: &LimitRequest) -> Result<(), ApiError> {
     match st.backend.create(row, filled).await {
         Ok(live) => {
-            let name = Backend::container_name(&live.runtime_id);
             if let Err(e) = st
                 .store
-                .session_started(&row.id, &live.runtime_id, &name)
+                .session_started(&row.id, &live.runtime_id, &live.handle)
                 .await
             {
                 let _ = st.backend.remove(&row.id, None).await;

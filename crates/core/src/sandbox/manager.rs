@@ -33,8 +33,10 @@ pub struct Session {
     pub limits: Limits,
     /// Meant to outlive this process; `remove_all` leaves it alone.
     pub keep: bool,
-    /// The backend's name for the sandbox, what `Runtime::remove` takes.
-    pub(super) handle: String,
+    /// The backend's name for the sandbox (for Docker, the container id), what
+    /// `Runtime::remove` takes and what the service records: nothing above the backend
+    /// derives a backend's names itself.
+    pub handle: String,
     /// What the tools and the agent keep for the session's lifetime (see slots.rs).
     pub slots: super::slots::SessionSlots,
     /// When it was last used and whether it is in use now (see in_use.rs).

@@ -1,8 +1,8 @@
 //! The service's persistent state: users and their keys, sessions, runs, events and
 //! conversations, behind one small trait so a PostgreSQL implementation can follow.
 //!
-//! `SqliteStore` (sqlite/) is the embedded default and the only module that imports the SQL
-//! crate. Times are unix milliseconds. Rows carry the owner's user id; the callers (the
+//! Implementations are crates of their own (the embedded default is sandboxd-sqlite); the
+//! binary picks one. Times are unix milliseconds. Rows carry the owner's user id; the callers (the
 //! server) compare it with the caller on every access, the store only stores.
 
 mod runs;

@@ -188,7 +188,7 @@ async fn runtime(manager: &SessionManager, oci: &str, n: usize) -> anyhow::Resul
     );
 
     let s = bench_session(manager).await?;
-    let container = format!("sandboxd-{}", s.id);
+    let container = s.handle.clone();
     s.sandbox.shell("true", ShellOptions::default()).await?;
     let mut ours = Vec::with_capacity(n);
     for _ in 0..n {
@@ -327,7 +327,7 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
     use sandboxd_core::tools::ToolContext;
     section("Tools (through the registry, as the model calls them)");
     let s = bench_session(manager).await?;
-    let container = format!("sandboxd-{}", s.id);
+    let container = s.handle.clone();
     let registry =
         sandboxd_core::tools::session::server_tools(s.sandbox.clone(), &s.limits, &ctx.config);
     let call = |name: &'static str, args: String| {
@@ -457,7 +457,7 @@ async fn agent(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
         .await
         .context("cannot prepare the sandbox runtime")?;
     let mut resumed = sandboxd::bench::agent::bench_continue(
-        Arc::new(runtime),
+        runtime,
         ctx.config.limits.clone(),
         ctx.config.sessions.clone(),
         ctx.config.clone(),

@@ -25,7 +25,7 @@ async fn manager_with(
     refill_delay_ms: u64,
 ) -> anyhow::Result<Arc<SessionManager>> {
     Ok(SessionManager::with_pool(
-        Arc::new(ctx.runtime().await?),
+        ctx.runtime().await?,
         ctx.config.limits.clone(),
         SessionsConfig {
             max: 128,

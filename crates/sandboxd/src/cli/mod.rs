@@ -25,10 +25,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use sandboxd_core::config::Config;
-use sandboxd_core::sandbox::{Owner, SessionManager};
+use sandboxd_core::sandbox::{Owner, Runtime, SessionManager};
 use sandboxd_core::tools::saved;
-use sandboxd_docker::image as docker_image;
-use sandboxd_docker::{self as docker, DockerRuntime};
 
 pub(crate) struct Ctx {
     pub config: Config,
@@ -40,17 +38,9 @@ impl Ctx {
         Ok(Ctx { config })
     }
 
-    /// Connects to Docker and makes sure the sandbox image exists, building it (with
-    /// progress on stderr) when it does not.
-    pub(crate) async fn runtime(&self) -> anyhow::Result<DockerRuntime> {
-        let docker = docker::connect().await?;
-        let image = if self.config.docker.image.is_empty() {
-            image::ensure(&docker).await?
-        } else {
-            self.config.docker.image.clone()
-        };
-        let oci = Some(self.config.docker.runtime.clone()).filter(|r| !r.is_empty());
-        Ok(DockerRuntime::new(docker, image, oci))
+    /// The runtime sessions are made on, the image built when missing (see backends.rs).
+    pub(crate) async fn runtime(&self) -> anyhow::Result<Arc<dyn Runtime>> {
+        crate::backends::runtime(&self.config).await
     }
 
     /// A manager for commands that create sessions. It runs the reconciler first (one
@@ -80,25 +70,15 @@ impl Ctx {
     /// A manager for commands that look at or remove sessions but never create one
     /// (`sessions list|rm|gc`): it never builds the image.
     pub(crate) async fn read_only_manager(&self) -> anyhow::Result<Arc<SessionManager>> {
-        let engine = docker::connect().await?;
-        Ok(self.manager_over(self.runtime_without_image(engine)))
+        let runtime = crate::backends::runtime_without_image(&self.config).await?;
+        Ok(self.manager_over(runtime))
     }
 
-    fn runtime_without_image(&self, engine: docker::Engine) -> DockerRuntime {
-        let image = if self.config.docker.image.is_empty() {
-            docker_image::image_tag()
-        } else {
-            self.config.docker.image.clone()
-        };
-        let oci = Some(self.config.docker.runtime.clone()).filter(|r| !r.is_empty());
-        DockerRuntime::new(engine, image, oci)
-    }
-
-    fn manager_over(&self, runtime: DockerRuntime) -> Arc<SessionManager> {
+    fn manager_over(&self, runtime: Arc<dyn Runtime>) -> Arc<SessionManager> {
         // The pool only fills in processes that start it (`spawn_pool`: the MCP server and
         // `serve`); a one-shot command claims nothing and makes nothing ahead.
         let manager = SessionManager::with_pool(
-            Arc::new(runtime),
+            runtime,
             self.config.limits.clone(),
             self.config.sessions.clone(),
             self.config.pool.clone(),

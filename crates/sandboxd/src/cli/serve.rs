@@ -2,13 +2,10 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context as _;
 use sandboxd_core::sandbox::SessionManager;
-use sandboxd_core::store::Store;
 use sandboxd_server::{Server, openapi};
-use sandboxd_sqlite::SqliteStore;
 
 use super::Ctx;
 
@@ -21,18 +18,6 @@ pub(crate) struct ServeArgs {
     /// Print the OpenAPI document and exit (this is how docs/openapi.json is made).
     #[arg(long)]
     pub openapi: bool,
-}
-
-/// The store file in the data directory.
-pub(crate) fn store_path(ctx: &Ctx) -> std::path::PathBuf {
-    ctx.config.data_dir().join("sandboxd.db")
-}
-
-pub(crate) async fn open_store(ctx: &Ctx) -> anyhow::Result<SqliteStore> {
-    let path = store_path(ctx);
-    SqliteStore::open(&path)
-        .await
-        .with_context(|| format!("cannot open the store {}", path.display()))
 }
 
 pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -52,7 +37,7 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
             )
         })?,
     };
-    let store: Arc<dyn Store> = Arc::new(open_store(&ctx).await?);
+    let store = crate::backends::store(&ctx.config).await?;
     let users = store.user_count().await?;
     let runtime = ctx
         .runtime()
@@ -62,7 +47,7 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
     // the store's records say which warm sandboxes they claimed (see src/server/mod.rs).
     let scope = sandboxd_server::pool_owner(&ctx.config.data_dir())?;
     let manager = SessionManager::with_scoped_pool(
-        Arc::new(runtime.clone()),
+        runtime,
         ctx.config.limits.clone(),
         ctx.config.sessions.clone(),
         ctx.config.pool.clone(),
@@ -74,7 +59,7 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
     eprintln!(
         "sandboxd serve: listening on http://{} (API /v1, MCP /mcp); store {}; {} session(s) re-attached, {} ended, {} stray container(s) removed",
         server.addr,
-        store_path(&ctx).display(),
+        crate::backends::store_location(&ctx.config).display(),
         r.reattached.len(),
         r.ended.len(),
         r.removed_containers.len()

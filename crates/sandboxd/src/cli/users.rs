@@ -4,12 +4,11 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
-use sandboxd_core::store::{QuotaOverride, Store, now_ms};
+use sandboxd_core::store::{QuotaOverride, now_ms};
 use sandboxd_server::accounts::{self, AccountError, expiry};
 use sandboxd_server::quota::Quota;
 
 use super::Ctx;
-use super::serve::open_store;
 
 #[derive(clap::Subcommand, Debug)]
 pub(crate) enum UsersCommand {
@@ -89,7 +88,7 @@ fn when(ms: Option<i64>) -> String {
 }
 
 pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode> {
-    let store = open_store(&ctx).await?;
+    let store = crate::backends::store(&ctx.config).await?;
     match cmd {
         UsersCommand::Add {
             name,
@@ -98,7 +97,7 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
             quota,
         } => {
             match accounts::add(
-                &store,
+                store.as_ref(),
                 &name,
                 admin,
                 expiry(expires_in_days),
@@ -145,7 +144,7 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
             }
         }
         UsersCommand::Rm { name } => {
-            match accounts::remove(&store, &name).await {
+            match accounts::remove(store.as_ref(), &name).await {
                 Ok(_) => {}
                 Err(AccountError::NoSuchUser(_)) => {
                     bail!("no user named {name:?} (see `sandboxd users list`)")
@@ -160,7 +159,8 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
             name,
             expires_in_days,
         } => {
-            let text = match accounts::rotate(&store, &name, expiry(expires_in_days)).await {
+            let text = match accounts::rotate(store.as_ref(), &name, expiry(expires_in_days)).await
+            {
                 Ok((_, text)) => text,
                 Err(AccountError::NoSuchUser(_)) => {
                     bail!("no user named {name:?} (see `sandboxd users list`)")
