@@ -10,6 +10,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use sandboxd_core::config::Config;
 use sandboxd_core::sandbox::Runtime;
+use sandboxd_core::sandbox::records::{FileRecords, SessionRecords};
 use sandboxd_core::store::Store;
 use sandboxd_docker::image as docker_image;
 use sandboxd_docker::{self as docker, DockerRuntime};
@@ -44,6 +45,11 @@ pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc
         image,
         oci_runtime(config),
     )))
+}
+
+/// Where kept sessions' tool records live: private files in the data directory.
+pub(crate) fn records(config: &Config) -> Arc<dyn SessionRecords> {
+    Arc::new(FileRecords::new(&config.data_dir()))
 }
 
 fn oci_runtime(config: &Config) -> Option<String> {

@@ -32,6 +32,7 @@ async fn an_unregistered_oci_runtime_is_a_clear_error_and_leaves_nothing() {
         Arc::new(rt),
         support::test_limits(),
         SessionsConfig::default(),
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
     let err = m
         .create(
@@ -83,6 +84,7 @@ async fn sessions_run_under_gvisor_when_runsc_is_registered() {
         Arc::new(rt),
         support::test_limits(),
         SessionsConfig::default(),
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
     // Its own owner: the other test here looks for "test" sessions in the created state,
     // which a runsc create passes through for about a second.

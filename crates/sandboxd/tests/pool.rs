@@ -37,6 +37,7 @@ fn pooled(rt: &Arc<FakeRuntime>, size: usize, max: usize) -> Arc<SessionManager>
             refill_interval_secs: 10,
             ..PoolConfig::default()
         },
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     )
 }
 
@@ -366,6 +367,7 @@ async fn the_memory_budget_shrinks_the_pool_first_then_reaps_the_longest_idle() 
             refill_interval_secs: 10,
             ..PoolConfig::default()
         },
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
     // One sandbox measured, 30 MiB each: only three fit in 100 MiB.
     let a = owner("a");
@@ -415,6 +417,7 @@ async fn the_refill_a_claim_wakes_waits_refill_delay_ms_before_it_creates() {
             refill_delay_ms: 200,
             ..PoolConfig::default()
         },
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
     let _task = m.spawn_pool().unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -450,6 +453,7 @@ async fn a_scoped_pool_serves_kept_sessions_and_only_its_records_can_adopt_a_cla
                 ..PoolConfig::default()
             },
             scope.clone(),
+            std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
         )
     };
     let m = scoped(&rt);
@@ -495,6 +499,7 @@ async fn a_scoped_pool_serves_kept_sessions_and_only_its_records_can_adopt_a_cla
         SessionsConfig::default(),
         PoolConfig::default(),
         owner("serve-pool:other"),
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
     assert!(other.adopt(&a, &s.id, &recorded).await.is_err());
     // A process's reconcile leaves a running kept sandbox of a scope alone, live creator or not.

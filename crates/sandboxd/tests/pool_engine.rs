@@ -33,6 +33,7 @@ fn pooled(runtime: DockerRuntime, size: usize, max: usize) -> Arc<SessionManager
             size,
             ..PoolConfig::default()
         },
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     )
 }
 
@@ -456,6 +457,7 @@ async fn thirty_concurrent_cold_creates_and_thirty_concurrent_claims_all_succeed
             max_per_owner: 64,
             ..SessionsConfig::default()
         },
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
     let sessions = concurrently(&cold, 30, &seen).await;
     cold.remove_all().await;
@@ -473,6 +475,7 @@ async fn thirty_concurrent_cold_creates_and_thirty_concurrent_claims_all_succeed
             size: 30,
             ..PoolConfig::default()
         },
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
     let report = warm.refill_pool().await;
     seen.pool(&warm);

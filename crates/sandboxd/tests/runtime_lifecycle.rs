@@ -164,6 +164,7 @@ async fn idle_sessions_are_reaped() {
             idle_timeout_secs: 1,
             ..Default::default()
         },
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
     let (s, _g) = support::session(&m).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -21,7 +21,12 @@ fn owner(name: &str) -> Owner {
 }
 
 fn manager(rt: &Arc<FakeRuntime>, config: SessionsConfig) -> Arc<SessionManager> {
-    SessionManager::new(rt.clone(), Limits::default(), config)
+    SessionManager::new(
+        rt.clone(),
+        Limits::default(),
+        config,
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
+    )
 }
 
 fn caps(max: usize, max_per_owner: usize) -> SessionsConfig {
@@ -180,7 +185,12 @@ async fn a_reattached_session_keeps_the_limits_it_was_created_with() {
         max_timeout_secs: 30,
         ..Limits::default()
     };
-    let later = SessionManager::new(rt.clone(), lowered, caps(8, 8));
+    let later = SessionManager::new(
+        rt.clone(),
+        lowered,
+        caps(8, 8),
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
+    );
     let again = later.get(&a, &s.id).await.unwrap();
     assert_eq!(
         again.limits.memory_mb, 256,

@@ -6,7 +6,7 @@
 //! cannot be confirmed ends the session instead); one whose container is gone, or that was still being created, is marked ended;
 //! containers of API sessions that no active stored session owns are removed, and so are
 //! unkept containers whose creating process is gone (the manager's own reconcile); last,
-//! the tool records of every session without a container go (`saved::forget_orphans`). Only the
+//! the tool records of every session without a container go (`forget_orphan_records`). Only the
 //! containers of this store's users are considered (the owner label carries the user id,
 //! which is random per store), so several `serve`s with their own data directories can share
 //! an engine without taking each other's sessions for orphans.
@@ -33,7 +33,6 @@ use crate::AppState;
 use crate::backend::{Backend, OWNER_PREFIX};
 use sandboxd_core::sandbox::{SandboxState, SessionInfo};
 use sandboxd_core::store::{SessionKind, SessionState, now_ms};
-use sandboxd_core::tools::saved;
 
 /// What the start-up reconcile did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -122,7 +121,7 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
     // Tool records whose session has no container (removed outside sandboxd, or a record a
     // tool wrote as its session was being removed): no row or hook would ever end them.
     // Trusted: this sweeps serve's own data directory and no client names anything here.
-    match saved::forget_orphans(&st.config.data_dir(), manager).await {
+    match manager.forget_orphan_records().await {
         Ok(ids) => out.forgotten_records = ids,
         Err(e) => tracing::warn!(error = %e, "could not look for orphaned tool records"),
     }

@@ -38,11 +38,7 @@ pub struct AgentStepRunner {
 impl AgentStepRunner {
     /// Steps run in `session`, with the session's own plans.
     pub fn new(ctx: RunContext, session: Arc<Session>, asker: Arc<dyn Asker>) -> Self {
-        let plans = PlanBook::of(
-            &session,
-            ctx.config.flow.max_plan_steps,
-            &ctx.config.data_dir(),
-        );
+        let plans = PlanBook::of(&session, ctx.config.flow.max_plan_steps);
         Self {
             ctx,
             session,

@@ -21,6 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::pool::Warm;
+use super::records::SessionRecords;
 use super::runtime::{Runtime, SandboxSpec, SandboxState};
 use super::{Owner, Sandbox, SandboxError, Viewer};
 use crate::config::{LimitRequest, Limits, PoolConfig, SessionsConfig};
@@ -39,6 +40,8 @@ pub struct Session {
     pub handle: String,
     /// What the tools and the agent keep for the session's lifetime (see slots.rs).
     pub slots: super::slots::SessionSlots,
+    /// Where a kept session's tools save what a later process needs (the manager's).
+    pub records: Arc<dyn SessionRecords>,
     /// When it was last used and whether it is in use now (see in_use.rs).
     pub(super) clock: super::in_use::UseClock,
 }
@@ -51,6 +54,7 @@ impl Session {
         limits: Limits,
         keep: bool,
         handle: String,
+        records: Arc<dyn SessionRecords>,
     ) -> Arc<Session> {
         Arc::new(Session {
             id,
@@ -60,6 +64,7 @@ impl Session {
             keep,
             handle,
             slots: Default::default(),
+            records,
             clock: super::in_use::UseClock::new(),
         })
     }
@@ -162,6 +167,8 @@ pub struct SessionManager {
     pub(super) refill: Arc<tokio::sync::Notify>,
     /// The pool's fill tasks, so closing the pool can wait for them.
     pub(super) fills: tokio_util::task::TaskTracker,
+    /// Kept sessions' tool records: given to each session's tools, emptied when it ends.
+    records: Arc<dyn SessionRecords>,
     /// What to tell when a session ends; set once by the process that makes the manager.
     on_end: std::sync::OnceLock<EndHook>,
     /// The ids of ended sessions, for whoever keeps its own books on them (`serve`'s /mcp
@@ -204,18 +211,28 @@ pub(super) fn plausible_id(id: &str) -> bool {
 }
 
 impl SessionManager {
-    /// A manager without a warm pool.
     /// The runtime this manager's sandboxes come from (readiness probes ask it).
     pub fn runtime(&self) -> &Arc<dyn Runtime> {
         &self.runtime
     }
 
-    pub fn new(runtime: Arc<dyn Runtime>, limits: Limits, config: SessionsConfig) -> Arc<Self> {
+    /// Where kept sessions' tool records live (see records.rs).
+    pub fn records(&self) -> &Arc<dyn SessionRecords> {
+        &self.records
+    }
+
+    /// A manager without a warm pool.
+    pub fn new(
+        runtime: Arc<dyn Runtime>,
+        limits: Limits,
+        config: SessionsConfig,
+        records: Arc<dyn SessionRecords>,
+    ) -> Arc<Self> {
         let off = PoolConfig {
             size: 0,
             ..PoolConfig::default()
         };
-        Self::with_pool(runtime, limits, config, off)
+        Self::with_pool(runtime, limits, config, off, records)
     }
 
     /// A manager whose creates claim from a warm pool of `pool.size` sandboxes of the
@@ -225,8 +242,9 @@ impl SessionManager {
         limits: Limits,
         config: SessionsConfig,
         pool: PoolConfig,
+        records: Arc<dyn SessionRecords>,
     ) -> Arc<Self> {
-        Self::make(runtime, limits, config, pool, None)
+        Self::make(runtime, limits, config, pool, None, records)
     }
 
     /// A manager whose warm sandboxes carry `scope` as their owner label and are kept, for
@@ -240,8 +258,9 @@ impl SessionManager {
         config: SessionsConfig,
         pool: PoolConfig,
         scope: Owner,
+        records: Arc<dyn SessionRecords>,
     ) -> Arc<Self> {
-        Self::make(runtime, limits, config, pool, Some(scope))
+        Self::make(runtime, limits, config, pool, Some(scope), records)
     }
 
     fn make(
@@ -250,6 +269,7 @@ impl SessionManager {
         config: SessionsConfig,
         pool: PoolConfig,
         pool_scope: Option<Owner>,
+        records: Arc<dyn SessionRecords>,
     ) -> Arc<Self> {
         Arc::new(Self {
             runtime,
@@ -260,6 +280,7 @@ impl SessionManager {
             table: Arc::default(),
             refill: Arc::default(),
             fills: tokio_util::task::TaskTracker::new(),
+            records,
             on_end: std::sync::OnceLock::new(),
             ends: tokio::sync::broadcast::channel(ENDS_BUFFERED).0,
         })
@@ -287,11 +308,19 @@ impl SessionManager {
     pub async fn session_ended(&self, session_id: &str) {
         // No subscriber is not an error.
         let _ = self.ends.send(session_id.to_string());
-        let Some(hook) = self.on_end.get().cloned() else {
-            return;
-        };
+        let hook = self.on_end.get().cloned();
+        let records = self.records.clone();
         let id = session_id.to_string();
-        if let Err(e) = tokio::task::spawn_blocking(move || hook(&id)).await {
+        let ended = tokio::task::spawn_blocking(move || {
+            let kinds = records.forget(&id);
+            if !kinds.is_empty() {
+                tracing::debug!(session = %id, ?kinds, "the ended session's tool records are gone");
+            }
+            if let Some(hook) = hook {
+                hook(&id);
+            }
+        });
+        if let Err(e) = ended.await {
             tracing::warn!(session = %session_id, error = %e, "the session end hook failed");
         }
     }
@@ -325,6 +354,7 @@ impl SessionManager {
                 limits,
                 options.keep,
                 warm.handle,
+                self.records.clone(),
             );
             lock(&self.table)
                 .sessions
@@ -365,6 +395,7 @@ impl SessionManager {
             spec.limits,
             spec.keep,
             handle,
+            self.records.clone(),
         );
         lock(&self.table)
             .sessions
@@ -438,6 +469,7 @@ impl SessionManager {
             limits,
             found.keep,
             found.handle,
+            self.records.clone(),
         );
         // Two lookups may race to attach; the first one in the table wins.
         let mut t = lock(&self.table);
@@ -461,7 +493,7 @@ impl SessionManager {
     /// its own session from another owner's, and must not act on either (or a caller could
     /// end another's records by naming the id, and a 404 would differ by whether the id
     /// exists). Records left that way are dropped only by trusted callers: `sessions rm`
-    /// (the local admin) and the sweeps of a whole data directory (`saved::forget_orphans`).
+    /// (the local admin) and the sweep of orphans (`forget_orphan_records`).
     async fn remove_as(&self, viewer: &Viewer, id: &str) -> Result<(), SandboxError> {
         let not_found = || SandboxError::SessionNotFound { id: id.into() };
         if !plausible_id(id) {
@@ -613,5 +645,45 @@ impl SessionManager {
             removed.push(f.session_id);
         }
         Ok(removed)
+    }
+
+    /// Deletes the tool records of every session that has no sandbox on the backend (its
+    /// sandbox was removed outside sandboxd), and returns those sessions' ids, sorted.
+    ///
+    /// Only for callers trusted with the whole records home (`sessions gc`, a command's
+    /// start-up reconcile, `serve`'s start): nothing a client names reaches it, so no owner
+    /// is checked; the test is the backend's own listing, whoever the session belonged to.
+    /// The records are listed before the sandboxes, so a session created meanwhile cannot
+    /// lose its records: a record is written only while its sandbox exists. A failed listing
+    /// deletes nothing.
+    pub async fn forget_orphan_records(&self) -> Result<Vec<String>, SandboxError> {
+        let records = self.records.clone();
+        let recorded = tokio::task::spawn_blocking(move || records.sessions())
+            .await
+            .unwrap_or_default();
+        if recorded.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut alive: std::collections::BTreeSet<String> = self
+            .list(&Viewer::Admin)
+            .await?
+            .into_iter()
+            .map(|s| s.session_id)
+            .collect();
+        alive.extend(self.live().await.into_iter().map(|s| s.id.clone()));
+        let orphans: Vec<String> = recorded.difference(&alive).cloned().collect();
+        let (records, ids) = (self.records.clone(), orphans.clone());
+        tokio::task::spawn_blocking(move || {
+            for id in &ids {
+                let kinds = records.forget(id);
+                tracing::info!(session = %id, ?kinds, "removed the tool records of a session whose sandbox is gone");
+            }
+        })
+        .await
+        .map_err(|e| SandboxError::Protocol {
+            helper: "the tool records".into(),
+            message: format!("the sweep of orphaned records failed: {e}"),
+        })?;
+        Ok(orphans)
     }
 }

@@ -21,6 +21,7 @@ pub mod manager;
 mod output;
 mod owner;
 mod pool;
+pub mod records;
 pub mod runtime;
 pub mod shell;
 mod shell_scan;

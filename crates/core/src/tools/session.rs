@@ -119,7 +119,9 @@ impl SessionTools {
             tools.owner = session.owner.as_str().to_string();
             let saved = session
                 .keep
-                .then(|| SavedTools::new(&config.data_dir(), &session.id, session.owner.as_str()))
+                .then(|| {
+                    SavedTools::new(session.records.clone(), &session.id, session.owner.as_str())
+                })
                 .flatten();
             if let Some(saved) = saved {
                 tools.editor = Arc::new(

@@ -147,7 +147,12 @@ pub async fn bench_continue(
         config,
         transcripts: Some(dir.clone()),
     };
-    let first = SessionManager::new(runtime.clone(), limits.clone(), sessions.clone());
+    let first = SessionManager::new(
+        runtime.clone(),
+        limits.clone(),
+        sessions.clone(),
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
+    );
     let owner = Owner::new("bench")?;
     let session = first
         .create(
@@ -178,7 +183,12 @@ pub async fn bench_continue(
             let before = arrivals.0.lock().map(|a| a.len()).unwrap_or(0);
             let started = Instant::now();
             // A new manager knows nothing of the session, as in a new process.
-            let manager = SessionManager::new(runtime.clone(), limits.clone(), sessions.clone());
+            let manager = SessionManager::new(
+                runtime.clone(),
+                limits.clone(),
+                sessions.clone(),
+                std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
+            );
             let s = manager.get(&owner, &session.id).await?;
             once(s).await?;
             let first_request = arrivals.0.lock().ok().and_then(|a| a.get(before).copied());

@@ -37,6 +37,7 @@ async fn manager_with(
             refill_delay_ms,
             ..ctx.config.pool.clone()
         },
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     ))
 }
 

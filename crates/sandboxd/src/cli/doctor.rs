@@ -185,7 +185,12 @@ async fn probe_runtime(
     limits: &Limits,
 ) -> Result<(), String> {
     let rt = docker::DockerRuntime::new(engine.clone(), image, Some(name.into()));
-    let m = SessionManager::new(Arc::new(rt), limits.clone(), SessionsConfig::default());
+    let m = SessionManager::new(
+        Arc::new(rt),
+        limits.clone(),
+        SessionsConfig::default(),
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
+    );
     let owner = Owner::new("doctor").map_err(|e| e.to_string())?;
     let s = m
         .create(&owner, &LimitRequest::default(), CreateOptions::default())

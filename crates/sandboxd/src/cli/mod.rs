@@ -25,8 +25,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use sandboxd_core::config::Config;
+use sandboxd_core::sandbox::records::SessionRecords;
 use sandboxd_core::sandbox::{Owner, Runtime, SessionManager};
-use sandboxd_core::tools::saved;
 
 pub(crate) struct Ctx {
     pub config: Config,
@@ -60,8 +60,8 @@ impl Ctx {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not reconcile orphaned sessions"),
         }
-        // The local user's own data directory, swept whole: see saved::forget_orphans.
-        if let Err(e) = saved::forget_orphans(&self.config.data_dir(), &manager).await {
+        // The local user's own records, swept whole: see forget_orphan_records.
+        if let Err(e) = manager.forget_orphan_records().await {
             tracing::warn!(error = %e, "could not look for orphaned tool records");
         }
         Ok(manager)
@@ -77,19 +77,18 @@ impl Ctx {
     fn manager_over(&self, runtime: Arc<dyn Runtime>) -> Arc<SessionManager> {
         // The pool only fills in processes that start it (`spawn_pool`: the MCP server and
         // `serve`); a one-shot command claims nothing and makes nothing ahead.
-        let manager = SessionManager::with_pool(
+        SessionManager::with_pool(
             runtime,
             self.config.limits.clone(),
             self.config.sessions.clone(),
             self.config.pool.clone(),
-        );
-        self.forget_ended_sessions(&manager);
-        manager
+            self.records(),
+        )
     }
 
-    /// A kept session's tool records go when any command destroys the session.
-    pub(crate) fn forget_ended_sessions(&self, manager: &SessionManager) {
-        manager.on_session_end(saved::end_hook(self.config.data_dir()));
+    /// Where kept sessions' tool records live: the data directory's (see backends.rs).
+    pub(crate) fn records(&self) -> Arc<dyn SessionRecords> {
+        crate::backends::records(&self.config)
     }
 
     /// The owner recorded on sessions the CLI creates ([sessions] default_owner).

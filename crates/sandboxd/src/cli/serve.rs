@@ -52,8 +52,8 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
         ctx.config.sessions.clone(),
         ctx.config.pool.clone(),
         scope,
+        ctx.records(),
     );
-    ctx.forget_ended_sessions(&manager);
     let server = Server::start(ctx.config.clone(), store, manager, addr).await?;
     let r = &server.reconciled;
     eprintln!(

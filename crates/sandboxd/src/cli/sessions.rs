@@ -5,7 +5,6 @@
 use std::process::ExitCode;
 
 use sandboxd_core::sandbox::{SandboxError, Viewer, host};
-use sandboxd_core::tools::saved;
 
 use super::Ctx;
 
@@ -70,7 +69,11 @@ pub(crate) async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitC
             // are files in the admin's own data directory. (serve's clients never reach
             // this: the manager's owner-checked removal touches nothing it cannot find.)
             Err(not_found @ SandboxError::SessionNotFound { .. }) => {
-                let kinds = saved::forget_blocking(&ctx.config.data_dir(), &id).await;
+                let records = manager.records().clone();
+                let forgotten = id.clone();
+                let kinds = tokio::task::spawn_blocking(move || records.forget(&forgotten))
+                    .await
+                    .unwrap_or_default();
                 if kinds.is_empty() {
                     return Err(not_found.into());
                 }
@@ -83,7 +86,7 @@ pub(crate) async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitC
         },
         SessionsCommand::Gc => {
             let removed = manager.reconcile().await?;
-            let records = saved::forget_orphans(&ctx.config.data_dir(), &manager).await?;
+            let records = manager.forget_orphan_records().await?;
             if removed.is_empty() && records.is_empty() {
                 println!("nothing to remove");
             }

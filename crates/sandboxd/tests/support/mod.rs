@@ -68,6 +68,7 @@ pub async fn manager_with(limits: Limits, max: usize) -> Arc<SessionManager> {
             max,
             ..SessionsConfig::default()
         },
+        std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     )
 }
 

@@ -10,7 +10,6 @@
 //! statuses and the id counter survive a `run --session` in a new process or a `serve`
 //! restart: a plan id is never handed out twice in one session.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -171,16 +170,15 @@ impl PlanBook {
 
     /// `session`'s plans: made on first use, then the same for every run and flow of the
     /// session (plans live with the session, not in a process-wide table). A kept session's
-    /// book is saved under `data_dir` and carries on from what an earlier process saved.
-    pub fn of(
-        session: &crate::sandbox::manager::Session,
-        max_steps: usize,
-        data_dir: &Path,
-    ) -> Arc<PlanBook> {
+    /// book is saved in the session's records and carries on from what an earlier process
+    /// saved.
+    pub fn of(session: &crate::sandbox::manager::Session, max_steps: usize) -> Arc<PlanBook> {
         session.slots.get_or_insert_with(|| {
             let saved = session
                 .keep
-                .then(|| SavedTools::new(data_dir, &session.id, session.owner.as_str()))
+                .then(|| {
+                    SavedTools::new(session.records.clone(), &session.id, session.owner.as_str())
+                })
                 .flatten();
             match saved {
                 Some(saved) => PlanBook::with_saved(max_steps, saved),
@@ -462,7 +460,9 @@ mod tests {
     #[test]
     fn a_saved_book_carries_on_in_a_later_process_and_a_foreign_one_is_ignored() {
         let dir = tempfile::tempdir().unwrap();
-        let saved = || SavedTools::new(dir.path(), "sess-1", "alice").unwrap();
+        let records: std::sync::Arc<dyn crate::sandbox::records::SessionRecords> =
+            std::sync::Arc::new(crate::sandbox::records::FileRecords::new(dir.path()));
+        let saved = || SavedTools::new(records.clone(), "sess-1", "alice").unwrap();
         let first = PlanBook::with_saved(10, saved());
         first.create("T", &steps(&["a", "b"])).unwrap();
         first
@@ -481,7 +481,7 @@ mod tests {
         assert_eq!(later.create("V", &steps(&["d"])).unwrap().id, "plan-3");
 
         // Another owner naming the same session id starts empty.
-        let other = SavedTools::new(dir.path(), "sess-1", "mallory").unwrap();
+        let other = SavedTools::new(records.clone(), "sess-1", "mallory").unwrap();
         assert!(PlanBook::with_saved(10, other).list().0.is_empty());
     }
 
