@@ -142,8 +142,9 @@ pub enum OutputChunk {
     Stderr(Bytes),
 }
 
-/// A running process inside the sandbox. Dropping `stdin` closes the process's stdin;
-/// the output stream ends when the process exits.
+/// A running process inside the sandbox. `stdin.shutdown()` closes the process's stdin (it
+/// reads EOF); merely dropping `stdin` does not on every backend (Docker's attached stream
+/// stays open until the output is dropped too). The output stream ends when the process exits.
 pub struct AttachedProcess {
     pub stdin: Pin<Box<dyn AsyncWrite + Send>>,
     pub output: BoxStream<'static, Result<OutputChunk, SandboxError>>,
