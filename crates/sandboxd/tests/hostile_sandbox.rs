@@ -47,7 +47,9 @@ async fn sh(sb: &dyn Sandbox, line: &str) -> String {
     out.stdout_lossy()
 }
 
-/// Starts the fake DevTools server in `mode` on `port` inside the sandbox and waits for it.
+/// Starts the fake DevTools server in `mode` on `port` inside the sandbox and waits for its ready
+/// file, never by connecting: a probe connection would be a hit, and the server's thread could
+/// record it after any clean-up when the machine is busy.
 async fn plant_fake_devtools(sb: &dyn Sandbox, mode: &str, port: u16) {
     sb.write_file("/tmp/fake_devtools.py", FAKE_DEVTOOLS.as_bytes())
         .await
@@ -56,8 +58,7 @@ async fn plant_fake_devtools(sb: &dyn Sandbox, mode: &str, port: u16) {
         sb,
         &format!(
             "(python3 /tmp/fake_devtools.py {mode} {port} > /tmp/fake-{port}.log 2>&1 &); \
-             for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; sleep 0.1; done; \
-             rm -f /tmp/fake-hit-{port}"
+             for i in $(seq 100); do [ -e /tmp/fake-ready-{port} ] && break; sleep 0.1; done"
         ),
     )
     .await;

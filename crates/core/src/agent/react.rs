@@ -12,7 +12,7 @@ use super::memory::{Memory, cut_observation, estimate_text};
 use super::sink::{Emitter, EventSink, Image, RunRecord};
 use super::{Agent, AgentTask, RunOutcome, prompts};
 use crate::events::{EventKind, FinishReason};
-use crate::llm::{ContentPart, LlmError, Message, ToolCall, Usage, UserContent};
+use crate::llm::{Completion, ContentPart, LlmError, Message, ToolCall, Usage, UserContent};
 use crate::tools::{ToolContext, ToolError, ToolRegistry, ToolResult, terminate};
 
 /// How long a tool gets to clean up after a cancel before the run stops waiting for it.
@@ -116,21 +116,43 @@ impl<'a> Run<'a> {
         self.finish(reason, answer, steps).await
     }
 
+    /// One step: think (the model's reply), act (its tool calls, in order), observe (their
+    /// results into the memory). A reply without tool calls is the answer, or an empty reply
+    /// the model is asked to follow up on.
     async fn step(&mut self, step: usize) -> Next {
-        if let Some(hook) = self.agent.hook.clone() {
-            let notes = hook.before_step(&mut self.tools).await;
-            if !notes.is_empty() {
-                self.tools_json = self.tools.to_openai();
-                for note in notes {
-                    self.memory
-                        .push(Message::user(format!("[sandboxd] {note}")));
+        let completion = match self.think(step).await {
+            Ok(completion) => completion,
+            Err(end) => return end,
+        };
+        if completion.tool_calls.is_empty() {
+            return match completion.content {
+                Some(text) => Next::Finish(FinishReason::FinalAnswer, Some(text)),
+                None => {
+                    self.memory.push(Message::user(prompts::empty_reply()));
+                    Next::Continue
                 }
-            }
+            };
         }
-        let settings = &self.agent.settings;
+        let (results, finished) = self.act(step, &completion.tool_calls).await;
+        self.observe(&completion.tool_calls, results, &finished);
+        match finished {
+            Some((reason, answer)) => Next::Finish(reason, answer),
+            None => Next::Continue,
+        }
+    }
+
+    /// Think: the step hook, the context within the budgets, then the model's completion,
+    /// recorded in the memory and the events. `Err` ends the run before any tool runs (the
+    /// input-token budget, a cancel, an LLM error).
+    async fn think(&mut self, step: usize) -> Result<Completion, Next> {
+        self.apply_hook().await;
         let tools_tokens =
             estimate_text(&serde_json::to_string(&self.tools_json).unwrap_or_default());
-        let budget = settings.context_tokens.saturating_sub(tools_tokens);
+        let budget = self
+            .agent
+            .settings
+            .context_tokens
+            .saturating_sub(tools_tokens);
         let tail = self.tail(step).await;
         let context = self.memory.context(budget, tail, &prompts::trimmed);
         if context.dropped > 0 {
@@ -141,21 +163,54 @@ impl<'a> Run<'a> {
                 })
                 .await;
         }
-        if settings.max_input_tokens > 0 {
+        let max_input_tokens = self.agent.settings.max_input_tokens;
+        if max_input_tokens > 0 {
             let next = (context.estimated_tokens + tools_tokens) as u64;
-            if self.usage.prompt_tokens + next > settings.max_input_tokens {
-                return Next::Finish(
+            if self.usage.prompt_tokens + next > max_input_tokens {
+                return Err(Next::Finish(
                     FinishReason::TokenBudget {
-                        budget: settings.max_input_tokens,
+                        budget: max_input_tokens,
                         spent: self.usage.prompt_tokens,
                     },
                     None,
-                );
+                ));
             }
         }
 
-        // Think.
         self.emitter.emit(EventKind::Thinking { step }).await;
+        let completion = match self.chat(&context.messages).await {
+            Ok(c) => c,
+            Err(LlmError::Cancelled) => return Err(Next::Finish(FinishReason::Cancelled, None)),
+            Err(e) => {
+                let message = e.to_string();
+                self.emitter
+                    .emit(EventKind::Error {
+                        message: message.clone(),
+                    })
+                    .await;
+                return Err(Next::Finish(FinishReason::Error { message }, None));
+            }
+        };
+        self.record_reply(step, &completion).await;
+        Ok(completion)
+    }
+
+    /// The step hook may change the tools and leave notes for the model.
+    async fn apply_hook(&mut self) {
+        if let Some(hook) = self.agent.hook.clone() {
+            let notes = hook.before_step(&mut self.tools).await;
+            if !notes.is_empty() {
+                self.tools_json = self.tools.to_openai();
+                for note in notes {
+                    self.memory
+                        .push(Message::user(format!("[sandboxd] {note}")));
+                }
+            }
+        }
+    }
+
+    /// Asks the model, sending its client's retry notices as events while the request runs.
+    async fn chat(&mut self, messages: &[Message]) -> Result<Completion, LlmError> {
         // Retry notices come from a synchronous callback inside the LLM client; they reach
         // the (async) sink through a small queue drained while the request is in flight.
         // The client retries a bounded number of times, so a full queue only drops notices.
@@ -164,10 +219,10 @@ impl<'a> Run<'a> {
             let _ = retry_tx.try_send(n);
         };
         let result = {
-            let chat =
-                self.agent
-                    .llm
-                    .chat(&context.messages, &self.tools_json, &self.cancel, &on_retry);
+            let chat = self
+                .agent
+                .llm
+                .chat(messages, &self.tools_json, &self.cancel, &on_retry);
             tokio::pin!(chat);
             loop {
                 tokio::select! {
@@ -181,19 +236,12 @@ impl<'a> Run<'a> {
         while let Ok(n) = retry_rx.try_recv() {
             self.emitter.emit(retry_event(n)).await;
         }
-        let completion = match result {
-            Ok(c) => c,
-            Err(LlmError::Cancelled) => return Next::Finish(FinishReason::Cancelled, None),
-            Err(e) => {
-                let message = e.to_string();
-                self.emitter
-                    .emit(EventKind::Error {
-                        message: message.clone(),
-                    })
-                    .await;
-                return Next::Finish(FinishReason::Error { message }, None);
-            }
-        };
+        result
+    }
+
+    /// The reply's usage and text as events, the reply itself into the memory, and the
+    /// stuck check on it.
+    async fn record_reply(&mut self, step: usize, completion: &Completion) {
         self.usage.add(completion.usage);
         self.emitter
             .emit(EventKind::TokenUsage {
@@ -218,34 +266,58 @@ impl<'a> Run<'a> {
         });
         self.track_stuck(step, &completion.content, &completion.tool_calls)
             .await;
+    }
 
-        if completion.tool_calls.is_empty() {
-            return match completion.content {
-                Some(text) => Next::Finish(FinishReason::FinalAnswer, Some(text)),
-                None => {
-                    self.memory.push(Message::user(prompts::empty_reply()));
-                    Next::Continue
-                }
-            };
-        }
-
-        // Act and observe, in order.
-        let mut images = Vec::new();
-        let mut finished: Option<(FinishReason, Option<String>)> = None;
-        for call in &completion.tool_calls {
-            if let Some((reason, _)) = &finished {
-                // Every tool call needs its tool message, even the ones we no longer run.
-                let why = match reason {
-                    FinishReason::Cancelled => "not run: the run was cancelled",
-                    _ => "not run: the run ended before this call",
-                };
-                self.memory.push(Message::tool(call.id.clone(), why));
+    /// Act: runs the calls in order until one ends the run (terminate, cancel, a dead
+    /// sandbox); the ones after it are not run (`None`). Returns the results and why the run
+    /// ends, if it does.
+    async fn act(
+        &mut self,
+        step: usize,
+        calls: &[ToolCall],
+    ) -> (
+        Vec<Option<ToolResult>>,
+        Option<(FinishReason, Option<String>)>,
+    ) {
+        let mut results = Vec::with_capacity(calls.len());
+        let mut finished = None;
+        for call in calls {
+            if finished.is_some() {
+                results.push(None);
                 continue;
             }
             if call.function.name == crate::tools::browser::NAME {
                 self.browser_step = Some(step);
             }
-            let (result, stop) = self.act(step, call).await;
+            let (result, stop) = self.run_call(step, call).await;
+            results.push(Some(result));
+            if stop.is_some() {
+                finished = stop;
+            }
+        }
+        (results, finished)
+    }
+
+    /// Observe: each call's tool message (its result cut to max_observe, or why it did not
+    /// run), then the images the calls produced in one user message, for a model that takes
+    /// images.
+    fn observe(
+        &mut self,
+        calls: &[ToolCall],
+        results: Vec<Option<ToolResult>>,
+        finished: &Option<(FinishReason, Option<String>)>,
+    ) {
+        let mut images = Vec::new();
+        for (call, result) in calls.iter().zip(results) {
+            let Some(result) = result else {
+                // Every tool call needs its tool message, even the ones we no longer run.
+                let why = match finished {
+                    Some((FinishReason::Cancelled, _)) => "not run: the run was cancelled",
+                    _ => "not run: the run ended before this call",
+                };
+                self.memory.push(Message::tool(call.id.clone(), why));
+                continue;
+            };
             let has_image = result.base64_image.is_some();
             let mut text = result.render();
             if has_image && !self.agent.llm.takes_images() {
@@ -261,9 +333,6 @@ impl<'a> Run<'a> {
             {
                 images.push((call.function.name.clone(), img));
             }
-            if stop.is_some() {
-                finished = stop;
-            }
         }
         if !images.is_empty() {
             let mut parts = Vec::new();
@@ -276,10 +345,6 @@ impl<'a> Run<'a> {
             self.memory.push(Message::User {
                 content: UserContent::Parts(parts),
             });
-        }
-        match finished {
-            Some((reason, answer)) => Next::Finish(reason, answer),
-            None => Next::Continue,
         }
     }
 
@@ -310,7 +375,7 @@ impl<'a> Run<'a> {
     }
 
     /// Runs one call; the second value ends the run (terminate, cancel, a dead sandbox).
-    async fn act(
+    async fn run_call(
         &mut self,
         step: usize,
         call: &ToolCall,
@@ -336,7 +401,38 @@ impl<'a> Run<'a> {
             r = exec => r,
             _ = async { cancel.cancelled().await; tokio::time::sleep(CANCEL_GRACE).await } => Err(ToolError::Cancelled),
         };
-        let (result, stop) = match outcome {
+        let (result, stop) = self.call_result(call, outcome).await;
+        let shown = cut_observation(&result.render(), self.agent.settings.max_observe);
+        let image = result.base64_image.as_deref().and_then(Image::from_base64);
+        self.emitter
+            .emit_with(
+                EventKind::ToolResult {
+                    step,
+                    call_id: call.id.clone(),
+                    name: name.to_string(),
+                    output: shown,
+                    is_error: result.is_error(),
+                    has_image: result.base64_image.is_some(),
+                    image: image.as_ref().map(|i| i.reference.clone()),
+                    data: result.data.clone(),
+                    duration_ms: started.elapsed().as_millis() as u64,
+                },
+                image.as_ref(),
+            )
+            .await;
+        (result, stop)
+    }
+
+    /// What a call's outcome means for the run: a successful terminate ends it with its
+    /// status and answer, a cancel ends it, a failure is an error event and a result for the
+    /// model, and ends the run when the sandbox is gone for good.
+    async fn call_result(
+        &mut self,
+        call: &ToolCall,
+        outcome: Result<ToolResult, ToolError>,
+    ) -> (ToolResult, Option<(FinishReason, Option<String>)>) {
+        let name = call.function.name.as_str();
+        match outcome {
             Ok(r) => {
                 let stop = (name == terminate::NAME && !r.is_error()).then(|| {
                     let args: Value =
@@ -373,26 +469,7 @@ impl<'a> Run<'a> {
                 });
                 (ToolResult::error(message), stop)
             }
-        };
-        let shown = cut_observation(&result.render(), self.agent.settings.max_observe);
-        let image = result.base64_image.as_deref().and_then(Image::from_base64);
-        self.emitter
-            .emit_with(
-                EventKind::ToolResult {
-                    step,
-                    call_id: call.id.clone(),
-                    name: name.to_string(),
-                    output: shown,
-                    is_error: result.is_error(),
-                    has_image: result.base64_image.is_some(),
-                    image: image.as_ref().map(|i| i.reference.clone()),
-                    data: result.data.clone(),
-                    duration_ms: started.elapsed().as_millis() as u64,
-                },
-                image.as_ref(),
-            )
-            .await;
-        (result, stop)
+        }
     }
 
     /// The same step twice in a row turns the nudge on; a different step turns it off.

@@ -180,29 +180,11 @@ pub async fn run_in_session(
         .set_extractor(Some(Arc::new(LlmExtractor::new(ctx.llm.clone()))));
     let mut registry = tools.agent_registry(asker);
     request.shape.apply(&mut registry);
-    let mut notices = Vec::new();
-    let mut system_notes = Vec::new();
-    let mcp = match &request.mcp_servers {
-        Some(path) => {
-            let clients =
-                crate::mcp::client::connect_all(path)
-                    .await
-                    .map_err(|e| RunError::Mcp {
-                        path: path.clone(),
-                        message: e.to_string(),
-                    })?;
-            for (server, why) in clients.failures() {
-                notices.push(format!("MCP server {server} is skipped: {why}"));
-            }
-            let names = clients.register_into(&mut registry);
-            if !names.is_empty() {
-                notices.push(format!("MCP tools: {}", names.join(", ")));
-            }
-            system_notes = clients.system_messages();
-            Some(Arc::new(McpRefresh(clients)))
-        }
-        None => None,
-    };
+    let Mcp {
+        hook: mcp,
+        notices,
+        mut system_notes,
+    } = connect_mcp(request.mcp_servers.as_ref(), &mut registry).await?;
 
     let conversation = session.slots.get_or_insert_with(Conversation::default);
     let earlier = match request.history {
@@ -216,16 +198,7 @@ pub async fn run_in_session(
         }),
     };
 
-    let mut settings = AgentSettings::from_config(&ctx.config);
-    if let Some(n) = request.max_steps {
-        settings.max_steps = n.max(1);
-    }
-    if request.shape.max_input_tokens > 0 {
-        settings.max_input_tokens = match settings.max_input_tokens {
-            0 => request.shape.max_input_tokens,
-            own => own.min(request.shape.max_input_tokens),
-        };
-    }
+    let settings = settings_for(&ctx.config, request.max_steps, &request.shape);
     system_notes.extend(request.shape.system_note.clone());
     let mut agent = Agent::new(ctx.llm.clone(), registry, settings)
         .with_browser(tools.browser.clone())
@@ -256,6 +229,62 @@ pub async fn run_in_session(
     conversation.set(outcome.conversation.clone());
     outcome.transcript = transcript.and_then(|t| t.path());
     Ok(outcome)
+}
+
+/// What the run's MCP servers add: the hook that refreshes their tools, notices for the
+/// model (servers skipped, tools added) and the servers' own system messages.
+struct Mcp {
+    hook: Option<Arc<McpRefresh>>,
+    notices: Vec<String>,
+    system_notes: Vec<String>,
+}
+
+/// Connects the MCP servers of the file at `path` (none without one) and registers their
+/// tools; a server that fails is skipped with a notice, a file that cannot be read fails the run.
+async fn connect_mcp(path: Option<&PathBuf>, registry: &mut ToolRegistry) -> Result<Mcp, RunError> {
+    let mut notices = Vec::new();
+    let Some(path) = path else {
+        return Ok(Mcp {
+            hook: None,
+            notices,
+            system_notes: Vec::new(),
+        });
+    };
+    let clients = crate::mcp::client::connect_all(path)
+        .await
+        .map_err(|e| RunError::Mcp {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+    for (server, why) in clients.failures() {
+        notices.push(format!("MCP server {server} is skipped: {why}"));
+    }
+    let names = clients.register_into(registry);
+    if !names.is_empty() {
+        notices.push(format!("MCP tools: {}", names.join(", ")));
+    }
+    let system_notes = clients.system_messages();
+    Ok(Mcp {
+        hook: Some(Arc::new(McpRefresh(clients))),
+        notices,
+        system_notes,
+    })
+}
+
+/// The agent's settings from the config, with the request's step limit and its shape's
+/// input-token budget (the smaller one when both have a budget).
+fn settings_for(config: &Config, max_steps: Option<usize>, shape: &RunShape) -> AgentSettings {
+    let mut settings = AgentSettings::from_config(config);
+    if let Some(n) = max_steps {
+        settings.max_steps = n.max(1);
+    }
+    if shape.max_input_tokens > 0 {
+        settings.max_input_tokens = match settings.max_input_tokens {
+            0 => shape.max_input_tokens,
+            own => own.min(shape.max_input_tokens),
+        };
+    }
+    settings
 }
 
 /// Refreshes the MCP servers' tools before every step and announces what changed.

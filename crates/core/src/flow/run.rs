@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::planner::{self, Answer, Planner};
-use super::runner::StepRequest;
+use super::runner::{StepOutcome, StepRequest};
 use super::steps::{self, Verdict};
 use super::{FlowOutcome, FlowRequest, PlanningFlow, StepAttempt, prompts, summary};
 use crate::agent::sink::Emitter;
@@ -25,6 +25,16 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// One attempt at a plan step: the step's index and text, the attempt's number (from 1) and
+/// the executor its tag chose.
+#[derive(Clone, Copy)]
+struct StepTry<'s> {
+    i: usize,
+    attempt: u32,
+    text: &'s str,
+    executor: &'s steps::Executor,
 }
 
 /// What running one step came to.
@@ -227,103 +237,17 @@ impl<'a> FlowRun<'a> {
         let executor = steps::executor_for(&text, &config.executors);
         let mut retry: Option<(u32, String, String)> = None;
         for attempt in 1..=config.step_retries.min(crate::config::flow::MAX_RETRIES) + 1 {
-            // The model's own mark_step notes of this attempt start empty.
-            let now = self.book.mark_step(
-                Some(&self.plan_id),
+            let step = StepTry {
                 i,
-                Some(StepStatus::InProgress),
-                Some(""),
-            );
-            let Ok(now) = now else {
-                return StepEnd::Stop(FlowStatus::Blocked {
-                    step: i,
-                    reason: "the plan changed under the flow".into(),
-                });
-            };
-            let prompt = prompts::step(&prompts::StepPrompt {
-                task: &self.request.task,
-                plan: &now.render(),
-                n: i + 1,
-                total: now.steps.len(),
-                step: &text,
-                retry: retry.take(),
-            });
-            let run_id = new_run_id();
-            self.emitter
-                .emit(EventKind::StepStarted {
-                    index: i,
-                    text: text.clone(),
-                    executor: executor.name.clone(),
-                    attempt,
-                    step_run_id: run_id.clone(),
-                })
-                .await;
-            let request = StepRequest {
-                run_id: run_id.clone(),
-                prompt,
-                tools: executor.tools.clone(),
-                system_note: executor.prompt.clone(),
-                max_steps: executor.max_steps,
-                max_input_tokens: self.remaining().unwrap_or(0),
-                plan_id: self.plan_id.clone(),
-                step_index: i,
-            };
-            let outcome = self
-                .flow
-                .runner
-                .run_step(request, self.sink.clone(), self.cancel.clone())
-                .await;
-            self.usage.add(outcome.usage);
-            self.attempts.push(StepAttempt {
-                index: i,
                 attempt,
-                run_id: run_id.clone(),
-                executor: executor.name.clone(),
-                reason: outcome.reason.clone(),
-                answer: outcome.answer.clone(),
-                steps: outcome.steps,
-            });
-            let model_notes = self
-                .book
-                .get(Some(&self.plan_id))
-                .ok()
-                .and_then(|p| p.steps.get(i).map(|s| s.notes.clone()))
-                .unwrap_or_default();
-            let verdict = match steps::verdict(&outcome) {
-                // A run cancelled by the deadline or the user, or one that failed because
-                // of it, is the flow stopping, not the step failing.
-                Verdict::Failed(_) if self.cancel.is_cancelled() => Verdict::Stopped,
-                v => v,
+                text: &text,
+                executor: &executor,
             };
-            let (status, notes, end) = match verdict {
-                Verdict::Done => (
-                    StepStatus::Completed,
-                    steps::done_notes(&outcome, &model_notes),
-                    Some(StepEnd::Completed),
-                ),
-                Verdict::Stopped => {
-                    let status = self.stopped();
-                    let notes = format!("interrupted: {}", status.describe());
-                    (StepStatus::InProgress, notes, Some(StepEnd::Stop(status)))
-                }
-                Verdict::Failed(why) => {
-                    let flow_budget = self.flow.config.max_input_tokens > 0
-                        && matches!(outcome.reason, FinishReason::TokenBudget { .. });
-                    let last = attempt > config.step_retries || flow_budget;
-                    let notes = steps::failed_notes(&outcome, attempt, last, &why);
-                    if last {
-                        let end = if flow_budget {
-                            StepEnd::Stop(self.budget_spent())
-                        } else {
-                            StepEnd::Blocked(why)
-                        };
-                        (StepStatus::Blocked, notes, Some(end))
-                    } else {
-                        retry = Some((attempt + 1, why, model_notes.clone()));
-                        (StepStatus::InProgress, notes, None)
-                    }
-                }
+            let (run_id, outcome) = match self.attempt(&step, retry.take()).await {
+                Ok(ran) => ran,
+                Err(end) => return end,
             };
+            let (status, notes, end) = self.judge(&step, &outcome, &mut retry);
             let _ = self
                 .book
                 .mark_step(Some(&self.plan_id), i, Some(status), Some(&notes));
@@ -343,6 +267,130 @@ impl<'a> FlowRun<'a> {
         }
         // Unreachable in practice: the last attempt always ends the loop above.
         StepEnd::Blocked("no attempts left".into())
+    }
+
+    /// One run of a step: marked in progress, announced, run and recorded among the attempts.
+    /// Returns the attempt's run id and how its run ended.
+    async fn attempt(
+        &mut self,
+        step: &StepTry<'_>,
+        retry: Option<(u32, String, String)>,
+    ) -> Result<(String, StepOutcome), StepEnd> {
+        let StepTry {
+            i,
+            attempt,
+            text,
+            executor,
+        } = *step;
+        // The model's own mark_step notes of this attempt start empty.
+        let now = self.book.mark_step(
+            Some(&self.plan_id),
+            i,
+            Some(StepStatus::InProgress),
+            Some(""),
+        );
+        let Ok(now) = now else {
+            return Err(StepEnd::Stop(FlowStatus::Blocked {
+                step: i,
+                reason: "the plan changed under the flow".into(),
+            }));
+        };
+        let prompt = prompts::step(&prompts::StepPrompt {
+            task: &self.request.task,
+            plan: &now.render(),
+            n: i + 1,
+            total: now.steps.len(),
+            step: text,
+            retry,
+        });
+        let run_id = new_run_id();
+        self.emitter
+            .emit(EventKind::StepStarted {
+                index: i,
+                text: text.to_string(),
+                executor: executor.name.clone(),
+                attempt,
+                step_run_id: run_id.clone(),
+            })
+            .await;
+        let request = StepRequest {
+            run_id: run_id.clone(),
+            prompt,
+            tools: executor.tools.clone(),
+            system_note: executor.prompt.clone(),
+            max_steps: executor.max_steps,
+            max_input_tokens: self.remaining().unwrap_or(0),
+            plan_id: self.plan_id.clone(),
+            step_index: i,
+        };
+        let outcome = self
+            .flow
+            .runner
+            .run_step(request, self.sink.clone(), self.cancel.clone())
+            .await;
+        self.usage.add(outcome.usage);
+        self.attempts.push(StepAttempt {
+            index: i,
+            attempt,
+            run_id: run_id.clone(),
+            executor: executor.name.clone(),
+            reason: outcome.reason.clone(),
+            answer: outcome.answer.clone(),
+            steps: outcome.steps,
+        });
+        Ok((run_id, outcome))
+    }
+
+    /// What an attempt's outcome makes of the step: its status, its notes and, unless it is
+    /// tried again (then `retry` says why), how the step ends.
+    fn judge(
+        &self,
+        step: &StepTry<'_>,
+        outcome: &StepOutcome,
+        retry: &mut Option<(u32, String, String)>,
+    ) -> (StepStatus, String, Option<StepEnd>) {
+        let (i, attempt) = (step.i, step.attempt);
+        let model_notes = self
+            .book
+            .get(Some(&self.plan_id))
+            .ok()
+            .and_then(|p| p.steps.get(i).map(|s| s.notes.clone()))
+            .unwrap_or_default();
+        let verdict = match steps::verdict(outcome) {
+            // A run cancelled by the deadline or the user, or one that failed because
+            // of it, is the flow stopping, not the step failing.
+            Verdict::Failed(_) if self.cancel.is_cancelled() => Verdict::Stopped,
+            v => v,
+        };
+        match verdict {
+            Verdict::Done => (
+                StepStatus::Completed,
+                steps::done_notes(outcome, &model_notes),
+                Some(StepEnd::Completed),
+            ),
+            Verdict::Stopped => {
+                let status = self.stopped();
+                let notes = format!("interrupted: {}", status.describe());
+                (StepStatus::InProgress, notes, Some(StepEnd::Stop(status)))
+            }
+            Verdict::Failed(why) => {
+                let flow_budget = self.flow.config.max_input_tokens > 0
+                    && matches!(outcome.reason, FinishReason::TokenBudget { .. });
+                let last = attempt > self.flow.config.step_retries || flow_budget;
+                let notes = steps::failed_notes(outcome, attempt, last, &why);
+                if last {
+                    let end = if flow_budget {
+                        StepEnd::Stop(self.budget_spent())
+                    } else {
+                        StepEnd::Blocked(why)
+                    };
+                    (StepStatus::Blocked, notes, Some(end))
+                } else {
+                    *retry = Some((attempt + 1, why, model_notes.clone()));
+                    (StepStatus::InProgress, notes, None)
+                }
+            }
+        }
     }
 
     /// One bounded re-planning after step `i` is blocked; Ok(true) when the plan changed.

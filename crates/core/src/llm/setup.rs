@@ -44,16 +44,6 @@ pub fn resolve(
     cfg: &LlmConfig,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Endpoint, LlmError> {
-    let pick = |own: &str, vars: &[&str]| -> String {
-        if !own.trim().is_empty() {
-            return own.trim().to_string();
-        }
-        vars.iter()
-            .filter_map(|v| env(v))
-            .map(|v| v.trim().to_string())
-            .find(|v| !v.is_empty())
-            .unwrap_or_default()
-    };
     let api_type = match cfg.api_type.trim().to_ascii_lowercase().as_str() {
         "" | "openai" => ApiType::OpenAi,
         "azure" => ApiType::Azure,
@@ -66,77 +56,106 @@ pub fn resolve(
             });
         }
     };
-    let model = cfg.model.trim().to_string();
     let mut missing = Vec::new();
     let endpoint = match api_type {
-        ApiType::OpenAi => {
-            let api_key = pick(&cfg.api_key, &["OPENAI_API_KEY"]);
-            let base_url = pick(&cfg.base_url, &["OPENAI_BASE_URL"]);
-            if api_key.is_empty() && base_url.is_empty() {
-                missing.push("an API key (OPENAI_API_KEY or [llm] api_key) or, for a local server, a base URL (SANDBOXD_LLM_BASE_URL or [llm] base_url)".to_string());
-            }
-            if model.is_empty() {
-                missing.push("the model (SANDBOXD_LLM_MODEL or [llm] model)".into());
-            }
-            Endpoint {
-                api_type,
-                base_url: if base_url.is_empty() {
-                    OPENAI_BASE.into()
-                } else {
-                    base_url
-                },
-                api_key,
-                model,
-                deployment: String::new(),
-                api_version: String::new(),
-            }
-        }
-        ApiType::Azure => {
-            let api_key = pick(&cfg.api_key, &["AZURE_OPENAI_API_KEY"]);
-            let base_url = pick(&cfg.base_url, &["AZURE_OPENAI_ENDPOINT"]);
-            let deployment = cfg.deployment.trim().to_string();
-            let api_version = cfg.api_version.trim().to_string();
-            for (value, what) in [
-                (
-                    &api_key,
-                    "the Azure key (AZURE_OPENAI_API_KEY or [llm] api_key)",
-                ),
-                (
-                    &base_url,
-                    "the Azure endpoint (AZURE_OPENAI_ENDPOINT or [llm] base_url)",
-                ),
-                (
-                    &deployment,
-                    "the deployment (SANDBOXD_LLM_DEPLOYMENT or [llm] deployment)",
-                ),
-                (
-                    &api_version,
-                    "the API version (SANDBOXD_LLM_API_VERSION or [llm] api_version)",
-                ),
-            ] {
-                if value.is_empty() {
-                    missing.push(what.to_string());
-                }
-            }
-            let model = if model.is_empty() {
-                deployment.clone()
-            } else {
-                model
-            };
-            Endpoint {
-                api_type,
-                base_url,
-                api_key,
-                model,
-                deployment,
-                api_version,
-            }
-        }
+        ApiType::OpenAi => openai_endpoint(cfg, env, &mut missing),
+        ApiType::Azure => azure_endpoint(cfg, env, &mut missing),
     };
     if !missing.is_empty() {
         return Err(LlmError::NotConfigured { missing });
     }
     check(endpoint)
+}
+
+/// The configured value when set, else the first of the environment variables `vars` set.
+fn pick(own: &str, vars: &[&str], env: &dyn Fn(&str) -> Option<String>) -> String {
+    if !own.trim().is_empty() {
+        return own.trim().to_string();
+    }
+    vars.iter()
+        .filter_map(|v| env(v))
+        .map(|v| v.trim().to_string())
+        .find(|v| !v.is_empty())
+        .unwrap_or_default()
+}
+
+/// An OpenAI-compatible endpoint (OpenAI's own when no base URL is given); what it lacks
+/// goes into `missing`.
+fn openai_endpoint(
+    cfg: &LlmConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    missing: &mut Vec<String>,
+) -> Endpoint {
+    let model = cfg.model.trim().to_string();
+    let api_key = pick(&cfg.api_key, &["OPENAI_API_KEY"], env);
+    let base_url = pick(&cfg.base_url, &["OPENAI_BASE_URL"], env);
+    if api_key.is_empty() && base_url.is_empty() {
+        missing.push("an API key (OPENAI_API_KEY or [llm] api_key) or, for a local server, a base URL (SANDBOXD_LLM_BASE_URL or [llm] base_url)".to_string());
+    }
+    if model.is_empty() {
+        missing.push("the model (SANDBOXD_LLM_MODEL or [llm] model)".into());
+    }
+    Endpoint {
+        api_type: ApiType::OpenAi,
+        base_url: if base_url.is_empty() {
+            OPENAI_BASE.into()
+        } else {
+            base_url
+        },
+        api_key,
+        model,
+        deployment: String::new(),
+        api_version: String::new(),
+    }
+}
+
+/// An Azure OpenAI endpoint (the model defaults to the deployment); what it lacks goes into
+/// `missing`.
+fn azure_endpoint(
+    cfg: &LlmConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    missing: &mut Vec<String>,
+) -> Endpoint {
+    let model = cfg.model.trim().to_string();
+    let api_key = pick(&cfg.api_key, &["AZURE_OPENAI_API_KEY"], env);
+    let base_url = pick(&cfg.base_url, &["AZURE_OPENAI_ENDPOINT"], env);
+    let deployment = cfg.deployment.trim().to_string();
+    let api_version = cfg.api_version.trim().to_string();
+    for (value, what) in [
+        (
+            &api_key,
+            "the Azure key (AZURE_OPENAI_API_KEY or [llm] api_key)",
+        ),
+        (
+            &base_url,
+            "the Azure endpoint (AZURE_OPENAI_ENDPOINT or [llm] base_url)",
+        ),
+        (
+            &deployment,
+            "the deployment (SANDBOXD_LLM_DEPLOYMENT or [llm] deployment)",
+        ),
+        (
+            &api_version,
+            "the API version (SANDBOXD_LLM_API_VERSION or [llm] api_version)",
+        ),
+    ] {
+        if value.is_empty() {
+            missing.push(what.to_string());
+        }
+    }
+    let model = if model.is_empty() {
+        deployment.clone()
+    } else {
+        model
+    };
+    Endpoint {
+        api_type: ApiType::Azure,
+        base_url,
+        api_key,
+        model,
+        deployment,
+        api_version,
+    }
 }
 
 /// Resolves the optional [llm.vision] override on top of the main endpoint.

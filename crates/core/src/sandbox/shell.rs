@@ -122,46 +122,24 @@ impl PersistentShell {
                 _ = to.stopped() => return Ok(ShellOutput::stopped_before_start()),
             },
         };
-        let mut note = self.take_note();
-        if guard
-            .as_mut()
-            .is_some_and(|r| !drain_and_check_alive(&mut r.process))
-        {
-            *guard = None;
-            note = Some("the shell had died since the last command (killed from outside?); a new one was started, so the working directory and variables were reset".into());
-        }
-        if guard.is_none() {
-            *guard = Some(start(host).await?);
-            if note.is_none() && self.ever_started.load(Ordering::Relaxed) {
-                note = Some("a new shell was started; the working directory and variables of the old one are gone".into());
-            }
-            self.ever_started.store(true, Ordering::Relaxed);
-        }
+        let note = self.ensure_started(host, &mut guard).await?;
         let Some(running) = guard.as_mut() else {
             return Err(SandboxError::InvalidRequest("shell not started".into()));
         };
 
         let nonce = format!("{:032x}", rand::random::<u128>());
-        // The sentinels follow the command's output directly (no newline of their own before
-        // them), so the only output a scanner holds back is a trailing `_…` that may begin
-        // one: a streamed line goes out with its newline at once.
-        let out_marker = format!("__SBXO_{nonce}_");
-        let err_marker = format!("__SBXE_{nonce}__\n");
-        // After the command: drop DEBUG/RETURN/ERR traps it may have set (they would see the
-        // nonce), then print the sentinels with `builtin printf`, so a script's own printf
-        // function cannot break the protocol. (An external printf would be immune to a
-        // redefined `builtin` too, but costs two forks per command on the hot path.)
-        let line = format!(
-            "eval {} </dev/null; __sbx_rc=$?; builtin trap - DEBUG RETURN ERR; builtin printf '__SBXO_{nonce}_%d__\\n' \"$__sbx_rc\"; builtin printf '__SBXE_{nonce}__\\n' >&2\n",
-            ansi_c_quote(command)
-        );
         if let Some(to) = to
             && !to.send(ShellPiece::Started).await
         {
             self.restore_note(note);
             return Ok(ShellOutput::stopped_before_start());
         }
-        if let Err(e) = running.process.stdin.write_all(line.as_bytes()).await {
+        if let Err(e) = running
+            .process
+            .stdin
+            .write_all(command_line(command, &nonce).as_bytes())
+            .await
+        {
             *guard = None;
             self.set_note(format!("the shell had died ({e}); it will be restarted"));
             return Err(SandboxError::Protocol {
@@ -175,47 +153,112 @@ impl PersistentShell {
             None => Kept::Buffer(CappedBuffer::new(opts.output_cap)),
             Some(_) => Kept::Stream(StreamCap::new(stream, opts.output_cap)),
         };
-        let mut out = Scanner::new(out_marker, kept(StdStream::Stdout));
-        let mut err = Scanner::new(err_marker, kept(StdStream::Stderr));
+        // The sentinels follow the command's output directly (no newline of their own before
+        // them), so the only output a scanner holds back is a trailing `_…` that may begin
+        // one: a streamed line goes out with its newline at once.
+        let mut out = Scanner::new(format!("__SBXO_{nonce}_"), kept(StdStream::Stdout));
+        let mut err = Scanner::new(format!("__SBXE_{nonce}__\n"), kept(StdStream::Stderr));
         let deadline = tokio::time::Instant::now() + opts.timeout;
         let mut outcome =
             read_until_done(&mut running.process, &mut out, &mut err, deadline, to).await;
-
         if matches!(outcome, Outcome::TimedOut | Outcome::Stopped) {
-            let why = if matches!(outcome, Outcome::Stopped) {
-                "was stopped"
-            } else {
-                "timed out"
-            };
-            let pid = running.pid;
-            let mut killed = killtree(host, "--descendants", pid).await;
-            let grace = tokio::time::Instant::now() + KILL_GRACE;
-            // Nothing is sent while the shell resynchronizes (the caller may be gone); what
-            // the command still prints is kept, capped, and sent after.
-            match read_until_done(&mut running.process, &mut out, &mut err, grace, None).await {
-                Outcome::Done(_) if killed.is_ok() => {}
-                Outcome::Done(_) | Outcome::TimedOut | Outcome::Stopped => {
-                    // A builtin looping in bash itself, or descendants that would not die:
-                    // replace the whole shell, and verify that too.
-                    killed = killtree(host, "--tree", pid).await;
-                    *guard = None;
-                    self.set_note(format!("the previous command {why} inside the shell itself, so the shell was restarted: the working directory and variables were reset"));
-                }
-                Outcome::Died(reason) => outcome = Outcome::Died(reason),
-            }
-            // Never claim a kill that did not happen.
-            if let Err(detail) = killed {
-                *guard = None;
-                return Err(SandboxError::KillUnconfirmed {
-                    what: format!("the command that {why}"),
-                    detail,
-                });
-            }
+            outcome = self
+                .kill_overrun(host, &mut guard, &mut out, &mut err, outcome)
+                .await?;
         }
-        // The shell's own exit status, when the command ended it (`exit 4`).
+        let shell_exit = self.after_shell_death(host, &mut guard, &outcome).await?;
+        let oom_note = self.oom_note(host, &outcome).await;
+        // The next command may start now; a streamed call's held tail is sent after.
+        drop(guard);
+        let notes = Notes {
+            before: note,
+            oom: oom_note,
+        };
+        Ok(finish(to, out, err, outcome, shell_exit, notes, started).await)
+    }
+
+    /// Makes sure a live shell is in `slot`, starting one when there is none or the last one
+    /// died, and returns the note for the model: the pending one, or why the shell is new.
+    async fn ensure_started(
+        &self,
+        host: &dyn Sandbox,
+        slot: &mut Option<Running>,
+    ) -> Result<Option<String>, SandboxError> {
+        let mut note = self.take_note();
+        if slot
+            .as_mut()
+            .is_some_and(|r| !drain_and_check_alive(&mut r.process))
+        {
+            *slot = None;
+            note = Some("the shell had died since the last command (killed from outside?); a new one was started, so the working directory and variables were reset".into());
+        }
+        if slot.is_none() {
+            *slot = Some(start(host).await?);
+            if note.is_none() && self.ever_started.load(Ordering::Relaxed) {
+                note = Some("a new shell was started; the working directory and variables of the old one are gone".into());
+            }
+            self.ever_started.store(true, Ordering::Relaxed);
+        }
+        Ok(note)
+    }
+
+    /// A command that timed out or was stopped: kills its process tree and lets the shell
+    /// resynchronize, replacing the whole shell when that fails. Returns the outcome, `Died`
+    /// when the shell ended meanwhile; an error when the kill cannot be confirmed.
+    async fn kill_overrun(
+        &self,
+        host: &dyn Sandbox,
+        slot: &mut Option<Running>,
+        out: &mut Scanner,
+        err: &mut Scanner,
+        mut outcome: Outcome,
+    ) -> Result<Outcome, SandboxError> {
+        let Some(running) = slot.as_mut() else {
+            return Ok(outcome);
+        };
+        let why = if matches!(outcome, Outcome::Stopped) {
+            "was stopped"
+        } else {
+            "timed out"
+        };
+        let pid = running.pid;
+        let mut killed = killtree(host, "--descendants", pid).await;
+        let grace = tokio::time::Instant::now() + KILL_GRACE;
+        // Nothing is sent while the shell resynchronizes (the caller may be gone); what
+        // the command still prints is kept, capped, and sent after.
+        match read_until_done(&mut running.process, out, err, grace, None).await {
+            Outcome::Done(_) if killed.is_ok() => {}
+            Outcome::Done(_) | Outcome::TimedOut | Outcome::Stopped => {
+                // A builtin looping in bash itself, or descendants that would not die:
+                // replace the whole shell, and verify that too.
+                killed = killtree(host, "--tree", pid).await;
+                *slot = None;
+                self.set_note(format!("the previous command {why} inside the shell itself, so the shell was restarted: the working directory and variables were reset"));
+            }
+            Outcome::Died(reason) => outcome = Outcome::Died(reason),
+        }
+        // Never claim a kill that did not happen.
+        if let Err(detail) = killed {
+            *slot = None;
+            return Err(SandboxError::KillUnconfirmed {
+                what: format!("the command that {why}"),
+                detail,
+            });
+        }
+        Ok(outcome)
+    }
+
+    /// When the command ended the shell (`exit 4`): drops it, notes the restart for the next
+    /// call and returns the shell's own exit status; an error when the sandbox is gone too.
+    async fn after_shell_death(
+        &self,
+        host: &dyn Sandbox,
+        slot: &mut Option<Running>,
+        outcome: &Outcome,
+    ) -> Result<Option<i32>, SandboxError> {
         let mut shell_exit = None;
-        if let Outcome::Died(why) = &outcome {
-            if let Some(dead) = guard.take() {
+        if let Outcome::Died(why) = outcome {
+            if let Some(dead) = slot.take() {
                 shell_exit = (dead.process.exit_code)().await.map(|c| c as i32);
             }
             if !still_alive(host, shell_exit).await {
@@ -228,51 +271,18 @@ impl PersistentShell {
                 "the shell exited ({why}); a new one was started, so the working directory and variables were reset"
             ));
         }
+        Ok(shell_exit)
+    }
 
-        let mut oom_note = None;
+    /// The note for a command killed by SIGKILL (137) when the cgroup's OOM-kill counter grew.
+    async fn oom_note(&self, host: &dyn Sandbox, outcome: &Outcome) -> Option<String> {
         if matches!(outcome, Outcome::Done(137))
             && let Some(count) = oom_kill_count(host).await
             && count > self.oom_kills_seen.swap(count, Ordering::Relaxed)
         {
-            oom_note = Some("the command was killed by the out-of-memory killer: it reached the sandbox's memory limit".to_string());
+            return Some("the command was killed by the out-of-memory killer: it reached the sandbox's memory limit".to_string());
         }
-        // The next command may start now; a streamed call's held tail is sent after.
-        drop(guard);
-        let (stdout, stdout_truncated, out_rest) = settle(out.finish());
-        let (stderr, stderr_truncated, err_rest) = settle(err.finish());
-        let timed_out = matches!(outcome, Outcome::TimedOut);
-        let outcome_note = match &outcome {
-            Outcome::Died(_) if shell_exit.is_some() => Some(format!(
-                "the shell itself ended with status {} during this command (an `exit`, or a kill); the next command gets a fresh shell, so cd and variables are reset",
-                shell_exit.unwrap_or_default()
-            )),
-            Outcome::Died(why) => Some(format!(
-                "the shell exited during this command ({why}); the next command gets a fresh shell"
-            )),
-            Outcome::Stopped => Some("the command was stopped because its caller went away, and its processes were killed".into()),
-            _ => None,
-        };
-        if let Some(to) = to {
-            for piece in out_rest.into_iter().chain(err_rest) {
-                if !to.send(piece).await {
-                    break;
-                }
-            }
-        }
-        Ok(ShellOutput {
-            exit_code: match outcome {
-                Outcome::Done(code) => Some(code),
-                Outcome::Died(_) => shell_exit,
-                Outcome::TimedOut | Outcome::Stopped => None,
-            },
-            stdout,
-            stderr,
-            stdout_truncated,
-            stderr_truncated,
-            timed_out,
-            note: join_notes(join_notes(note, outcome_note), oom_note),
-            duration: started.elapsed(),
-        })
+        None
     }
 
     /// Drops the current shell; the next call starts a fresh one.
@@ -430,6 +440,81 @@ async fn start(host: &dyn Sandbox) -> Result<Running, SandboxError> {
                 })?;
             return Ok(Running { process, pid });
         }
+    }
+}
+
+/// The line that runs `command` in the shell and then prints the sentinels of `nonce`.
+/// After the command: drop DEBUG/RETURN/ERR traps it may have set (they would see the nonce),
+/// then print the sentinels with `builtin printf`, so a script's own printf function cannot
+/// break the protocol. (An external printf would be immune to a redefined `builtin` too, but
+/// costs two forks per command on the hot path.)
+fn command_line(command: &str, nonce: &str) -> String {
+    format!(
+        "eval {} </dev/null; __sbx_rc=$?; builtin trap - DEBUG RETURN ERR; builtin printf '__SBXO_{nonce}_%d__\\n' \"$__sbx_rc\"; builtin printf '__SBXE_{nonce}__\\n' >&2\n",
+        ansi_c_quote(command)
+    )
+}
+
+/// What the model is told about how the command ended, beyond its exit code.
+fn outcome_note(outcome: &Outcome, shell_exit: Option<i32>) -> Option<String> {
+    match outcome {
+        Outcome::Died(_) if shell_exit.is_some() => Some(format!(
+            "the shell itself ended with status {} during this command (an `exit`, or a kill); the next command gets a fresh shell, so cd and variables are reset",
+            shell_exit.unwrap_or_default()
+        )),
+        Outcome::Died(why) => Some(format!(
+            "the shell exited during this command ({why}); the next command gets a fresh shell"
+        )),
+        Outcome::Stopped => Some(
+            "the command was stopped because its caller went away, and its processes were killed"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
+/// The notes of a call gathered before its end: the one from before the command (a pending or
+/// restart note) and the out-of-memory one.
+struct Notes {
+    before: Option<String>,
+    oom: Option<String>,
+}
+
+/// The call's result, once the shell is free for the next command: what was kept of the
+/// output, and for a streamed call the held tail sent now.
+async fn finish(
+    to: Option<&ShellStream>,
+    out: Scanner,
+    err: Scanner,
+    outcome: Outcome,
+    shell_exit: Option<i32>,
+    notes: Notes,
+    started: Instant,
+) -> ShellOutput {
+    let (stdout, stdout_truncated, out_rest) = settle(out.finish());
+    let (stderr, stderr_truncated, err_rest) = settle(err.finish());
+    let timed_out = matches!(outcome, Outcome::TimedOut);
+    let outcome_note = outcome_note(&outcome, shell_exit);
+    if let Some(to) = to {
+        for piece in out_rest.into_iter().chain(err_rest) {
+            if !to.send(piece).await {
+                break;
+            }
+        }
+    }
+    ShellOutput {
+        exit_code: match outcome {
+            Outcome::Done(code) => Some(code),
+            Outcome::Died(_) => shell_exit,
+            Outcome::TimedOut | Outcome::Stopped => None,
+        },
+        stdout,
+        stderr,
+        stdout_truncated,
+        stderr_truncated,
+        timed_out,
+        note: join_notes(join_notes(notes.before, outcome_note), notes.oom),
+        duration: started.elapsed(),
     }
 }
 

@@ -12,10 +12,12 @@
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use futures::stream::BoxStream;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::output::CappedBuffer;
 use super::{AttachedProcess, OutputChunk, Sandbox, SandboxError, SpawnRequest, helpers};
@@ -85,11 +87,7 @@ pub(super) async fn run(
         message: format!("host temp file: {e}"),
     };
     let tag = format!("{:032x}", rand::random::<u128>());
-    let mut req = SpawnRequest::new(argv);
-    for (k, v) in helpers::env() {
-        req = req.env(k, v);
-    }
-    let req = req.env("SANDBOXD_TAG", &tag);
+    let req = spawn_request(argv, &tag);
     let input = match input {
         Some((f, len)) => {
             let mut f = f.try_clone().map_err(io)?;
@@ -98,62 +96,18 @@ pub(super) async fn run(
         }
         None => None,
     };
-    let mut output = match output {
+    let output = match output {
         Some((f, max)) => Some((tokio::fs::File::from_std(f.try_clone().map_err(io)?), max)),
         None => None,
     };
     let AttachedProcess {
-        mut stdin,
+        stdin,
         output: mut stream,
         exit_code,
     } = sandbox.spawn(req).await?;
     let mut stderr = CappedBuffer::new(STDERR_CAP);
-    let feed = async {
-        if let Some((mut src, len)) = input {
-            let mut buf = vec![0u8; CHUNK];
-            let mut left = len;
-            while left > 0 {
-                let want = (left as usize).min(CHUNK);
-                let n = src.read(&mut buf[..want]).await.map_err(io)?;
-                if n == 0 {
-                    break;
-                }
-                // A process that stopped reading ended or failed: its status says which.
-                if stdin.write_all(&buf[..n]).await.is_err() {
-                    return Ok(());
-                }
-                left -= n as u64;
-            }
-        }
-        let _ = stdin.shutdown().await;
-        drop(stdin);
-        Ok::<(), SandboxError>(())
-    };
-    let drain = async {
-        let mut len: u64 = 0;
-        while let Some(chunk) = stream.next().await {
-            match chunk? {
-                OutputChunk::Stdout(bytes) => {
-                    len += bytes.len() as u64;
-                    if let Some((out, max)) = output.as_mut() {
-                        if len > *max {
-                            return Err(SandboxError::FileTooLarge {
-                                path: path.to_string(),
-                                size: len,
-                                limit: *max,
-                            });
-                        }
-                        out.write_all(&bytes).await.map_err(io)?;
-                    }
-                }
-                OutputChunk::Stderr(bytes) => stderr.push(&bytes),
-            }
-        }
-        if let Some((out, _)) = output.as_mut() {
-            out.flush().await.map_err(io)?;
-        }
-        Ok(len)
-    };
+    let feed = feed(stdin, input, &io);
+    let drain = drain(&mut stream, output, &mut stderr, path, &io);
     // The output ends when the process exits: then what was not fed is not wanted (tar stops
     // at the end-of-archive marker), so the feed is dropped rather than waited for.
     let both = async {
@@ -195,6 +149,76 @@ pub(super) async fn run(
         stderr,
         out_len,
     })
+}
+
+/// The process with the helpers' environment, tagged so a give-up can kill its whole tree.
+fn spawn_request(argv: Vec<String>, tag: &str) -> SpawnRequest {
+    let mut req = SpawnRequest::new(argv);
+    for (k, v) in helpers::env() {
+        req = req.env(k, v);
+    }
+    req.env("SANDBOXD_TAG", tag)
+}
+
+/// Feeds `len` bytes of `src` into the process's stdin, then closes it.
+async fn feed(
+    mut stdin: Pin<Box<dyn AsyncWrite + Send>>,
+    input: Option<(tokio::fs::File, u64)>,
+    io: &(dyn Fn(std::io::Error) -> SandboxError + Sync),
+) -> Result<(), SandboxError> {
+    if let Some((mut src, len)) = input {
+        let mut buf = vec![0u8; CHUNK];
+        let mut left = len;
+        while left > 0 {
+            let want = (left as usize).min(CHUNK);
+            let n = src.read(&mut buf[..want]).await.map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            // A process that stopped reading ended or failed: its status says which.
+            if stdin.write_all(&buf[..n]).await.is_err() {
+                return Ok(());
+            }
+            left -= n as u64;
+        }
+    }
+    let _ = stdin.shutdown().await;
+    drop(stdin);
+    Ok(())
+}
+
+/// Reads the process's output until it ends: stdout into `output` (refused past its limit),
+/// stderr into `stderr`. Returns how many bytes came on stdout.
+async fn drain(
+    stream: &mut BoxStream<'static, Result<OutputChunk, SandboxError>>,
+    mut output: Option<(tokio::fs::File, u64)>,
+    stderr: &mut CappedBuffer,
+    path: &str,
+    io: &(dyn Fn(std::io::Error) -> SandboxError + Sync),
+) -> Result<u64, SandboxError> {
+    let mut len: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        match chunk? {
+            OutputChunk::Stdout(bytes) => {
+                len += bytes.len() as u64;
+                if let Some((out, max)) = output.as_mut() {
+                    if len > *max {
+                        return Err(SandboxError::FileTooLarge {
+                            path: path.to_string(),
+                            size: len,
+                            limit: *max,
+                        });
+                    }
+                    out.write_all(&bytes).await.map_err(io)?;
+                }
+            }
+            OutputChunk::Stderr(bytes) => stderr.push(&bytes),
+        }
+    }
+    if let Some((out, _)) = output.as_mut() {
+        out.flush().await.map_err(io)?;
+    }
+    Ok(len)
 }
 
 pub(super) fn bash(script: &str, args: &[&str]) -> Vec<String> {

@@ -66,24 +66,7 @@ impl PlanningTool {
         }
         let e = |e: PlanError| e.to_string();
         match command {
-            "create" => {
-                let title = arg_str(args, "title").ok_or("create needs a title (a string)")?;
-                let steps = string_list(args)?.ok_or("create needs steps (a list of strings)")?;
-                let plan = self.book.create(title, &steps).map_err(e)?;
-                let mut out = format!(
-                    "Plan created with ID: {} (ids are assigned by sandboxd)\n\n{}",
-                    plan.id,
-                    plan.render()
-                );
-                if let Some(asked) = plan_id {
-                    out.push_str(&format!(
-                        "\nNote: the plan_id {:?} you sent was ignored; use {}.",
-                        book::clean_line(asked, 80),
-                        plan.id
-                    ));
-                }
-                Ok(out)
-            }
+            "create" => self.create(args, plan_id),
             "update" => {
                 let steps = string_list(args)?;
                 let title = arg_str(args, "title");
@@ -96,64 +79,14 @@ impl PlanningTool {
                     .map_err(e)?;
                 Ok(format!("Plan updated: {}\n\n{}", plan.id, plan.render()))
             }
-            "list" => {
-                let (plans, active) = self.book.list();
-                if plans.is_empty() {
-                    return Ok("No plans in this session. Create one with command create.".into());
-                }
-                let mut out = String::from("Plans in this session:\n");
-                for p in plans {
-                    let tag = if active.as_deref() == Some(p.id.as_str()) {
-                        " (active)"
-                    } else {
-                        ""
-                    };
-                    out.push_str(&format!(
-                        "• {}{tag}: {} — {}/{} steps completed\n",
-                        p.id,
-                        p.title,
-                        p.count(StepStatus::Completed),
-                        p.steps.len()
-                    ));
-                }
-                Ok(out)
-            }
+            "list" => Ok(self.list()),
             "get" => Ok(self.book.get(plan_id).map_err(e)?.render()),
             "set_active" => {
                 let id = plan_id.ok_or("set_active needs plan_id")?;
                 let plan = self.book.set_active(id).map_err(e)?;
                 Ok(format!("Plan {} is now the active plan.", plan.id))
             }
-            "mark_step" => {
-                let index = step_index(args)?;
-                let status = match arg_str(args, "step_status") {
-                    Some(s) => Some(StepStatus::parse(s).ok_or("unknown step_status")?),
-                    None => None,
-                };
-                let notes = arg_str(args, "step_notes");
-                // Inside a step the flow sets the status from how the run ends; the model's
-                // notes are kept.
-                let status = match self.scope {
-                    Scope::Full => status,
-                    Scope::Step { .. } => None,
-                };
-                let plan = self
-                    .book
-                    .mark_step(plan_id, index, status, notes)
-                    .map_err(e)?;
-                let now = plan
-                    .steps
-                    .get(index)
-                    .map(|s| s.status.as_str())
-                    .unwrap_or("unknown");
-                let mut out = format!("Step {index} (0-based) of plan {} is {now}.", plan.id);
-                if matches!(self.scope, Scope::Step { .. }) {
-                    out.push_str(
-                        " Your notes are recorded; sandboxd sets the status from how this step ends (terminate success or failure).",
-                    );
-                }
-                Ok(out)
-            }
+            "mark_step" => self.mark_step(args, plan_id),
             "delete" => {
                 let id = plan_id.ok_or("delete needs plan_id")?;
                 self.book.delete(id).map_err(e)?;
@@ -163,6 +96,82 @@ impl PlanningTool {
                 "unknown command {other:?}; use create, update, list, get, set_active, mark_step or delete"
             )),
         }
+    }
+
+    /// create: a new plan, its id assigned here (a `plan_id` sent along is ignored, and said so).
+    fn create(&self, args: &Value, plan_id: Option<&str>) -> Result<String, String> {
+        let title = arg_str(args, "title").ok_or("create needs a title (a string)")?;
+        let steps = string_list(args)?.ok_or("create needs steps (a list of strings)")?;
+        let plan = self.book.create(title, &steps).map_err(|e| e.to_string())?;
+        let mut out = format!(
+            "Plan created with ID: {} (ids are assigned by sandboxd)\n\n{}",
+            plan.id,
+            plan.render()
+        );
+        if let Some(asked) = plan_id {
+            out.push_str(&format!(
+                "\nNote: the plan_id {:?} you sent was ignored; use {}.",
+                book::clean_line(asked, 80),
+                plan.id
+            ));
+        }
+        Ok(out)
+    }
+
+    /// list: every plan of the session, the active one marked, with its progress.
+    fn list(&self) -> String {
+        let (plans, active) = self.book.list();
+        if plans.is_empty() {
+            return "No plans in this session. Create one with command create.".into();
+        }
+        let mut out = String::from("Plans in this session:\n");
+        for p in plans {
+            let tag = if active.as_deref() == Some(p.id.as_str()) {
+                " (active)"
+            } else {
+                ""
+            };
+            out.push_str(&format!(
+                "• {}{tag}: {} — {}/{} steps completed\n",
+                p.id,
+                p.title,
+                p.count(StepStatus::Completed),
+                p.steps.len()
+            ));
+        }
+        out
+    }
+
+    /// mark_step: the status and notes of a step; inside a step, only the notes count.
+    fn mark_step(&self, args: &Value, plan_id: Option<&str>) -> Result<String, String> {
+        let index = step_index(args)?;
+        let status = match arg_str(args, "step_status") {
+            Some(s) => Some(StepStatus::parse(s).ok_or("unknown step_status")?),
+            None => None,
+        };
+        let notes = arg_str(args, "step_notes");
+        // Inside a step the flow sets the status from how the run ends; the model's
+        // notes are kept.
+        let status = match self.scope {
+            Scope::Full => status,
+            Scope::Step { .. } => None,
+        };
+        let plan = self
+            .book
+            .mark_step(plan_id, index, status, notes)
+            .map_err(|e| e.to_string())?;
+        let now = plan
+            .steps
+            .get(index)
+            .map(|s| s.status.as_str())
+            .unwrap_or("unknown");
+        let mut out = format!("Step {index} (0-based) of plan {} is {now}.", plan.id);
+        if matches!(self.scope, Scope::Step { .. }) {
+            out.push_str(
+                " Your notes are recorded; sandboxd sets the status from how this step ends (terminate success or failure).",
+            );
+        }
+        Ok(out)
     }
 
     fn check_step_scope(

@@ -96,6 +96,77 @@ impl Python {
         }
     }
 
+    /// Ends the interpreter for a reset: killed when a cell is in flight, else asked to exit.
+    async fn reset(&self, slot: &mut Slot) {
+        if let Some(d) = slot.driver.take() {
+            if d.has_cell_in_flight() {
+                let _ = d.kill(&*self.sandbox).await;
+            } else {
+                d.exit().await;
+            }
+        }
+        slot.lost = None;
+    }
+
+    /// A cell that did not stop after its timeout's KeyboardInterrupt: the interpreter is
+    /// killed, and the result says whether that is confirmed.
+    async fn stuck(&self, slot: &mut Slot, secs: u64) -> ToolResult {
+        let killed = match slot.driver.take() {
+            Some(d) => d.kill(&*self.sandbox).await,
+            None => Ok(()),
+        };
+        slot.lost = Some(format!(
+            "the previous one was killed after a {secs}s timeout"
+        ));
+        let what = match killed {
+            Ok(()) => "so the python interpreter was killed".to_string(),
+            Err(e) => format!(
+                "so sandboxd tried to kill the python interpreter, but could not confirm \
+                 it is gone ({e}); its processes may still run"
+            ),
+        };
+        ToolResult::error(format!(
+            "the cell timed out after {secs}s and did not stop within {}s of KeyboardInterrupt \
+             (stuck in native code or ignoring SIGINT), {what}; \
+             its variables are lost; the next call starts a fresh one",
+            GRACE.as_secs()
+        ))
+    }
+
+    /// The interpreter died during the cell: why, in its last words if it left some, or the
+    /// connection alone was lost and the next call reconnects. An error when the whole
+    /// sandbox is gone.
+    async fn died(&self, slot: &mut Slot, why: String) -> Result<ToolResult, ToolError> {
+        let driver = slot.driver.take();
+        // Under gVisor an out-of-memory kill takes the whole sandbox with the cell:
+        // that is the session's end, not the interpreter's, and says why. Only the
+        // backend's definite answer counts (a failed query is not a stop).
+        self.sandbox.check_alive().await?;
+        let loss = match driver {
+            Some(d) => d.obituary(&*self.sandbox, why).await,
+            None => Loss::Died(why, None),
+        };
+        Ok(match loss {
+            Loss::Died(cause, words) => {
+                slot.lost = Some(format!("the previous one died ({cause})"));
+                let words = words
+                    .map(|w| format!("\nIts last words:\n{w}"))
+                    .unwrap_or_default();
+                ToolResult::error(format!(
+                    "the python interpreter died ({cause}); its variables are lost; the next call starts a fresh one{words}"
+                ))
+            }
+            Loss::Connection(why) => {
+                slot.reconnecting = true;
+                ToolResult::error(format!(
+                    "the connection to the python interpreter was lost during the call: {why}; \
+                     the cell's output is lost (it may still be running); the interpreter and its \
+                     variables are kept, and the next call reconnects"
+                ))
+            }
+        })
+    }
+
     /// Brings back a cell left in flight (a cancelled call's, or an earlier process's); one
     /// that will not stop costs the interpreter.
     async fn settle(&self, slot: &mut Slot) {
@@ -167,14 +238,7 @@ impl Tool for Python {
         let mut slot = self.slot.lock().await;
         let mut notes = Vec::new();
         if reset {
-            if let Some(d) = slot.driver.take() {
-                if d.has_cell_in_flight() {
-                    let _ = d.kill(&*self.sandbox).await;
-                } else {
-                    d.exit().await;
-                }
-            }
-            slot.lost = None;
+            self.reset(&mut slot).await;
             notes.push("the python interpreter was reset: earlier variables are gone".to_string());
         }
         if code.trim().is_empty() {
@@ -208,59 +272,9 @@ impl Tool for Python {
                      variables defined so far are kept"
                 )),
             ),
-            CellEnd::TimedOut(None) => {
-                let killed = match slot.driver.take() {
-                    Some(d) => d.kill(&*self.sandbox).await,
-                    None => Ok(()),
-                };
-                slot.lost = Some(format!(
-                    "the previous one was killed after a {secs}s timeout"
-                ));
-                let what = match killed {
-                    Ok(()) => "so the python interpreter was killed".to_string(),
-                    Err(e) => format!(
-                        "so sandboxd tried to kill the python interpreter, but could not confirm \
-                         it is gone ({e}); its processes may still run"
-                    ),
-                };
-                ToolResult::error(format!(
-                    "the cell timed out after {secs}s and did not stop within {}s of KeyboardInterrupt \
-                     (stuck in native code or ignoring SIGINT), {what}; \
-                     its variables are lost; the next call starts a fresh one",
-                    GRACE.as_secs()
-                ))
-            }
+            CellEnd::TimedOut(None) => self.stuck(&mut slot, secs).await,
             CellEnd::Cancelled => return Err(ToolError::Cancelled),
-            CellEnd::Died(why) => {
-                let driver = slot.driver.take();
-                // Under gVisor an out-of-memory kill takes the whole sandbox with the cell:
-                // that is the session's end, not the interpreter's, and says why. Only the
-                // backend's definite answer counts (a failed query is not a stop).
-                self.sandbox.check_alive().await?;
-                let loss = match driver {
-                    Some(d) => d.obituary(&*self.sandbox, why).await,
-                    None => Loss::Died(why, None),
-                };
-                match loss {
-                    Loss::Died(cause, words) => {
-                        slot.lost = Some(format!("the previous one died ({cause})"));
-                        let words = words
-                            .map(|w| format!("\nIts last words:\n{w}"))
-                            .unwrap_or_default();
-                        ToolResult::error(format!(
-                            "the python interpreter died ({cause}); its variables are lost; the next call starts a fresh one{words}"
-                        ))
-                    }
-                    Loss::Connection(why) => {
-                        slot.reconnecting = true;
-                        ToolResult::error(format!(
-                            "the connection to the python interpreter was lost during the call: {why}; \
-                             the cell's output is lost (it may still be running); the interpreter and its \
-                             variables are kept, and the next call reconnects"
-                        ))
-                    }
-                }
-            }
+            CellEnd::Died(why) => self.died(&mut slot, why).await?,
         };
         if !notes.is_empty() {
             result = result.with_system(notes.join("; "));

@@ -353,6 +353,68 @@ pub struct Load {
     pub slowest_start: Duration,
 }
 
+impl Load {
+    /// A run's events: how many, its start (POST to first step) and each step's latency
+    /// (one `thinking` to the next, the last to `run_finished`).
+    fn add_timings(&mut self, trace: &RunTrace) {
+        self.events += trace.events.len();
+        let marks: Vec<Instant> = trace
+            .events
+            .iter()
+            .filter(|e| e.kind == "thinking" || e.kind == "run_finished")
+            .map(|e| e.at)
+            .collect();
+        if let Some(first) = marks.first() {
+            self.slowest_start = self
+                .slowest_start
+                .max(first.saturating_duration_since(trace.started));
+        }
+        self.step_latency.extend(
+            marks
+                .windows(2)
+                .map(|w| w[1].saturating_duration_since(w[0])),
+        );
+    }
+}
+
+/// A finished run's key and trace, or why it failed.
+type LoadTask = tokio::task::JoinHandle<(String, anyhow::Result<RunTrace>)>;
+
+/// One run of `steps` steps per user, all released together by a barrier.
+fn all_at_once(
+    server: &Arc<BenchServer>,
+    model: &Arc<Model>,
+    users: usize,
+    steps: usize,
+) -> Vec<LoadTask> {
+    let start = Arc::new(tokio::sync::Barrier::new(users));
+    let mut tasks = Vec::new();
+    for (i, key) in server.keys.clone().into_iter().enumerate() {
+        let (server, model, start) = (server.clone(), model.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let tag = format!("load{i}");
+            let trace = traced_run(&server, &model, &key, &tag, steps, None).await;
+            (key, trace)
+        }));
+    }
+    tasks
+}
+
+/// Each finished run's key and trace, and why the others failed.
+async fn finished(tasks: Vec<LoadTask>) -> (Vec<(String, RunTrace)>, Vec<String>) {
+    let mut traces = Vec::new();
+    let mut failures = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok((key, Ok(trace))) => traces.push((key, trace)),
+            Ok((_, Err(e))) => failures.push(e.to_string()),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    (traces, failures)
+}
+
 pub async fn bench_load(
     manager: Arc<SessionManager>,
     mut config: Config,
@@ -363,27 +425,9 @@ pub async fn bench_load(
     config.sessions.max_per_owner = config.sessions.max_per_owner.max(users + 4);
     let model = FakeModel::start().await?;
     let server = Arc::new(BenchServer::start(manager, model.config(config), users).await?);
-    let start = Arc::new(tokio::sync::Barrier::new(users));
-    let mut tasks = Vec::new();
-    for (i, key) in server.keys.clone().into_iter().enumerate() {
-        let (server, model, start) = (server.clone(), model.model.clone(), start.clone());
-        tasks.push(tokio::spawn(async move {
-            start.wait().await;
-            let tag = format!("load{i}");
-            let trace = traced_run(&server, &model, &key, &tag, steps, None).await;
-            (key, trace)
-        }));
-    }
+    let tasks = all_at_once(&server, &model.model, users, steps);
     let began = Instant::now();
-    let mut traces = Vec::new();
-    let mut failures = Vec::new();
-    for t in tasks {
-        match t.await {
-            Ok((key, Ok(trace))) => traces.push((key, trace)),
-            Ok((_, Err(e))) => failures.push(e.to_string()),
-            Err(e) => failures.push(e.to_string()),
-        }
-    }
+    let (traces, failures) = finished(tasks).await;
     let wall = began.elapsed();
     let mut load = Load {
         users,
@@ -396,23 +440,7 @@ pub async fn bench_load(
         slowest_start: Duration::ZERO,
     };
     for (key, trace) in &traces {
-        load.events += trace.events.len();
-        let marks: Vec<Instant> = trace
-            .events
-            .iter()
-            .filter(|e| e.kind == "thinking" || e.kind == "run_finished")
-            .map(|e| e.at)
-            .collect();
-        if let Some(first) = marks.first() {
-            load.slowest_start = load
-                .slowest_start
-                .max(first.saturating_duration_since(trace.started));
-        }
-        load.step_latency.extend(
-            marks
-                .windows(2)
-                .map(|w| w[1].saturating_duration_since(w[0])),
-        );
+        load.add_timings(trace);
         let state: Value = server
             .http
             .get(format!("{}/v1/runs/{}", server.base, trace.id))

@@ -220,7 +220,50 @@ async fn measure(
     delay: &Delay,
     n: usize,
 ) -> anyhow::Result<UiBench> {
-    // A finished 200-step run.
+    let finished = finished_run(http, base, key).await?;
+
+    let browser = chromium(chromium_path).await?;
+    let page = browser.browser.new_page(format!("{base}/login")).await?;
+    eval(&page, &format!("document.querySelector('#key').value = {key:?}; document.querySelector('form').submit(); true")).await?;
+    wait_for(
+        &page,
+        "location.pathname === '/runs'",
+        Duration::from_secs(20),
+    )
+    .await?;
+
+    let mut out = UiBench {
+        first_paint: Vec::new(),
+        raw_replay: Vec::new(),
+        event_to_page: Vec::new(),
+        event_to_sse: Vec::new(),
+        steps: finished.steps,
+    };
+    for i in 0..n + 1 {
+        let (paint, raw) = first_paint(http, base, key, &page, &finished).await?;
+        if i > 0 {
+            out.first_paint.push(paint);
+            out.raw_replay.push(raw);
+        }
+    }
+    live(http, base, key, &page, delay, &mut out).await?;
+    Ok(out)
+}
+
+/// The finished 200-step run the first-paint measurement shows.
+struct FinishedRun {
+    id: String,
+    events_url: String,
+    /// Its last event: the page is drawn when it has rendered this one.
+    last_seq: u64,
+    steps: u64,
+}
+
+async fn finished_run(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+) -> anyhow::Result<FinishedRun> {
     let id = start_run(
         http,
         base,
@@ -247,52 +290,56 @@ async fn measure(
         .json()
         .await?;
     let steps = run["steps"].as_u64().unwrap_or(0);
+    Ok(FinishedRun {
+        id,
+        events_url,
+        last_seq,
+        steps,
+    })
+}
 
-    let browser = chromium(chromium_path).await?;
-    let page = browser.browser.new_page(format!("{base}/login")).await?;
-    eval(&page, &format!("document.querySelector('#key').value = {key:?}; document.querySelector('form').submit(); true")).await?;
+/// One sample: the page's own time to draw the whole finished run, and beside it the time
+/// to fetch the same events as raw SSE.
+async fn first_paint(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    page: &Page,
+    run: &FinishedRun,
+) -> anyhow::Result<(Duration, Duration)> {
+    page.goto(format!("{base}/runs/{}", run.id)).await?;
     wait_for(
-        &page,
-        "location.pathname === '/runs'",
-        Duration::from_secs(20),
+        page,
+        &format!("document.body.dataset.rendered === '{}'", run.last_seq),
+        Duration::from_secs(30),
     )
     .await?;
-
-    let mut out = UiBench {
-        first_paint: Vec::new(),
-        raw_replay: Vec::new(),
-        event_to_page: Vec::new(),
-        event_to_sse: Vec::new(),
-        steps,
-    };
-    for i in 0..n + 1 {
-        page.goto(format!("{base}/runs/{id}")).await?;
-        wait_for(
-            &page,
-            &format!("document.body.dataset.rendered === '{last_seq}'"),
-            Duration::from_secs(30),
-        )
+    let ms = eval(page, "Number(document.body.dataset.renderedMs)")
+        .await?
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    let t = Instant::now();
+    let _ = http
+        .get(format!("{}?follow=false", run.events_url))
+        .bearer_auth(key)
+        .send()
+        .await?
+        .bytes()
         .await?;
-        let ms = eval(&page, "Number(document.body.dataset.renderedMs)")
-            .await?
-            .as_f64()
-            .unwrap_or(f64::NAN);
-        let t = Instant::now();
-        let _ = http
-            .get(format!("{events_url}?follow=false"))
-            .bearer_auth(key)
-            .send()
-            .await?
-            .bytes()
-            .await?;
-        let raw = t.elapsed();
-        if i > 0 {
-            out.first_paint.push(Duration::from_secs_f64(ms / 1000.0));
-            out.raw_replay.push(raw);
-        }
-    }
+    let raw = t.elapsed();
+    Ok((Duration::from_secs_f64(ms / 1000.0), raw))
+}
 
-    // Live: a run whose model answers after 150 ms, watched by the page and a plain SSE client.
+/// Live: a run whose model answers after 150 ms, watched by the page and a plain SSE client;
+/// each event's delay to both goes into `out`.
+async fn live(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    page: &Page,
+    delay: &Delay,
+    out: &mut UiBench,
+) -> anyhow::Result<()> {
     page.evaluate_on_new_document(
         "window.__shown = {}; new MutationObserver((ms) => { for (const m of ms) for (const n of m.addedNodes) { if (n.nodeType === 1) for (const e of [n, ...n.querySelectorAll('[data-seq]')]) if (e.dataset && e.dataset.seq && !(e.dataset.seq in window.__shown)) window.__shown[e.dataset.seq] = Date.now(); } }).observe(document, {childList: true, subtree: true});",
     )
@@ -305,39 +352,17 @@ async fn measure(
         json!({"task": "watch me live", "max_steps": 30}),
     )
     .await?;
-    let sse_url = format!("{base}/v1/runs/{id}/events");
-    let sse = {
-        let http = http.clone();
-        let key = key.to_string();
-        tokio::spawn(async move {
-            let mut got: Vec<(Value, i64)> = Vec::new();
-            let Ok(mut resp) = http.get(&sse_url).bearer_auth(&key).send().await else {
-                return got;
-            };
-            let mut buf = String::new();
-            while let Ok(Some(chunk)) = resp.chunk().await {
-                let now = chrono::Utc::now().timestamp_millis();
-                buf.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some(end) = buf.find("\n\n") {
-                    let frame: String = buf.drain(..end + 2).collect();
-                    for ev in sse_events(&frame) {
-                        got.push((ev, now));
-                    }
-                }
-            }
-            got
-        })
-    };
+    let sse = follow_sse(http, format!("{base}/v1/runs/{id}/events"), key);
     page.goto(format!("{base}/runs/{id}")).await?;
     let got = sse.await?;
     let last = got.last().and_then(|(e, _)| e["seq"].as_u64()).unwrap_or(0);
     wait_for(
-        &page,
+        page,
         &format!("document.body.dataset.rendered === '{last}'"),
         Duration::from_secs(30),
     )
     .await?;
-    let shown = eval(&page, "window.__shown").await?;
+    let shown = eval(page, "window.__shown").await?;
     // Events emitted before the page was following are replays, not live: skip the first 3.
     for (ev, received) in got.iter().skip(3) {
         let (Some(seq), Some(at)) = (ev["seq"].as_u64(), at_ms(ev)) else {
@@ -350,5 +375,34 @@ async fn measure(
                 .push(Duration::from_millis((t - at).max(0) as u64));
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+/// A plain SSE client on `sse_url`: each event with the time (ms) it arrived, until the
+/// stream ends.
+fn follow_sse(
+    http: &reqwest::Client,
+    sse_url: String,
+    key: &str,
+) -> tokio::task::JoinHandle<Vec<(Value, i64)>> {
+    let http = http.clone();
+    let key = key.to_string();
+    tokio::spawn(async move {
+        let mut got: Vec<(Value, i64)> = Vec::new();
+        let Ok(mut resp) = http.get(&sse_url).bearer_auth(&key).send().await else {
+            return got;
+        };
+        let mut buf = String::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            let now = chrono::Utc::now().timestamp_millis();
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let frame: String = buf.drain(..end + 2).collect();
+                for ev in sse_events(&frame) {
+                    got.push((ev, now));
+                }
+            }
+        }
+        got
+    })
 }

@@ -53,26 +53,7 @@ pub fn article(bytes: usize) -> String {
 pub async fn bench_fetch(sandbox: Arc<dyn Sandbox>, n: usize) -> Result<FetchBench, String> {
     let page = Arc::new(article(1 << 20));
     let page_bytes = page.len();
-    let served = page.clone();
-    let app = Router::new().route(
-        "/page/{i}",
-        get(move || {
-            let p = served.clone();
-            async move {
-                (
-                    [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-                    p.to_string(),
-                )
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (port, server) = serve_page(page.clone()).await?;
     let mut config = ResearchConfig {
         allow: vec!["127.0.0.1/32".into()],
         fetches_per_run: u32::MAX,
@@ -87,64 +68,11 @@ pub async fn bench_fetch(sandbox: Arc<dyn Sandbox>, n: usize) -> Result<FetchBen
         Arc::new(UserBook::default()),
     );
     let tool = WebFetch::new(sandbox, research.clone());
-    let ctx = ToolContext::default();
-    let url = |i: usize| format!("http://127.0.0.1:{port}/page/{i}");
-    // One warm-up call: the TLS-free client, the connection and the file helper.
-    let first = tool
-        .execute(json!({"url": url(0)}), &ctx)
-        .await
-        .map_err(|e| e.to_string())?;
-    if first.is_error() {
-        return Err(first.render());
-    }
-    let mut web_fetch = Vec::with_capacity(n);
-    for i in 1..=n {
-        let t = Instant::now();
-        let r = tool
-            .execute(json!({"url": url(i)}), &ctx)
-            .await
-            .map_err(|e| e.to_string())?;
-        web_fetch.push(t.elapsed());
-        if r.is_error() {
-            return Err(r.render());
-        }
-    }
-    let client = reqwest::Client::new();
-    let mut plain_get = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = Instant::now();
-        let body = client
-            .get(url(i))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .text()
-            .await
-            .map_err(|e| e.to_string())?;
-        plain_get.push(t.elapsed());
-        if body.len() != page_bytes {
-            return Err("the plain GET lost bytes".into());
-        }
-    }
-    let fetcher = research.fetcher().map_err(|e| e.to_string())?;
-    let mut checked_get = Vec::with_capacity(n);
-    for i in 0..n {
-        let u = url::Url::parse(&url(i)).map_err(|e| e.to_string())?;
-        let t = Instant::now();
-        let r = fetcher
-            .fetch(sandboxd_core::research::fetcher::FetchRequest::get(
-                u,
-                sandboxd_core::research::ssrf::Origin::Model,
-            ))
-            .await
-            .map_err(|e| e.to_string())?;
-        checked_get.push(t.elapsed());
-        if r.body.len() != page_bytes {
-            return Err("the checked GET lost bytes".into());
-        }
-    }
+    let web_fetch = time_web_fetch(&tool, port, n).await?;
+    let plain_get = time_plain_get(port, n, page_bytes).await?;
+    let checked_get = time_checked_get(&research, port, n, page_bytes).await?;
     server.abort();
-    let base = url::Url::parse(&url(0)).map_err(|e| e.to_string())?;
+    let base = url::Url::parse(&page_url(port, 0)).map_err(|e| e.to_string())?;
     let mut convert = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
@@ -161,4 +89,106 @@ pub async fn bench_fetch(sandbox: Arc<dyn Sandbox>, n: usize) -> Result<FetchBen
         convert,
         page_bytes,
     })
+}
+
+/// The page under `/page/{i}` on a loopback port; the port, and the server task to abort.
+async fn serve_page(page: Arc<String>) -> Result<(u16, tokio::task::JoinHandle<()>), String> {
+    let app = Router::new().route(
+        "/page/{i}",
+        get(move || {
+            let p = page.clone();
+            async move {
+                (
+                    [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                    p.to_string(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok((port, server))
+}
+
+/// The page's URL; each `i` is its own URL, so no layer can answer from a cache.
+fn page_url(port: u16, i: usize) -> String {
+    format!("http://127.0.0.1:{port}/page/{i}")
+}
+
+/// web_fetch end to end, after one warm-up call (the TLS-free client, the connection and
+/// the file helper).
+async fn time_web_fetch(tool: &WebFetch, port: u16, n: usize) -> Result<Vec<Duration>, String> {
+    let ctx = ToolContext::default();
+    let first = tool
+        .execute(json!({"url": page_url(port, 0)}), &ctx)
+        .await
+        .map_err(|e| e.to_string())?;
+    if first.is_error() {
+        return Err(first.render());
+    }
+    let mut web_fetch = Vec::with_capacity(n);
+    for i in 1..=n {
+        let t = Instant::now();
+        let r = tool
+            .execute(json!({"url": page_url(port, i)}), &ctx)
+            .await
+            .map_err(|e| e.to_string())?;
+        web_fetch.push(t.elapsed());
+        if r.is_error() {
+            return Err(r.render());
+        }
+    }
+    Ok(web_fetch)
+}
+
+async fn time_plain_get(port: u16, n: usize, page_bytes: usize) -> Result<Vec<Duration>, String> {
+    let client = reqwest::Client::new();
+    let mut plain_get = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        let body = client
+            .get(page_url(port, i))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        plain_get.push(t.elapsed());
+        if body.len() != page_bytes {
+            return Err("the plain GET lost bytes".into());
+        }
+    }
+    Ok(plain_get)
+}
+
+async fn time_checked_get(
+    research: &Research,
+    port: u16,
+    n: usize,
+    page_bytes: usize,
+) -> Result<Vec<Duration>, String> {
+    let fetcher = research.fetcher().map_err(|e| e.to_string())?;
+    let mut checked_get = Vec::with_capacity(n);
+    for i in 0..n {
+        let u = url::Url::parse(&page_url(port, i)).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        let r = fetcher
+            .fetch(sandboxd_core::research::fetcher::FetchRequest::get(
+                u,
+                sandboxd_core::research::ssrf::Origin::Model,
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
+        checked_get.push(t.elapsed());
+        if r.body.len() != page_bytes {
+            return Err("the checked GET lost bytes".into());
+        }
+    }
+    Ok(checked_get)
 }

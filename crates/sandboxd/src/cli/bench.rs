@@ -10,6 +10,7 @@ use sandboxd::bench::stats::percentile;
 use sandboxd_core::config::LimitRequest;
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::sandbox::{CreateOptions, Owner, SessionManager, ShellOptions};
+use sandboxd_core::tools::{ToolContext, ToolRegistry};
 
 use super::Ctx;
 
@@ -210,8 +211,15 @@ async fn runtime(manager: &SessionManager, oci: &str, n: usize) -> anyhow::Resul
         "p50 ≤ 1 ms",
     );
 
-    // 1 MiB write + read: the file helper vs `docker cp` in and out of a container that allows it
-    // (the archive API refuses a read-only root, so the baseline container is writable).
+    file_round_trip_row(&s, &image, n).await?;
+    manager.remove(&s.owner, &s.id).await?;
+    println!();
+    Ok(())
+}
+
+/// 1 MiB write + read: the file helper vs `docker cp` in and out of a container that allows it
+/// (the archive API refuses a read-only root, so the baseline container is writable).
+async fn file_round_trip_row(s: &Session, image: &str, n: usize) -> anyhow::Result<()> {
     let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
     let mut ours = Vec::new();
     for _ in 0..n.min(50) {
@@ -228,7 +236,7 @@ async fn runtime(manager: &SessionManager, oci: &str, n: usize) -> anyhow::Resul
         "none",
         "--label",
         "sandboxd.bench=true",
-        &image,
+        image,
         "sleep",
         "infinity",
     ])?;
@@ -259,8 +267,6 @@ async fn runtime(manager: &SessionManager, oci: &str, n: usize) -> anyhow::Resul
         &mut base,
         "≤ 30 ms",
     );
-    manager.remove(&s.owner, &s.id).await?;
-    println!();
     Ok(())
 }
 
@@ -324,32 +330,46 @@ fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
 }
 
 async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
-    use sandboxd_core::tools::ToolContext;
     section("Tools (through the registry, as the model calls them)");
     let s = bench_session(manager).await?;
     let container = s.handle.clone();
     let registry =
         sandboxd_core::tools::session::server_tools(s.sandbox.clone(), &s.limits, &ctx.config);
-    let call = |name: &'static str, args: String| {
-        let registry = registry.clone();
-        async move {
-            let t = Instant::now();
-            let r = registry
-                .execute(name, &args, &ToolContext::default())
-                .await?;
-            anyhow::ensure!(!r.is_error(), "{name} failed: {}", r.render());
-            anyhow::Ok(t.elapsed())
-        }
-    };
-    call("python", r#"{"code":"1+1"}"#.into()).await?;
+    python_rows(ctx, &s, &registry, &container, n).await?;
+    bash_row(&registry, &container, n).await?;
+    str_replace_row(&s, &registry, &container, n).await?;
+    manager.remove(&s.owner, &s.id).await?;
+    println!();
+    Ok(())
+}
+
+/// One tool call through the registry, timed; a call the tool reports as failed is an error.
+async fn timed_call(registry: &ToolRegistry, name: &str, args: &str) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let r = registry
+        .execute(name, args, &ToolContext::default())
+        .await?;
+    anyhow::ensure!(!r.is_error(), "{name} failed: {}", r.render());
+    Ok(t.elapsed())
+}
+
+/// A warm python cell, and a new process's first cell, beside `docker exec python3 -c`.
+async fn python_rows(
+    ctx: &Ctx,
+    s: &Session,
+    registry: &ToolRegistry,
+    container: &str,
+    n: usize,
+) -> anyhow::Result<()> {
+    timed_call(registry, "python", r#"{"code":"1+1"}"#).await?;
     let mut ours = Vec::new();
     for _ in 0..n {
-        ours.push(call("python", r#"{"code":"1+1"}"#.into()).await?);
+        ours.push(timed_call(registry, "python", r#"{"code":"1+1"}"#).await?);
     }
     let mut base = Vec::new();
     for _ in 0..n.min(30) {
         let t = Instant::now();
-        docker_cli(&["exec", &container, "python3", "-c", "1+1"])?;
+        docker_cli(&["exec", container, "python3", "-c", "1+1"])?;
         base.push(t.elapsed());
     }
     row(
@@ -380,15 +400,18 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
         &mut base,
         "no interpreter start",
     );
+    Ok(())
+}
 
+async fn bash_row(registry: &ToolRegistry, container: &str, n: usize) -> anyhow::Result<()> {
     let mut ours = Vec::new();
     for _ in 0..n {
-        ours.push(call("bash", r#"{"command":"echo hi"}"#.into()).await?);
+        ours.push(timed_call(registry, "bash", r#"{"command":"echo hi"}"#).await?);
     }
     let mut base = Vec::new();
     for _ in 0..n.min(30) {
         let t = Instant::now();
-        docker_cli(&["exec", &container, "echo", "hi"])?;
+        docker_cli(&["exec", container, "echo", "hi"])?;
         base.push(t.elapsed());
     }
     row(
@@ -398,8 +421,16 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
         &mut base,
         "p50 ≤ 2 ms",
     );
+    Ok(())
+}
 
-    // str_replace on a 1 MiB file of 16,384 lines; each edit changes one unique line.
+/// str_replace on a 1 MiB file of 16,384 lines; each edit changes one unique line.
+async fn str_replace_row(
+    s: &Session,
+    registry: &ToolRegistry,
+    container: &str,
+    n: usize,
+) -> anyhow::Result<()> {
     let mut text = String::new();
     for i in 0..16_384 {
         text.push_str(&format!("line {i:05} {}\n", "x".repeat(52)));
@@ -411,14 +442,14 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
     for i in 0..n.min(30) {
         let args = serde_json::json!({"command": "str_replace", "path": "/workspace/big.txt",
             "old_str": format!("line {i:05} "), "new_str": format!("LINE {i:05} ")});
-        ours.push(call("str_replace_editor", args.to_string()).await?);
+        ours.push(timed_call(registry, "str_replace_editor", &args.to_string()).await?);
     }
     let mut base = Vec::new();
     for i in 0..n.min(30) {
         let t = Instant::now();
         docker_cli(&[
             "exec",
-            &container,
+            container,
             "sed",
             "-i",
             &format!("s/^LINE {i:05} /line {i:05} /"),
@@ -433,8 +464,6 @@ async fn tools(manager: &SessionManager, ctx: &Ctx, n: usize) -> anyhow::Result<
         &mut base,
         "≤ 30 ms",
     );
-    manager.remove(&s.owner, &s.id).await?;
-    println!();
     Ok(())
 }
 

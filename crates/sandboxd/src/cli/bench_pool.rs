@@ -169,38 +169,9 @@ pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     let oci = ctx.config.docker.runtime.clone();
     section("Warm pool and concurrent creates");
 
-    // Cold, one at a time, against docker run -d of the same hardening.
     let cold = manager(ctx, 0).await?;
-    let (mut cold_times, mut runs) = (Vec::new(), Vec::new());
-    // Where a cold create's time goes: the engine's create + start, then the first shell.
-    let (mut engine_part, mut shell_part) = (Vec::new(), Vec::new());
-    for _ in 0..10 {
-        let t = Instant::now();
-        let s = bench_session(&cold).await?;
-        let created = t.elapsed();
-        s.sandbox.shell("true", ShellOptions::default()).await?;
-        let total = t.elapsed();
-        engine_part.push(created);
-        shell_part.push(total - created);
-        cold_times.push(total);
-        cold.admin_remove(&s.id).await?;
-        let t = Instant::now();
-        let cid = docker_cli(&hardened_run_args(&image, &oci))?;
-        runs.push(t.elapsed());
-        docker_cli(&["rm", "-f", &cid])?;
-    }
-
-    // Warm: each claim from a full pool; the refill is not timed.
-    let size = 4;
-    let warm = manager(ctx, size).await?;
-    let mut claims = Vec::new();
-    for _ in 0..n.clamp(10, 50) {
-        fill(&warm, size).await?;
-        let (t, id) = create_to_first(&warm).await?;
-        claims.push(t);
-        warm.admin_remove(&id).await?;
-    }
-    warm.remove_all().await;
+    let mut c = cold_creates(&cold, &image, &oci).await?;
+    let mut claims = warm_claims(ctx, n).await?;
     // As in `mcp` and `serve`: the refill task runs and each claim wakes it. Immediately
     // (refill_delay_ms = 0, before this issue) and after the configured delay.
     let rounds = n.clamp(10, 50);
@@ -232,36 +203,106 @@ pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
         "warm claim → first `true` answered (pool full, no refill running)",
         &mut claims,
         "cold create",
-        &mut cold_times.clone(),
+        &mut c.totals.clone(),
         "p50 ≤ 5 ms, p99 ≤ 20 ms",
     );
-    row(
-        "cold create → first `true` answered",
-        &mut cold_times,
-        "docker run -d",
-        &mut runs,
-        "p50 ≤ 1.0× docker run -d",
-    );
+    c.rows();
+    fifty_at_once(ctx, &cold, &image, &oci).await?;
+    println!();
+    idle_density(ctx).await
+}
 
-    row(
-        "  of which: container create + start",
-        &mut engine_part,
-        "",
-        &mut [],
-        "—",
-    );
-    row(
-        "  of which: first shell start + `true`",
-        &mut shell_part,
-        "",
-        &mut [],
-        "—",
-    );
+/// Cold creates, one at a time, beside `docker run -d` of the same hardening.
+struct ColdCreates {
+    /// Create → first `true` answered.
+    totals: Vec<Duration>,
+    docker_runs: Vec<Duration>,
+    /// Where a cold create's time goes: the engine's create + start, then the first shell.
+    engine_part: Vec<Duration>,
+    shell_part: Vec<Duration>,
+}
 
-    // 50 at once: cold creates against 50 docker run -d, then 50 claims from a pool of 50.
-    let mut ours = concurrent(&cold, 50).await?;
+impl ColdCreates {
+    fn rows(&mut self) {
+        row(
+            "cold create → first `true` answered",
+            &mut self.totals,
+            "docker run -d",
+            &mut self.docker_runs,
+            "p50 ≤ 1.0× docker run -d",
+        );
+
+        row(
+            "  of which: container create + start",
+            &mut self.engine_part,
+            "",
+            &mut [],
+            "—",
+        );
+        row(
+            "  of which: first shell start + `true`",
+            &mut self.shell_part,
+            "",
+            &mut [],
+            "—",
+        );
+    }
+}
+
+async fn cold_creates(
+    cold: &Arc<SessionManager>,
+    image: &str,
+    oci: &str,
+) -> anyhow::Result<ColdCreates> {
+    let mut c = ColdCreates {
+        totals: Vec::new(),
+        docker_runs: Vec::new(),
+        engine_part: Vec::new(),
+        shell_part: Vec::new(),
+    };
+    for _ in 0..10 {
+        let t = Instant::now();
+        let s = bench_session(cold).await?;
+        let created = t.elapsed();
+        s.sandbox.shell("true", ShellOptions::default()).await?;
+        let total = t.elapsed();
+        c.engine_part.push(created);
+        c.shell_part.push(total - created);
+        c.totals.push(total);
+        cold.admin_remove(&s.id).await?;
+        let t = Instant::now();
+        let cid = docker_cli(&hardened_run_args(image, oci))?;
+        c.docker_runs.push(t.elapsed());
+        docker_cli(&["rm", "-f", &cid])?;
+    }
+    Ok(c)
+}
+
+/// Warm: each claim from a full pool; the refill is not timed.
+async fn warm_claims(ctx: &Ctx, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let size = 4;
+    let warm = manager(ctx, size).await?;
+    let mut claims = Vec::new();
+    for _ in 0..n.clamp(10, 50) {
+        fill(&warm, size).await?;
+        let (t, id) = create_to_first(&warm).await?;
+        claims.push(t);
+        warm.admin_remove(&id).await?;
+    }
+    warm.remove_all().await;
+    Ok(claims)
+}
+
+/// 50 at once: cold creates against 50 docker run -d, then 50 claims from a pool of 50.
+async fn fifty_at_once(
+    ctx: &Ctx,
+    cold: &Arc<SessionManager>,
+    image: &str,
+    oci: &str,
+) -> anyhow::Result<()> {
+    let mut ours = concurrent(cold, 50).await?;
     cold.remove_all().await;
-    let mut base = concurrent_docker_runs(&image, &oci, 50)?;
+    let mut base = concurrent_docker_runs(image, oci, 50)?;
     row(
         "50 concurrent cold creates → first command (each from the common start)",
         &mut ours,
@@ -280,8 +321,7 @@ pub(crate) async fn pool(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
         &mut [],
         &format!("P99 beside CubeSandbox's {CUBE_P99_50_MS} ms"),
     );
-    println!();
-    idle_density(ctx).await
+    Ok(())
 }
 
 /// The host memory one idle session costs: its container's cgroup (processes plus tmpfs,

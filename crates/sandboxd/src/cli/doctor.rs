@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use sandboxd_core::config::{LimitRequest, Limits, SessionsConfig};
-use sandboxd_core::sandbox::{CreateOptions, Owner, SessionManager, ShellOptions};
+use sandboxd_core::sandbox::{CreateOptions, Owner, SandboxError, SessionManager, ShellOptions};
 use sandboxd_docker::{self as docker, image as docker_image};
 
 use super::Ctx;
@@ -22,7 +22,38 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
     };
     println!("sandboxd {}", env!("CARGO_PKG_VERSION"));
     let engine = docker::connect().await;
-    match &engine {
+    engine_and_image(&engine, &mut check).await;
+    let l = &ctx.config.limits;
+    println!(
+        "  info  limits per session: {} MiB memory (no swap), {} CPU, {} processes, /workspace {} MiB, /tmp {} MiB, commands ≤ {} s",
+        l.memory_mb, l.cpus, l.pids, l.workspace_mb, l.tmp_mb, l.max_timeout_secs
+    );
+    println!(
+        "  info  hardening: network none, read-only root, uid 1000, all capabilities dropped, no-new-privileges, default seccomp"
+    );
+    oci_runtimes(&ctx, &engine, &mut check).await;
+    match sandboxd_core::llm::LlmClient::from_config(&ctx.config.llm) {
+        Ok(client) => check(
+            true,
+            format!("LLM configured: model {}", client.model()),
+            "",
+        ),
+        Err(e) => check(false, "LLM not configured".into(), &format!("{e}")),
+    }
+    research(&ctx.config.research, &mut check).await;
+    Ok(if failures == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The Docker engine, the sandbox image in it, and mmdebstrap to build the image.
+async fn engine_and_image(
+    engine: &Result<docker::Engine, SandboxError>,
+    check: &mut impl FnMut(bool, String, &str),
+) {
+    match engine {
         Ok(e) => {
             let rt = docker::DockerRuntime::new(e.clone(), String::new(), None);
             let version = rt.engine_version().await.unwrap_or_else(|e| e.to_string());
@@ -34,7 +65,7 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
             "install and start Docker (apt-get install docker.io && systemctl start docker), or set DOCKER_HOST",
         ),
     }
-    if let Ok(e) = &engine {
+    if let Ok(e) = engine {
         let tag = docker_image::image_tag();
         let present = docker_image::image_present(e).await.unwrap_or(false);
         check(
@@ -52,16 +83,17 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         "mmdebstrap available (needed only to build the image)".into(),
         "apt-get install mmdebstrap",
     );
-    let l = &ctx.config.limits;
-    println!(
-        "  info  limits per session: {} MiB memory (no swap), {} CPU, {} processes, /workspace {} MiB, /tmp {} MiB, commands ≤ {} s",
-        l.memory_mb, l.cpus, l.pids, l.workspace_mb, l.tmp_mb, l.max_timeout_secs
-    );
-    println!(
-        "  info  hardening: network none, read-only root, uid 1000, all capabilities dropped, no-new-privileges, default seccomp"
-    );
+}
+
+/// The OCI runtimes Docker has, whether gVisor really runs a session here, and whether the
+/// configured runtime ([docker] runtime) is registered.
+async fn oci_runtimes(
+    ctx: &Ctx,
+    engine: &Result<docker::Engine, SandboxError>,
+    check: &mut impl FnMut(bool, String, &str),
+) {
     let runtime = &ctx.config.docker.runtime;
-    let registered = match &engine {
+    let registered = match engine {
         Ok(e) => docker::DockerRuntime::new(e.clone(), String::new(), None)
             .registered_runtimes()
             .await
@@ -84,7 +116,7 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
     );
     // Registered is not working: Debian's runsc refuses to start on some kernels. One real
     // session under it says which, in the engine's words.
-    if has_runsc && let Ok(e) = &engine {
+    if has_runsc && let Ok(e) = engine {
         let image = if ctx.config.docker.image.is_empty() {
             docker_image::image_tag()
         } else {
@@ -110,20 +142,6 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
             "install and register it with Docker (see README: Stronger isolation), or set [docker] runtime = \"\"",
         );
     }
-    match sandboxd_core::llm::LlmClient::from_config(&ctx.config.llm) {
-        Ok(client) => check(
-            true,
-            format!("LLM configured: model {}", client.model()),
-            "",
-        ),
-        Err(e) => check(false, "LLM not configured".into(), &format!("{e}")),
-    }
-    research(&ctx.config.research, &mut check).await;
-    Ok(if failures == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
 }
 
 /// Research: off, or web_fetch on and which engines answer. One engine that does not

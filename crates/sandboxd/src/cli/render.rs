@@ -134,19 +134,13 @@ fn show(ev: &Event, in_flow: bool) {
             max_steps,
             continued_messages,
             ..
-        } => {
-            let continued = if *continued_messages > 0 {
-                format!(" · continuing {continued_messages} earlier messages")
-            } else {
-                String::new()
-            };
-            sayln!(
-                "sandboxd: run {} · session {} · model {} · up to {max_steps} steps{continued}",
-                clean(&ev.run_id),
-                clean(session_id),
-                clean(model)
-            );
-        }
+        } => started(
+            &ev.run_id,
+            session_id,
+            model,
+            *max_steps,
+            *continued_messages,
+        ),
         EventKind::Notice { message } => sayln!("sandboxd: {}", clean(message)),
         EventKind::AssistantText { text, .. } => sayln!("💭 {}", short(text, 400)),
         EventKind::ToolCall {
@@ -158,12 +152,7 @@ fn show(ev: &Event, in_flow: bool) {
             has_image,
             duration_ms,
             ..
-        } => {
-            let mark = if *is_error { "✗" } else { "✓" };
-            let image = if *has_image { " [image]" } else { "" };
-            let first = output.lines().take(3).collect::<Vec<_>>().join(" ⏎ ");
-            sayln!("   {mark} {}{image} ({duration_ms} ms)", short(&first, 200));
-        }
+        } => tool_result(output, *is_error, *has_image, *duration_ms),
         EventKind::Nudge { active: true, .. } => {
             sayln!("↻ the model repeated itself; asked it to change strategy")
         }
@@ -201,17 +190,8 @@ fn show(ev: &Event, in_flow: bool) {
             completion_tokens,
             duration_ms,
         } => {
-            match answer {
-                // In a planning flow each step's answer is a line of progress, not the result.
-                Some(a) if in_flow => sayln!("   {}", short(a, 300)),
-                Some(a) => {
-                    let mut out = std::io::stdout().lock();
-                    for line in a.lines() {
-                        let _ = writeln!(out, "{}", clean(line));
-                    }
-                    let _ = out.flush();
-                }
-                None => {}
+            if let Some(a) = answer {
+                print_answer(a, in_flow);
             }
             sayln!(
                 "── {} · {steps} steps · {prompt_tokens} prompt + {completion_tokens} completion tokens · {:.1}s",
@@ -220,6 +200,43 @@ fn show(ev: &Event, in_flow: bool) {
             );
         }
     }
+}
+
+/// The run's first line: its ids, the model, the step limit and what it continues.
+fn started(run_id: &str, session_id: &str, model: &str, max_steps: usize, continued: usize) {
+    let continued = if continued > 0 {
+        format!(" · continuing {continued} earlier messages")
+    } else {
+        String::new()
+    };
+    sayln!(
+        "sandboxd: run {} · session {} · model {} · up to {max_steps} steps{continued}",
+        clean(run_id),
+        clean(session_id),
+        clean(model)
+    );
+}
+
+/// A tool's result: ok or failed, its first three lines, an image mark, its duration.
+fn tool_result(output: &str, is_error: bool, has_image: bool, duration_ms: u64) {
+    let mark = if is_error { "✗" } else { "✓" };
+    let image = if has_image { " [image]" } else { "" };
+    let first = output.lines().take(3).collect::<Vec<_>>().join(" ⏎ ");
+    sayln!("   {mark} {}{image} ({duration_ms} ms)", short(&first, 200));
+}
+
+/// The run's answer, each line cleaned, on stdout; in a planning flow each step's answer
+/// is a line of progress, not the result.
+fn print_answer(answer: &str, in_flow: bool) {
+    if in_flow {
+        sayln!("   {}", short(answer, 300));
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    for line in answer.lines() {
+        let _ = writeln!(out, "{}", clean(line));
+    }
+    let _ = out.flush();
 }
 
 /// One line, at most `max` characters, safe to print.

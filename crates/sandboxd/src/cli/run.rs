@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::Context as _;
 use sandboxd_core::agent::{
-    FinishReason, History, RunContext, RunRequest, SessionLease, new_run_id, run_in_session,
+    FinishReason, History, RunContext, RunError, RunRequest, SessionLease, new_run_id,
+    run_in_session,
 };
 use sandboxd_core::flow::FlowStatus;
 use sandboxd_core::llm::{LlmClient, LlmError};
@@ -80,21 +81,7 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
-    let l = &args.limits;
-    let limits_given =
-        l.memory_mb.is_some() || l.cpus.is_some() || l.pids.is_some() || l.workspace_mb.is_some();
-    if args.session.is_some() && limits_given {
-        anyhow::bail!(
-            "--memory, --cpus, --pids and --workspace set the limits of a new session; a kept session keeps its own (drop them or --session)"
-        );
-    }
-    let task = match args.prompt.clone() {
-        Some(p) => p,
-        None => read_task()?,
-    };
-    if task.trim().is_empty() {
-        anyhow::bail!("the task is empty; pass --prompt \"...\" or type it on stdin");
-    }
+    let task = checked_task(&args)?;
     let run_id = new_run_id();
     let output = args
         .output
@@ -111,19 +98,13 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     let keep = args.keep || args.session.is_some();
     let session = open_session(&ctx, &manager, args.session.as_deref(), &args.limits, keep).await?;
     let lease = SessionLease::new(manager, session, keep);
-    let asker: Arc<dyn Asker> = if args.no_input || !std::io::stdin().is_terminal() {
-        Arc::new(NoHuman)
-    } else {
-        Arc::new(TerminalAsker)
-    };
-    let mcp_servers = args.mcp.clone().or_else(|| {
-        Some(PathBuf::from(&ctx.config.mcp.servers_file)).filter(|p| !p.as_os_str().is_empty())
-    });
     let request = RunRequest {
         run_id,
         task,
         max_steps: args.max_steps,
-        mcp_servers,
+        mcp_servers: args.mcp.clone().or_else(|| {
+            Some(PathBuf::from(&ctx.config.mcp.servers_file)).filter(|p| !p.as_os_str().is_empty())
+        }),
         history: if args.fresh {
             History::Fresh
         } else {
@@ -132,12 +113,63 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         shape: Default::default(),
     };
     let run_ctx = RunContext::new(llm, ctx.config.clone());
+    let result = run_task(&run_ctx, &args, &lease, request, &cancel).await;
+
+    let copied = close_session(&ctx, lease, &output).await;
+    watcher.abort();
+    let ended = match result {
+        Some(Ok(ended)) => Some(ended),
+        Some(Err(e)) => return Err(e).context("the run did not start"),
+        None => None,
+    };
+    if let Some(Ended::Run(o)) = &ended
+        && let Some(path) = &o.transcript
+    {
+        sayln!("sandboxd: transcript {}", path.display());
+    }
+    Ok(exit_code(ended.as_ref(), copied))
+}
+
+/// The task (from --prompt or stdin), once the flags are known to fit together.
+fn checked_task(args: &RunArgs) -> anyhow::Result<String> {
+    let l = &args.limits;
+    let limits_given =
+        l.memory_mb.is_some() || l.cpus.is_some() || l.pids.is_some() || l.workspace_mb.is_some();
+    if args.session.is_some() && limits_given {
+        anyhow::bail!(
+            "--memory, --cpus, --pids and --workspace set the limits of a new session; a kept session keeps its own (drop them or --session)"
+        );
+    }
+    let task = match args.prompt.clone() {
+        Some(p) => p,
+        None => read_task()?,
+    };
+    if task.trim().is_empty() {
+        anyhow::bail!("the task is empty; pass --prompt \"...\" or type it on stdin");
+    }
+    Ok(task)
+}
+
+/// Runs the task (a plan with --plan) with the terminal as its sink; None when a signal came
+/// before it started.
+async fn run_task(
+    run_ctx: &RunContext,
+    args: &RunArgs,
+    lease: &SessionLease,
+    request: RunRequest,
+    cancel: &CancellationToken,
+) -> Option<Result<Ended, RunError>> {
+    let asker: Arc<dyn Asker> = if args.no_input || !std::io::stdin().is_terminal() {
+        Arc::new(NoHuman)
+    } else {
+        Arc::new(TerminalAsker)
+    };
     let terminal = TerminalSink::start(args.json);
     let result = if cancel.is_cancelled() {
         None
     } else if args.plan {
         let flow = super::plan::run_flow(
-            &run_ctx,
+            run_ctx,
             lease.session(),
             request,
             asker,
@@ -149,7 +181,7 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         Some(
             run_in_session(
-                &run_ctx,
+                run_ctx,
                 lease.session(),
                 request,
                 asker,
@@ -161,7 +193,12 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         )
     };
     terminal.finish().await;
+    result
+}
 
+/// Stops the browser of a session not kept, copies /workspace out to `output`, and releases
+/// the lease (removing the container unless kept). Returns whether the copy-out was complete.
+async fn close_session(ctx: &Ctx, lease: SessionLease, output: &std::path::Path) -> bool {
     let session = lease.session().clone();
     // A kept session's Chromium stays for the next process, which adopts it from the
     // session's host-side record; otherwise it is stopped before the copy-out.
@@ -171,7 +208,7 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
             .shutdown()
             .await;
     }
-    let copied = copy_out(session.sandbox.as_ref(), &session.limits, &output).await;
+    let copied = copy_out(session.sandbox.as_ref(), &session.limits, output).await;
     if lease.kept() {
         sayln!(
             "sandboxd: session {id} kept (continue it with `sandboxd run --session {id} --prompt …`, remove it with `sandboxd sessions rm {id}`)",
@@ -184,23 +221,18 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
             session.id
         );
     }
-    watcher.abort();
-    let ended = match result {
-        Some(Ok(ended)) => Some(ended),
-        Some(Err(e)) => return Err(e).context("the run did not start"),
-        None => None,
-    };
-    if let Some(Ended::Run(o)) = &ended
-        && let Some(path) = &o.transcript
-    {
-        sayln!("sandboxd: transcript {}", path.display());
-    }
-    let (success, cancelled) = match &ended {
+    copied
+}
+
+/// The process's status: success only when the run succeeded and its files all arrived; the
+/// cancelling signal's status after a cancel.
+fn exit_code(ended: Option<&Ended>, copied: bool) -> ExitCode {
+    let (success, cancelled) = match ended {
         Some(Ended::Run(o)) => (o.reason.is_success(), o.reason == FinishReason::Cancelled),
         Some(Ended::Flow(f)) => (f.status.is_success(), f.status == FlowStatus::Cancelled),
         None => (false, true),
     };
-    Ok(if success && !copied {
+    if success && !copied {
         // The agent succeeded but the user's deliverables did not all arrive.
         ExitCode::from(COPY_INCOMPLETE)
     } else if success {
@@ -210,7 +242,7 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         ExitCode::from(if status > 0 { status } else { 130 })
     } else {
         ExitCode::FAILURE
-    })
+    }
 }
 
 /// How `run` ended: one agent run, or a planning flow (`--plan`).

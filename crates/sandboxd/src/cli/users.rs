@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
-use sandboxd_core::store::{QuotaOverride, now_ms};
+use sandboxd_core::store::{QuotaOverride, Store, now_ms};
 use sandboxd_server::accounts::{self, AccountError, expiry};
 use sandboxd_server::quota::Quota;
 
@@ -95,54 +95,8 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
             admin,
             expires_in_days,
             quota,
-        } => {
-            match accounts::add(
-                store.as_ref(),
-                &name,
-                admin,
-                expiry(expires_in_days),
-                quota.to_override(),
-            )
-            .await
-            {
-                Ok((u, text)) => {
-                    eprintln!(
-                        "created {}user {} ({}); their API key follows, shown only now:",
-                        if admin { "admin " } else { "" },
-                        u.name,
-                        u.id
-                    );
-                    println!("{text}");
-                }
-                Err(AccountError::Exists(name)) => {
-                    bail!(
-                        "a user named {name:?} exists; `sandboxd users rotate {name}` gives them a new key"
-                    )
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        UsersCommand::List => {
-            println!(
-                "{:<20} {:<6} {:<12} {:<17} {:<17} {:<17} sessions",
-                "NAME", "ADMIN", "KEY", "CREATED", "LAST USED", "EXPIRES"
-            );
-            for u in store.users().await? {
-                let q = Quota::resolve(&ctx.config.quotas, &u.quota, &ctx.config.limits);
-                let usage = store.usage(&u.id, now_ms()).await?;
-                println!(
-                    "{:<20} {:<6} {:<12} {:<17} {:<17} {:<17} {}/{}",
-                    u.name,
-                    if u.admin { "yes" } else { "no" },
-                    format!("{}…", u.key_prefix),
-                    when(Some(u.created_at)),
-                    when(u.last_used_at),
-                    when(u.expires_at),
-                    usage.active_sessions,
-                    q.sessions
-                );
-            }
-        }
+        } => add(store.as_ref(), &name, admin, expires_in_days, &quota).await?,
+        UsersCommand::List => list(&ctx, store.as_ref()).await?,
         UsersCommand::Rm { name } => {
             match accounts::remove(store.as_ref(), &name).await {
                 Ok(_) => {}
@@ -191,4 +145,64 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the user and prints their key, once; a name in use is refused.
+async fn add(
+    store: &dyn Store,
+    name: &str,
+    admin: bool,
+    expires_in_days: Option<u32>,
+    quota: &QuotaArgs,
+) -> anyhow::Result<()> {
+    match accounts::add(
+        store,
+        name,
+        admin,
+        expiry(expires_in_days),
+        quota.to_override(),
+    )
+    .await
+    {
+        Ok((u, text)) => {
+            eprintln!(
+                "created {}user {} ({}); their API key follows, shown only now:",
+                if admin { "admin " } else { "" },
+                u.name,
+                u.id
+            );
+            println!("{text}");
+        }
+        Err(AccountError::Exists(name)) => {
+            bail!(
+                "a user named {name:?} exists; `sandboxd users rotate {name}` gives them a new key"
+            )
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// Every user with their key's prefix, dates and sessions in use (never a key).
+async fn list(ctx: &Ctx, store: &dyn Store) -> anyhow::Result<()> {
+    println!(
+        "{:<20} {:<6} {:<12} {:<17} {:<17} {:<17} sessions",
+        "NAME", "ADMIN", "KEY", "CREATED", "LAST USED", "EXPIRES"
+    );
+    for u in store.users().await? {
+        let q = Quota::resolve(&ctx.config.quotas, &u.quota, &ctx.config.limits);
+        let usage = store.usage(&u.id, now_ms()).await?;
+        println!(
+            "{:<20} {:<6} {:<12} {:<17} {:<17} {:<17} {}/{}",
+            u.name,
+            if u.admin { "yes" } else { "no" },
+            format!("{}…", u.key_prefix),
+            when(Some(u.created_at)),
+            when(u.last_used_at),
+            when(u.expires_at),
+            usage.active_sessions,
+            q.sessions
+        );
+    }
+    Ok(())
 }

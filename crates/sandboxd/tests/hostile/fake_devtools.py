@@ -1,7 +1,9 @@
 """A fake DevTools server, as sandboxed code would plant one: python3 fake_devtools.py MODE PORT.
 
-It accepts connections for ever, touches /tmp/fake-hit-PORT on each, answers the websocket
-upgrade properly and then attacks the client:
+Once listening it touches /tmp/fake-ready-PORT, so a test waits for it without connecting (a
+probe connection would itself touch the hit file, possibly after the test removed it). It accepts
+connections for ever, touches /tmp/fake-hit-PORT on each, answers the websocket upgrade properly
+and then attacks the client:
 
     huge     a binary frame header claiming 2**45 bytes, then zeros for ever
     endless  a text message that never ends: 1 MiB continuation frames for ever
@@ -60,6 +62,7 @@ def main():
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", port))
     s.listen(8)
+    open("/tmp/fake-ready-%d" % port, "w").close()
     while True:
         conn, _ = s.accept()
         threading.Thread(target=serve, args=(conn, mode, port), daemon=True).start()

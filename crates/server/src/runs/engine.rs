@@ -39,87 +39,76 @@ impl RunService {
             timeout: self.question_timeout,
         });
         match req.mode {
-            RunMode::Agent => {
-                let history = match self.store.conversation(&req.session_id).await {
-                    Ok(Some(text)) => {
-                        serde_json::from_str::<Vec<Message>>(&text).unwrap_or_default()
-                    }
-                    Ok(None) => Vec::new(),
-                    Err(e) => {
-                        tracing::error!(session = %req.session_id, error = %e, "cannot read the conversation");
-                        Vec::new()
-                    }
-                };
-                let mut request = RunRequest::new(req.task.clone());
-                request.run_id = live.id.clone();
-                request.max_steps = req.max_steps;
-                request.history = History::Given(history);
-                match run_in_session(ctx, &req.session, request, asker, sink, live.cancel.clone())
-                    .await
-                {
-                    Ok(outcome) => {
-                        match serde_json::to_string(&outcome.conversation) {
-                            Ok(text) => {
-                                if let Err(e) = self
-                                    .store
-                                    .set_conversation(&req.session_id, text, now_ms())
-                                    .await
-                                {
-                                    tracing::error!(session = %req.session_id, error = %e, "cannot keep the conversation");
-                                }
-                            }
-                            Err(e) => tracing::error!(error = %e, "cannot encode the conversation"),
-                        }
-                        let mut reason = outcome.reason;
-                        if reason == FinishReason::Cancelled
-                            && let Some(why) = live.stop_reason()
-                        {
-                            reason = why;
-                        }
-                        Ending {
-                            reason,
-                            answer: outcome.answer,
-                            steps: outcome.steps,
-                        }
-                    }
-                    Err(e) => {
-                        let reason = FinishReason::Error {
-                            message: e.to_string(),
-                        };
-                        self.finished_event(live, &reason, 0).await;
-                        Ending {
-                            reason,
-                            answer: None,
-                            steps: 0,
-                        }
-                    }
-                }
+            RunMode::Agent => self.run_agent(ctx, live, req, sink, asker).await,
+            RunMode::Plan => run_plan(ctx, live, req, sink, asker).await,
+        }
+    }
+
+    /// One agent run, continuing the session's stored conversation and storing it after.
+    async fn run_agent(
+        &self,
+        ctx: &RunContext,
+        live: &Arc<LiveRun>,
+        req: &StartRun,
+        sink: Arc<ServiceSink>,
+        asker: Arc<ServiceAsker>,
+    ) -> Ending {
+        let history = match self.store.conversation(&req.session_id).await {
+            Ok(Some(text)) => serde_json::from_str::<Vec<Message>>(&text).unwrap_or_default(),
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::error!(session = %req.session_id, error = %e, "cannot read the conversation");
+                Vec::new()
             }
-            RunMode::Plan => {
-                let runner = AgentStepRunner::new(ctx.clone(), req.session.clone(), asker)
-                    .with_max_steps(req.max_steps);
-                let flow =
-                    PlanningFlow::new(ctx.llm.clone(), Arc::new(runner), ctx.config.flow.clone());
-                let mut flow_request = FlowRequest::new(
-                    req.task.clone(),
-                    req.session.owner.to_string(),
-                    req.session.id.clone(),
-                );
-                flow_request.flow_id = live.id.replacen("run-", "flow-", 1);
-                let out = flow.run(flow_request, sink, live.cancel.clone()).await;
-                let reason = match &out.status {
-                    FlowStatus::Completed => FinishReason::FinalAnswer,
-                    FlowStatus::Cancelled => live.stop_reason().unwrap_or(FinishReason::Cancelled),
-                    other => FinishReason::Error {
-                        message: other.describe(),
-                    },
-                };
+        };
+        let mut request = RunRequest::new(req.task.clone());
+        request.run_id = live.id.clone();
+        request.max_steps = req.max_steps;
+        request.history = History::Given(history);
+        match run_in_session(ctx, &req.session, request, asker, sink, live.cancel.clone()).await {
+            Ok(outcome) => {
+                self.keep_conversation(&req.session_id, &outcome.conversation)
+                    .await;
+                let mut reason = outcome.reason;
+                if reason == FinishReason::Cancelled
+                    && let Some(why) = live.stop_reason()
+                {
+                    reason = why;
+                }
                 Ending {
                     reason,
-                    answer: Some(out.summary),
-                    steps: out.attempts.len(),
+                    answer: outcome.answer,
+                    steps: outcome.steps,
                 }
             }
+            Err(e) => {
+                let reason = FinishReason::Error {
+                    message: e.to_string(),
+                };
+                self.finished_event(live, &reason, 0).await;
+                Ending {
+                    reason,
+                    answer: None,
+                    steps: 0,
+                }
+            }
+        }
+    }
+
+    /// Stores the session's conversation for its next run; a failure is logged, the run's
+    /// ending stands.
+    async fn keep_conversation(&self, session_id: &str, conversation: &[Message]) {
+        match serde_json::to_string(conversation) {
+            Ok(text) => {
+                if let Err(e) = self
+                    .store
+                    .set_conversation(session_id, text, now_ms())
+                    .await
+                {
+                    tracing::error!(session = %session_id, error = %e, "cannot keep the conversation");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot encode the conversation"),
         }
     }
 
@@ -177,5 +166,37 @@ impl RunService {
             out.push(row.id);
         }
         Ok(out)
+    }
+}
+
+/// The planning flow in the run's session; its summary is the answer.
+async fn run_plan(
+    ctx: &RunContext,
+    live: &Arc<LiveRun>,
+    req: &StartRun,
+    sink: Arc<ServiceSink>,
+    asker: Arc<ServiceAsker>,
+) -> Ending {
+    let runner =
+        AgentStepRunner::new(ctx.clone(), req.session.clone(), asker).with_max_steps(req.max_steps);
+    let flow = PlanningFlow::new(ctx.llm.clone(), Arc::new(runner), ctx.config.flow.clone());
+    let mut flow_request = FlowRequest::new(
+        req.task.clone(),
+        req.session.owner.to_string(),
+        req.session.id.clone(),
+    );
+    flow_request.flow_id = live.id.replacen("run-", "flow-", 1);
+    let out = flow.run(flow_request, sink, live.cancel.clone()).await;
+    let reason = match &out.status {
+        FlowStatus::Completed => FinishReason::FinalAnswer,
+        FlowStatus::Cancelled => live.stop_reason().unwrap_or(FinishReason::Cancelled),
+        other => FinishReason::Error {
+            message: other.describe(),
+        },
+    };
+    Ending {
+        reason,
+        answer: Some(out.summary),
+        steps: out.attempts.len(),
     }
 }

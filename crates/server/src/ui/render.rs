@@ -143,27 +143,25 @@ fn plan_list(plan: &Value) -> String {
 pub fn fragment(ev: &Value) -> Option<Fragment> {
     let seq = n(ev, "seq");
     let kind = s(ev, "type");
-    let call_id = || Some(s(ev, "call_id").to_string());
-    let frag = |html: String| Fragment {
-        seq,
-        kind: kind.to_string(),
-        html,
-        call_id: (kind == "tool_call").then(call_id).flatten(),
-        status: None,
-        duration_ms: None,
-    };
-    let html = match kind {
-        "token_usage" | "run_state" | "thinking" => return None,
-        "run_started" => format!(
-            "<div class=\"ev ev-start\"><div class=\"label\">Task</div><div class=\"task\">{}</div><div class=\"meta\">model {} · up to {} steps{}</div></div>",
-            esc(s(ev, "task")),
-            esc(s(ev, "model")),
-            n(ev, "max_steps"),
-            match n(ev, "continued_messages") {
-                0 => String::new(),
-                m => format!(" · continues {m} earlier messages"),
-            }
-        ),
+    match kind {
+        "token_usage" | "run_state" | "thinking" => None,
+        "tool_result" => Some(tool_result(ev, seq)),
+        _ => Some(Fragment {
+            seq,
+            kind: kind.to_string(),
+            html: event_html(kind, ev),
+            call_id: (kind == "tool_call").then(|| s(ev, "call_id").to_string()),
+            status: None,
+            duration_ms: None,
+        }),
+    }
+}
+
+/// The markup of a timeline event of type `kind` (any but the tool results and the events
+/// the timeline does not show).
+fn event_html(kind: &str, ev: &Value) -> String {
+    match kind {
+        "run_started" => run_started(ev),
         "notice" => note("ev-note", s(ev, "message")),
         "context_trimmed" => note(
             "ev-note",
@@ -191,72 +189,14 @@ pub fn fragment(ev: &Value) -> Option<Fragment> {
             n(ev, "step"),
             markdown::to_html(s(ev, "text"))
         ),
-        "tool_call" => {
-            let name = s(ev, "name");
-            format!(
-                "<details class=\"card\" open><summary><span class=\"tool\">{}</span> <span class=\"status running\">running</span> <span class=\"dur\"></span> <span class=\"label\">step {}</span></summary><pre class=\"args\">{}</pre><div class=\"result\"></div></details>",
-                esc(name),
-                n(ev, "step"),
-                esc(&arguments(name, s(ev, "arguments")))
-            )
-        }
-        "tool_result" => {
-            let is_error = ev.get("is_error").and_then(Value::as_bool).unwrap_or(false);
-            let mut html = format!(
-                "<details class=\"out{}\" open><summary>output</summary><pre class=\"term\">{}</pre></details>",
-                if is_error { " error" } else { "" },
-                ansi::to_html(s(ev, "output"))
-            );
-            let run_id = s(ev, "run_id");
-            if let Some(img) = image_id(ev)
-                && safe_id(run_id)
-            {
-                let what = if s(ev, "name").starts_with("browser") {
-                    "screenshot"
-                } else {
-                    "image"
-                };
-                let _ = write!(
-                    html,
-                    "<figure class=\"shot\"><img src=\"/v1/runs/{}/images/{}\" alt=\"{} from {}\"></figure>",
-                    url_part(run_id),
-                    url_part(img),
-                    what,
-                    esc(s(ev, "name"))
-                );
-            }
-            return Some(Fragment {
-                seq,
-                kind: kind.to_string(),
-                html,
-                call_id: call_id(),
-                status: Some(if is_error { "error" } else { "ok" }),
-                duration_ms: Some(n(ev, "duration_ms")),
-            });
-        }
+        "tool_call" => tool_call(ev),
         "error" => note("ev-error", s(ev, "message")),
         "question_asked" => format!(
             "<div class=\"ev ev-question\"><div class=\"label\">The agent asks</div><div>{}</div></div>",
             esc(s(ev, "question"))
         ),
         "question_answered" => note("ev-note", &format!("question answered by {}", s(ev, "by"))),
-        "run_finished" => {
-            let reason = ev.get("reason").cloned().unwrap_or(Value::Null);
-            let failed = matches!(&reason, Value::Object(o) if o.get("kind").and_then(Value::as_str) == Some("error"));
-            format!(
-                "<div class=\"ev ev-final{}\"><div class=\"label\">Final answer{}</div><div class=\"md\">{}</div><div class=\"meta\">{} steps · {} + {} tokens · {:.1} s</div></div>",
-                if failed { " error" } else { "" },
-                match reason_text(&reason).as_str() {
-                    "final answer" => String::new(),
-                    r => format!(" · {}", esc(r)),
-                },
-                markdown::to_html(s(ev, "answer")),
-                n(ev, "steps"),
-                n(ev, "prompt_tokens"),
-                n(ev, "completion_tokens"),
-                n(ev, "duration_ms") as f64 / 1000.0
-            )
-        }
+        "run_finished" => run_finished(ev),
         "plan_created" | "replanned" => plan_list(ev.get("plan").unwrap_or(&Value::Null)),
         "step_started" => note(
             "ev-note",
@@ -280,8 +220,85 @@ pub fn fragment(ev: &Value) -> Option<Fragment> {
             markdown::to_html(s(ev, "summary"))
         ),
         other => note("ev-note", other),
-    };
-    Some(frag(html))
+    }
+}
+
+fn run_started(ev: &Value) -> String {
+    format!(
+        "<div class=\"ev ev-start\"><div class=\"label\">Task</div><div class=\"task\">{}</div><div class=\"meta\">model {} · up to {} steps{}</div></div>",
+        esc(s(ev, "task")),
+        esc(s(ev, "model")),
+        n(ev, "max_steps"),
+        match n(ev, "continued_messages") {
+            0 => String::new(),
+            m => format!(" · continues {m} earlier messages"),
+        }
+    )
+}
+
+/// A tool call's card, open and running; its result fills the card later.
+fn tool_call(ev: &Value) -> String {
+    let name = s(ev, "name");
+    format!(
+        "<details class=\"card\" open><summary><span class=\"tool\">{}</span> <span class=\"status running\">running</span> <span class=\"dur\"></span> <span class=\"label\">step {}</span></summary><pre class=\"args\">{}</pre><div class=\"result\"></div></details>",
+        esc(name),
+        n(ev, "step"),
+        esc(&arguments(name, s(ev, "arguments")))
+    )
+}
+
+/// A tool result, for the card of its call: the output, and its image when the ids check.
+fn tool_result(ev: &Value, seq: u64) -> Fragment {
+    let is_error = ev.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+    let mut html = format!(
+        "<details class=\"out{}\" open><summary>output</summary><pre class=\"term\">{}</pre></details>",
+        if is_error { " error" } else { "" },
+        ansi::to_html(s(ev, "output"))
+    );
+    let run_id = s(ev, "run_id");
+    if let Some(img) = image_id(ev)
+        && safe_id(run_id)
+    {
+        let what = if s(ev, "name").starts_with("browser") {
+            "screenshot"
+        } else {
+            "image"
+        };
+        let _ = write!(
+            html,
+            "<figure class=\"shot\"><img src=\"/v1/runs/{}/images/{}\" alt=\"{} from {}\"></figure>",
+            url_part(run_id),
+            url_part(img),
+            what,
+            esc(s(ev, "name"))
+        );
+    }
+    Fragment {
+        seq,
+        kind: "tool_result".to_string(),
+        html,
+        call_id: Some(s(ev, "call_id").to_string()),
+        status: Some(if is_error { "error" } else { "ok" }),
+        duration_ms: Some(n(ev, "duration_ms")),
+    }
+}
+
+fn run_finished(ev: &Value) -> String {
+    let reason = ev.get("reason").cloned().unwrap_or(Value::Null);
+    let failed = matches!(&reason, Value::Object(o) if o.get("kind").and_then(Value::as_str) == Some("error"));
+    format!(
+        "<div class=\"ev ev-final{}\"><div class=\"label\">Final answer{}</div><div class=\"md\">{}</div><div class=\"meta\">{} steps · {} + {} tokens · {:.1} s</div></div>",
+        if failed { " error" } else { "" },
+        match reason_text(&reason).as_str() {
+            "final answer" => String::new(),
+            r => format!(" · {}", esc(r)),
+        },
+        markdown::to_html(s(ev, "answer")),
+        n(ev, "steps"),
+        n(ev, "prompt_tokens"),
+        n(ev, "completion_tokens"),
+        n(ev, "duration_ms") as f64 / 1000.0
+    )
 }
 
 /// A batch of events as fragments, in the order given.

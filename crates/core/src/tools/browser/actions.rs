@@ -183,59 +183,12 @@ pub async fn run(
         }
         Action::ClickElement { index } => click(live, *index).await,
         Action::InputText { index, text } => input_text(live, *index, text).await,
-        Action::Scroll { down, amount } => {
-            let sign = if *down { 1 } else { -1 };
-            let amount = amount
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "window.innerHeight".into());
-            let js = format!(
-                "(() => {{ const a = {sign} * ({amount}); const before = window.scrollY; \
-                 window.scrollBy({{top: a, behavior: 'instant'}}); return Math.round(window.scrollY - before); }})()"
-            );
-            let moved: f64 = live.eval(&js).await?;
-            let dir = if *down { "down" } else { "up" };
-            Ok(Ok(format!("Scrolled {dir} by {} pixels", moved.abs())))
-        }
-        Action::ScrollToText { text } => {
-            let js = format!(
-                "(() => {{ const needle = {}.toLowerCase(); \
-                 const w = document.createTreeWalker(document.body || document.documentElement, NodeFilter.SHOW_TEXT); \
-                 let n; while ((n = w.nextNode())) {{ if (!n.textContent.toLowerCase().includes(needle)) continue; \
-                 const el = n.parentElement; if (!el) continue; const r = el.getBoundingClientRect(); \
-                 if (r.width === 0 && r.height === 0) continue; \
-                 el.scrollIntoView({{block: 'center', behavior: 'instant'}}); return true; }} return false; }})()",
-                json(text)
-            );
-            let found: bool = live.eval(&js).await?;
-            Ok(if found {
-                Ok(format!("Scrolled to the text {}", json(text)))
-            } else {
-                Err(format!("the text {} is not on the page", json(text)))
-            })
-        }
+        Action::Scroll { down, amount } => scroll(live, *down, *amount).await,
+        Action::ScrollToText { text } => scroll_to_text(live, text).await,
         Action::SendKeys { keys } => send_keys(live, keys).await,
         Action::GetDropdownOptions { index } => dropdown_options(live, *index).await,
         Action::SelectDropdownOption { index, text } => select_option(live, *index, text).await,
-        Action::GoBack => {
-            let page = live.page()?;
-            let history = page
-                .execute(GetNavigationHistoryParams::default())
-                .await?
-                .result;
-            // The index and the list come from Chromium, which runs the page's code: check
-            // both instead of trusting that one fits the other.
-            let previous = usize::try_from(history.current_index)
-                .ok()
-                .and_then(|current| current.checked_sub(1))
-                .and_then(|i| history.entries.get(i));
-            let Some(entry) = previous.map(|e| e.id) else {
-                return Ok(Err("there is no previous page in this tab's history".into()));
-            };
-            page.execute(NavigateToHistoryEntryParams::new(entry))
-                .await?;
-            live.settle().await?;
-            Ok(Ok("Went back to the previous page".into()))
-        }
+        Action::GoBack => go_back(live).await,
         Action::Refresh => {
             live.page()?.reload().await?;
             Ok(Ok("Reloaded the page".into()))
@@ -261,23 +214,82 @@ pub async fn run(
             live.push_tab(page);
             Ok(Ok(format!("Opened tab {} with {url}", live.current)))
         }
-        Action::CloseTab { tab_id } => {
-            let Some(id) = tab_index(live, *tab_id) else {
-                return Ok(Err(bad_tab(live, *tab_id)));
-            };
-            let page = live.tabs.remove(id);
-            live.close_page(page).await;
-            if live.current >= id && live.current > 0 {
-                live.current -= 1;
-            }
-            live.ensure_tab().await?;
-            Ok(Ok(format!(
-                "Closed tab {id}; tab {} is current",
-                live.current
-            )))
-        }
+        Action::CloseTab { tab_id } => close_tab(live, *tab_id).await,
         Action::Screenshot => Ok(Ok("Took a screenshot of the viewport".into())),
     }
+}
+
+/// Scrolls by `amount` pixels (a screen when None), and says how far the page really moved.
+async fn scroll(live: &mut Live, down: bool, amount: Option<i64>) -> Result<Outcome, BrowserError> {
+    let sign = if down { 1 } else { -1 };
+    let amount = amount
+        .map(|a| a.to_string())
+        .unwrap_or_else(|| "window.innerHeight".into());
+    let js = format!(
+        "(() => {{ const a = {sign} * ({amount}); const before = window.scrollY; \
+         window.scrollBy({{top: a, behavior: 'instant'}}); return Math.round(window.scrollY - before); }})()"
+    );
+    let moved: f64 = live.eval(&js).await?;
+    let dir = if down { "down" } else { "up" };
+    Ok(Ok(format!("Scrolled {dir} by {} pixels", moved.abs())))
+}
+
+/// Scrolls the first visible element whose text contains `text` (any case) into view.
+async fn scroll_to_text(live: &mut Live, text: &str) -> Result<Outcome, BrowserError> {
+    let js = format!(
+        "(() => {{ const needle = {}.toLowerCase(); \
+         const w = document.createTreeWalker(document.body || document.documentElement, NodeFilter.SHOW_TEXT); \
+         let n; while ((n = w.nextNode())) {{ if (!n.textContent.toLowerCase().includes(needle)) continue; \
+         const el = n.parentElement; if (!el) continue; const r = el.getBoundingClientRect(); \
+         if (r.width === 0 && r.height === 0) continue; \
+         el.scrollIntoView({{block: 'center', behavior: 'instant'}}); return true; }} return false; }})()",
+        json(text)
+    );
+    let found: bool = live.eval(&js).await?;
+    Ok(if found {
+        Ok(format!("Scrolled to the text {}", json(text)))
+    } else {
+        Err(format!("the text {} is not on the page", json(text)))
+    })
+}
+
+async fn go_back(live: &mut Live) -> Result<Outcome, BrowserError> {
+    let page = live.page()?;
+    let history = page
+        .execute(GetNavigationHistoryParams::default())
+        .await?
+        .result;
+    // The index and the list come from Chromium, which runs the page's code: check
+    // both instead of trusting that one fits the other.
+    let previous = usize::try_from(history.current_index)
+        .ok()
+        .and_then(|current| current.checked_sub(1))
+        .and_then(|i| history.entries.get(i));
+    let Some(entry) = previous.map(|e| e.id) else {
+        return Ok(Err("there is no previous page in this tab's history".into()));
+    };
+    page.execute(NavigateToHistoryEntryParams::new(entry))
+        .await?;
+    live.settle().await?;
+    Ok(Ok("Went back to the previous page".into()))
+}
+
+/// Closes a tab; the tab before it (or the first) becomes current, and a new one opens when
+/// it was the last.
+async fn close_tab(live: &mut Live, tab_id: i64) -> Result<Outcome, BrowserError> {
+    let Some(id) = tab_index(live, tab_id) else {
+        return Ok(Err(bad_tab(live, tab_id)));
+    };
+    let page = live.tabs.remove(id);
+    live.close_page(page).await;
+    if live.current >= id && live.current > 0 {
+        live.current -= 1;
+    }
+    live.ensure_tab().await?;
+    Ok(Ok(format!(
+        "Closed tab {id}; tab {} is current",
+        live.current
+    )))
 }
 
 pub(super) fn json(text: &str) -> String {

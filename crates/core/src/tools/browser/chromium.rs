@@ -27,7 +27,7 @@
 //! capabilities, and runs as uid 1000 under the session's pids/memory/cpu limits, so a
 //! compromised renderer gains nothing the model's own bash does not already have.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chromiumoxide::Browser;
@@ -277,21 +277,7 @@ async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Runnin
         Ok(()) | Err(SandboxError::NotFound { .. }) => {}
         Err(e) => return Err(failed(e.into())),
     }
-    let mut req = SpawnRequest::new(helpers::argv(
-        "sandboxd_detach.py",
-        &chromium_argv(&user_data_dir, port)
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    ));
-    for (k, v) in helpers::env() {
-        req = req.env(k, v);
-    }
-    let req = req
-        .env("SANDBOXD_TAG", &tag)
-        .env("XDG_CONFIG_HOME", format!("{user_data_dir}/xdg-config"))
-        .env("XDG_CACHE_HOME", format!("{user_data_dir}/xdg-cache"))
-        .cwd("/tmp");
+    let req = chromium_request(&user_data_dir, port, &tag);
     let process = sandbox.spawn(req).await.map_err(|e| failed(e.into()))?;
     let dead = CancellationToken::new();
     let StderrWatch {
@@ -302,14 +288,7 @@ async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Runnin
     // A start dropped half-way (its caller's watch found the sandbox gone, where the stream
     // never ends) must not leave the reader running.
     let drain = AbortOnDropHandle::new(drain);
-    let fail = |why: String| {
-        let tail = stderr_log::tail(&log, 12);
-        Attempt::Failed(BrowserError::Start(if tail.is_empty() {
-            why
-        } else {
-            format!("{why}; Chromium said:\n{tail}")
-        }))
-    };
+    let fail = |why: String| start_failed(&log, why);
     let deadline = tokio::time::Instant::from_std(started + START_TIMEOUT);
     let found = tokio::select! {
         r = announced.wait_for(|a| a.is_some()) => r.ok().and_then(|a| a.clone()),
@@ -357,6 +336,35 @@ async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Runnin
             Err(failed(e))
         }
     }
+}
+
+/// A failed start, with the last lines Chromium printed when it printed any.
+fn start_failed(log: &Mutex<String>, why: String) -> Attempt {
+    let tail = stderr_log::tail(log, 12);
+    Attempt::Failed(BrowserError::Start(if tail.is_empty() {
+        why
+    } else {
+        format!("{why}; Chromium said:\n{tail}")
+    }))
+}
+
+/// Chromium on `port` with its profile in `user_data_dir`, detached so it outlives the exec,
+/// tagged for kill_tagged.
+fn chromium_request(user_data_dir: &str, port: u16, tag: &str) -> SpawnRequest {
+    let mut req = SpawnRequest::new(helpers::argv(
+        "sandboxd_detach.py",
+        &chromium_argv(user_data_dir, port)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    ));
+    for (k, v) in helpers::env() {
+        req = req.env(k, v);
+    }
+    req.env("SANDBOXD_TAG", tag)
+        .env("XDG_CONFIG_HOME", format!("{user_data_dir}/xdg-config"))
+        .env("XDG_CACHE_HOME", format!("{user_data_dir}/xdg-cache"))
+        .cwd("/tmp")
 }
 
 async fn connect(
