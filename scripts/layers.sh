@@ -7,10 +7,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail=0
-tree() { cargo tree --locked --offline -e normal --prefix none --format '{p}' -p "$1" 2>/dev/null |
-    awk '{print $1}' | sort -u; }
+# LAYERS_CARGO_FLAGS: --locked in CI; empty to try a change to a manifest before the lock file.
+flags=${LAYERS_CARGO_FLAGS---locked}
+tree() { # the crate's normal dependencies, names only; a failing `cargo tree` fails the check
+    local out
+    # shellcheck disable=SC2086
+    out=$(cargo tree $flags -e normal --prefix none --format '{p}' -p "$1") || {
+        echo "layers: cargo tree failed for $1" >&2
+        exit 2
+    }
+    awk '{print $1}' <<<"$out" | sort -u
+}
 refuse() { # crate, forbidden dependency, why
-    if tree "$1" | grep -qx "$2"; then
+    local deps
+    deps=$(tree "$1") || exit 2
+    if grep -qx "$2" <<<"$deps"; then
         echo "layers: $1 depends on $2 ($3)" >&2
         fail=1
     fi
