@@ -334,7 +334,6 @@ impl Runtime for DockerRuntime {
         }))
     }
 
-    /// The engine is on this host (a local socket), so its creators are local processes.
     async fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
         let engine = self
             .engine_version()
@@ -352,7 +351,8 @@ impl Runtime for DockerRuntime {
         vec![("engine", engine), ("image", image)]
     }
 
-    fn creator_alive(&self, creator: &str) -> bool {
+    /// The engine is on this host (a local socket), so its creators are local processes.
+    async fn creator_alive(&self, creator: &str) -> bool {
         host::creator_alive(creator)
     }
 }

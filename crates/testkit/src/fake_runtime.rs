@@ -281,7 +281,7 @@ impl Runtime for FakeRuntime {
         Ok(Some(self.revision.lock().unwrap().clone()))
     }
 
-    fn creator_alive(&self, creator: &str) -> bool {
+    async fn creator_alive(&self, creator: &str) -> bool {
         self.alive.lock().unwrap().contains(creator)
     }
 }

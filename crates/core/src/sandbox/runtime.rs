@@ -213,7 +213,10 @@ pub trait Runtime: Send + Sync {
         Vec::new()
     }
 
-    /// Whether the process recorded as a sandbox's creator still runs (so its sandboxes
-    /// are in use, not orphans). Only the backend knows where its creators live.
-    fn creator_alive(&self, creator: &str) -> bool;
+    /// Whether the creator recorded on a sandbox is still alive, so its sandboxes are in
+    /// use, not orphans. A creator is whatever the backend records: a `pid:starttime` on
+    /// this host, a lease or replica id in a cluster. Only the backend knows where its
+    /// creators live, and answering may take a round trip (a lease lookup), hence async.
+    /// False makes a sandbox that is not kept and running an orphan the reconciler removes.
+    async fn creator_alive(&self, creator: &str) -> bool;
 }
