@@ -20,13 +20,12 @@ use bollard::query_parameters::{
 use futures::StreamExt;
 
 use sandboxd_core::config::Limits;
-use sandboxd_core::sandbox::runtime::{
-    FoundSandbox, LABEL_MANAGED, LABEL_SESSION, Runtime, SandboxSpec,
-};
+use sandboxd_core::sandbox::runtime::{FoundSandbox, Runtime, SandboxSpec, meta_key};
 use sandboxd_core::sandbox::{Sandbox, SandboxError, SandboxState, host};
 
 mod exec;
 pub mod image;
+mod labels;
 
 pub use exec::{DockerExec, DockerSandbox};
 
@@ -194,7 +193,7 @@ impl DockerRuntime {
         &self,
         extra: Option<String>,
     ) -> Result<Vec<FoundSandbox>, SandboxError> {
-        let mut labels = vec![format!("{LABEL_MANAGED}=true")];
+        let mut labels = vec![labels::filter(meta_key::MANAGED, "true")];
         labels.extend(extra);
         let filters = HashMap::from([("label", labels)]);
         let list = self
@@ -210,8 +209,8 @@ impl DockerRuntime {
         Ok(list
             .into_iter()
             .map(|c| {
-                let labels = c.labels.unwrap_or_default();
-                FoundSandbox::from_labels(c.id.unwrap_or_default(), state_of(c.state), &labels)
+                let meta = labels::decode(&c.labels.unwrap_or_default());
+                FoundSandbox::new(c.id.unwrap_or_default(), state_of(c.state), meta)
             })
             .collect())
     }
@@ -264,7 +263,7 @@ impl Runtime for DockerRuntime {
     }
 
     async fn find(&self, session_id: &str) -> Result<Option<FoundSandbox>, SandboxError> {
-        let filter = format!("{LABEL_SESSION}={session_id}");
+        let filter = labels::filter(meta_key::SESSION, session_id);
         Ok(self.list_labelled(Some(filter)).await?.into_iter().next())
     }
 
@@ -334,7 +333,6 @@ impl Runtime for DockerRuntime {
         }))
     }
 
-    /// The engine is on this host (a local socket), so its creators are local processes.
     async fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
         let engine = self
             .engine_version()
@@ -352,7 +350,8 @@ impl Runtime for DockerRuntime {
         vec![("engine", engine), ("image", image)]
     }
 
-    fn creator_alive(&self, creator: &str) -> bool {
+    /// The engine is on this host (a local socket), so its creators are local processes.
+    async fn creator_alive(&self, creator: &str) -> bool {
         host::creator_alive(creator)
     }
 }
@@ -406,7 +405,7 @@ fn container_body(
     spec: &SandboxSpec,
 ) -> ContainerCreateBody {
     let l = &spec.limits;
-    let labels = spec.labels(&host::creator_label());
+    let labels = labels::encode(&spec.meta(&host::creator_label()));
     let tmpfs = HashMap::from([
         (
             "/workspace".to_string(),

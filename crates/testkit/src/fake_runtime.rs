@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sandboxd_core::config::Limits;
 use sandboxd_core::sandbox::exec_sandbox::{ExecBackend, ExecSandbox};
-use sandboxd_core::sandbox::runtime::{FoundSandbox, Runtime, SandboxSpec};
+use sandboxd_core::sandbox::runtime::{FoundSandbox, Runtime, SandboxMeta, SandboxSpec};
 use sandboxd_core::sandbox::{
     AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox, SandboxError,
     SandboxState, ShellOptions, ShellOutput, ShellStream, SpawnRequest,
@@ -211,9 +211,15 @@ impl Runtime for FakeRuntime {
             st.made.push(handle.clone());
             let revision = self.revision.lock().unwrap().clone();
             st.revision_of.insert(handle.clone(), revision);
-            // Through the labels, as a real backend records and reads them.
-            let labels = spec.labels(ME);
-            let found = FoundSandbox::from_labels(handle.clone(), SandboxState::Running, &labels);
+            // Through the metadata's entries, as a real backend records and reads them.
+            let meta = spec.meta(ME);
+            let entries: HashMap<&str, String> = meta
+                .selectable()
+                .into_iter()
+                .chain(meta.annotations())
+                .collect();
+            let meta = SandboxMeta::read(|k| entries.get(k).map(String::as_str));
+            let found = FoundSandbox::new(handle.clone(), SandboxState::Running, meta);
             st.sandboxes.insert(handle.clone(), found);
             handle
         };
@@ -281,7 +287,7 @@ impl Runtime for FakeRuntime {
         Ok(Some(self.revision.lock().unwrap().clone()))
     }
 
-    fn creator_alive(&self, creator: &str) -> bool {
+    async fn creator_alive(&self, creator: &str) -> bool {
         self.alive.lock().unwrap().contains(creator)
     }
 }

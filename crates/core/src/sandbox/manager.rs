@@ -630,10 +630,10 @@ impl SessionManager {
                     continue;
                 }
             }
-            let creator_alive = f
-                .creator
-                .as_deref()
-                .is_some_and(|c| self.runtime.creator_alive(c));
+            let creator_alive = match f.creator.as_deref() {
+                Some(c) => self.runtime.creator_alive(c).await,
+                None => false,
+            };
             // A stopped sandbox is garbage; a live creator may still be starting one, so
             // only a dead creator makes a not-yet-running sandbox an orphan.
             let stopped = f.state == SandboxState::Stopped;

@@ -4,11 +4,11 @@
 //!
 //! The pool speaks only the `Runtime` seam. Its rules:
 //! - A claim takes a warm sandbox out of the pool and binds it to one session and owner in
-//!   this process's records (a backend's labels cannot change after creation). Limits below
-//!   the profile's are applied through `Runtime::update_limits`; a backend that declines, a
-//!   failed update, a profile mismatch (tmpfs sizes and ulimits are fixed at creation), a
-//!   kept session (unless the pool is scoped) or an empty pool all mean a cold create,
-//!   never an error.
+//!   this process's records (a sandbox's `SandboxMeta` is written once, at creation). Limits
+//!   below the profile's are applied through `Runtime::update_limits`; a backend that
+//!   declines, a failed update, a profile mismatch (tmpfs sizes and ulimits are fixed at
+//!   creation), a kept session (unless the pool is scoped) or an empty pool all mean a cold
+//!   create, never an error.
 //! - A scoped pool (`with_scoped_pool`, for `serve`) labels its sandboxes with the scope as
 //!   owner and as kept: the caller records each claim, and at its next start re-adopts the
 //!   claimed ones (`adopt`) and removes the rest of its scope.
@@ -174,10 +174,10 @@ impl SessionManager {
     }
 
     /// Takes back a sandbox of this manager's pool scope that an earlier process claimed
-    /// for `owner`, on the word of the caller's own records (the labels cannot say who
-    /// claimed it): `limits` are what those records say the session got, with what the host
-    /// enforces per call capped by today's ceilings. Without a scope, or for anything but a
-    /// pooled sandbox of the scope, the session is "not found".
+    /// for `owner`, on the word of the caller's own records (the sandbox's metadata, written
+    /// before the claim, cannot say who claimed it): `limits` are what those records say the
+    /// session got, with what the host enforces per call capped by today's ceilings. Without
+    /// a scope, or for anything but a pooled sandbox of the scope, the session is "not found".
     pub async fn adopt(
         &self,
         owner: &Owner,

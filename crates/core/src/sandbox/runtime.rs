@@ -4,10 +4,11 @@
 //! `SandboxSpec`, lists the ones it manages as `FoundSandbox` values, removes them, and says
 //! whether the process that created one is still alive. Everything a session must remember
 //! across processes (its id, owner, keep flag, creator and the limits it was created with)
-//! is recorded on the sandbox itself as the labels below, because a kept session is found
-//! again by a later process that knows nothing else about it. Nothing here is Docker's.
+//! is recorded on the sandbox itself as a `SandboxMeta`, because a kept session is found
+//! again by a later process that knows nothing else about it. Each backend encodes it its
+//! own way (Docker: container labels); `SandboxMeta::selectable` and `annotations` say which
+//! entries fit where a backend selects on them. Nothing here is Docker's.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -17,20 +18,99 @@ use serde::Serialize;
 use super::{Owner, Sandbox, SandboxError};
 use crate::config::Limits;
 
-pub const LABEL_MANAGED: &str = "sandboxd.managed";
-pub const LABEL_SESSION: &str = "sandboxd.session";
-pub const LABEL_OWNER: &str = "sandboxd.owner";
-pub const LABEL_KEEP: &str = "sandboxd.keep";
-pub const LABEL_CREATOR: &str = "sandboxd.creator";
-/// The limits the session was created with, as JSON: a container's memory, CPU and
-/// process limits cannot change after creation, so a re-attached session must know them.
-pub const LABEL_LIMITS: &str = "sandboxd.limits";
-/// A sandbox made ahead of time for the warm pool: it has no owner label, or the pool's
-/// scope (see `SessionManager::with_scoped_pool`). Once a session claims it, the binding
-/// lives only in the records of the claiming process (labels cannot change): an unscoped
-/// one is never re-attached by another process and dies with its creator; a scoped one is
-/// kept, and the scope's next process re-adopts it from its own records or removes it.
-pub const LABEL_POOL: &str = "sandboxd.pool";
+/// The names of `SandboxMeta`'s entries, short and neutral: a backend adds its own prefix
+/// or namespace (Docker: `sandboxd.`, so `sandboxd.session`).
+pub mod meta_key {
+    /// "true" on every sandbox sandboxd manages: what a listing selects on.
+    pub const MANAGED: &str = "managed";
+    pub const SESSION: &str = "session";
+    pub const OWNER: &str = "owner";
+    pub const KEEP: &str = "keep";
+    pub const CREATOR: &str = "creator";
+    pub const LIMITS: &str = "limits";
+    pub const POOL: &str = "pool";
+}
+
+/// What a sandbox records about its session, in the seam's words. The seam guarantees it is
+/// written once, when the sandbox is created, and read back unchanged by every later
+/// listing; it has no call to change it (Docker cannot; a backend that could must not be
+/// relied on), so anything decided later (a warm sandbox's claim) lives in the records of
+/// the process that decided it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxMeta {
+    pub session_id: String,
+    /// None for a warm-pool sandbox made before anyone owned it, or when what was read is
+    /// not a valid owner (only the admin sees such a sandbox).
+    pub owner: Option<Owner>,
+    /// Kept sessions outlive the process that made them.
+    pub keep: bool,
+    /// Made ahead of time for the warm pool: it has no owner, or the pool's scope (see
+    /// `SessionManager::with_scoped_pool`). Once a session claims it, the binding lives only
+    /// in the records of the claiming process: an unscoped one is never re-attached by
+    /// another process and dies with its creator; a scoped one is kept, and the scope's
+    /// next process re-adopts it from its own records or removes it.
+    pub pooled: bool,
+    /// Who created it, as the backend records it (see `Runtime::creator_alive`).
+    pub creator: Option<String>,
+    /// The limits it was created with: memory, CPU and processes are set on the sandbox at
+    /// creation, so a re-attached session must know them. None for a sandbox made before
+    /// they were recorded.
+    pub limits: Option<Limits>,
+}
+
+impl SandboxMeta {
+    /// The entries a backend may put where it selects sandboxes (a Kubernetes label, a
+    /// Docker label filter): `managed=true` and the session id. Every value is a valid
+    /// Kubernetes label value (at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at
+    /// both ends): a session id is ours, 12 hex digits.
+    pub fn selectable(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (meta_key::MANAGED, "true".to_string()),
+            (meta_key::SESSION, self.session_id.clone()),
+        ]
+    }
+
+    /// Every other entry, as free-form text a backend stores beside the selectable ones (a
+    /// Kubernetes annotation): an owner has up to 128 characters and may hold `:` or `@`,
+    /// the limits are JSON. An absent owner, and `pool` when not pooled, are left out.
+    pub fn annotations(&self) -> Vec<(&'static str, String)> {
+        let mut entries = vec![(meta_key::KEEP, self.keep.to_string())];
+        if let Some(creator) = &self.creator {
+            entries.push((meta_key::CREATOR, creator.clone()));
+        }
+        if let Some(limits) = &self.limits {
+            entries.push((
+                meta_key::LIMITS,
+                serde_json::to_string(limits).unwrap_or_default(),
+            ));
+        }
+        if let Some(owner) = &self.owner {
+            entries.push((meta_key::OWNER, owner.to_string()));
+        }
+        if self.pooled {
+            entries.push((meta_key::POOL, "true".to_string()));
+        }
+        entries
+    }
+
+    /// Reads back what `selectable` and `annotations` wrote; `get` looks an entry up by its
+    /// key. Anyone with access to the backend can write there, so what is not ours reads as
+    /// absent: a session id that is not ours (hex) is dropped rather than printed or matched,
+    /// an invalid owner is none, limits that do not parse are none.
+    pub fn read<'a>(get: impl Fn(&str) -> Option<&'a str>) -> SandboxMeta {
+        SandboxMeta {
+            session_id: get(meta_key::SESSION)
+                .filter(|id| id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()))
+                .unwrap_or_default()
+                .to_string(),
+            owner: get(meta_key::OWNER).and_then(|o| Owner::new(o).ok()),
+            keep: get(meta_key::KEEP) == Some("true"),
+            pooled: get(meta_key::POOL) == Some("true"),
+            creator: get(meta_key::CREATOR).map(str::to_string),
+            limits: get(meta_key::LIMITS).and_then(|v| serde_json::from_str(v).ok()),
+        }
+    }
+}
 
 /// What a new session's sandbox is made from.
 #[derive(Debug, Clone)]
@@ -38,7 +118,7 @@ pub struct SandboxSpec {
     pub session_id: String,
     /// None for a warm-pool sandbox, made before anyone owns it; or the pool's scope.
     pub owner: Option<Owner>,
-    /// Made for the warm pool (labelled `sandboxd.pool`).
+    /// Made for the warm pool (see `SandboxMeta::pooled`).
     pub pooled: bool,
     /// Already lowered by the request and within the admin's ceilings.
     pub limits: Limits,
@@ -47,26 +127,17 @@ pub struct SandboxSpec {
 }
 
 impl SandboxSpec {
-    /// The labels every backend records on the sandbox; `creator` comes from the backend's
-    /// host (see `Runtime::creator_alive`).
-    pub fn labels(&self, creator: &str) -> HashMap<String, String> {
-        let mut labels = HashMap::from([
-            (LABEL_MANAGED.to_string(), "true".to_string()),
-            (LABEL_SESSION.to_string(), self.session_id.clone()),
-            (LABEL_KEEP.to_string(), self.keep.to_string()),
-            (LABEL_CREATOR.to_string(), creator.to_string()),
-            (
-                LABEL_LIMITS.to_string(),
-                serde_json::to_string(&self.limits).unwrap_or_default(),
-            ),
-        ]);
-        if let Some(owner) = &self.owner {
-            labels.insert(LABEL_OWNER.to_string(), owner.to_string());
+    /// What every backend records on the sandbox; `creator` comes from the backend (see
+    /// `Runtime::creator_alive`).
+    pub fn meta(&self, creator: &str) -> SandboxMeta {
+        SandboxMeta {
+            session_id: self.session_id.clone(),
+            owner: self.owner.clone(),
+            keep: self.keep,
+            pooled: self.pooled,
+            creator: Some(creator.to_string()),
+            limits: Some(self.limits.clone()),
         }
-        if self.pooled {
-            labels.insert(LABEL_POOL.to_string(), "true".to_string());
-        }
-        labels
     }
 }
 
@@ -103,42 +174,38 @@ pub struct FoundSandbox {
     /// The backend's own name for it (a container id, a pod name): what `remove` takes.
     pub handle: String,
     pub session_id: String,
-    /// None when the label is missing or not a valid owner: only the admin sees it.
+    /// None when none was recorded or it is not a valid owner: only the admin sees it.
     pub owner: Option<Owner>,
     pub state: SandboxState,
     pub keep: bool,
-    /// Made for the warm pool (claimed or not, it has no owner label).
+    /// Made for the warm pool (claimed or not, it records no owner, or the pool's scope).
     pub pooled: bool,
-    /// The creator recorded by the backend's host, checked with `Runtime::creator_alive`.
+    /// The creator the backend recorded, checked with `Runtime::creator_alive`.
     pub creator: Option<String>,
     /// The limits it was created with; None for a sandbox made before they were recorded.
     pub limits: Option<Limits>,
 }
 
 impl FoundSandbox {
-    /// Reads what `SandboxSpec::labels` recorded.
-    pub fn from_labels(
-        handle: String,
-        state: SandboxState,
-        labels: &HashMap<String, String>,
-    ) -> FoundSandbox {
+    /// A sandbox a listing found, with what it recorded (see `SandboxMeta::read`).
+    pub fn new(handle: String, state: SandboxState, meta: SandboxMeta) -> FoundSandbox {
+        let SandboxMeta {
+            session_id,
+            owner,
+            keep,
+            pooled,
+            creator,
+            limits,
+        } = meta;
         FoundSandbox {
             handle,
-            // Labels can be written by anyone with access to the backend: an id that is
-            // not ours (hex) is dropped rather than printed or matched.
-            session_id: labels
-                .get(LABEL_SESSION)
-                .filter(|id| id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()))
-                .cloned()
-                .unwrap_or_default(),
-            owner: labels.get(LABEL_OWNER).and_then(|o| Owner::new(o).ok()),
+            session_id,
+            owner,
             state,
-            keep: labels.get(LABEL_KEEP).is_some_and(|v| v == "true"),
-            pooled: labels.get(LABEL_POOL).is_some_and(|v| v == "true"),
-            creator: labels.get(LABEL_CREATOR).cloned(),
-            limits: labels
-                .get(LABEL_LIMITS)
-                .and_then(|v| serde_json::from_str(v).ok()),
+            keep,
+            pooled,
+            creator,
+            limits,
         }
     }
 
@@ -213,7 +280,65 @@ pub trait Runtime: Send + Sync {
         Vec::new()
     }
 
-    /// Whether the process recorded as a sandbox's creator still runs (so its sandboxes
-    /// are in use, not orphans). Only the backend knows where its creators live.
-    fn creator_alive(&self, creator: &str) -> bool;
+    /// Whether the creator recorded on a sandbox is still alive, so its sandboxes are in
+    /// use, not orphans. A creator is whatever the backend records: a `pid:starttime` on
+    /// this host, a lease or replica id in a cluster. Only the backend knows where its
+    /// creators live, and answering may take a round trip (a lease lookup), hence async.
+    /// False makes a sandbox that is not kept and running an orphan the reconciler removes.
+    async fn creator_alive(&self, creator: &str) -> bool;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn spec() -> SandboxSpec {
+        SandboxSpec {
+            session_id: "0123456789ab".into(),
+            owner: Some(Owner::new("serve:42").unwrap()),
+            pooled: true,
+            limits: Limits::default(),
+            keep: true,
+        }
+    }
+
+    /// What Kubernetes accepts as a label value.
+    fn label_value_ok(v: &str) -> bool {
+        let b = v.as_bytes();
+        v.len() <= 63
+            && (b.is_empty()
+                || (b[0].is_ascii_alphanumeric()
+                    && b[b.len() - 1].is_ascii_alphanumeric()
+                    && b.iter()
+                        .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))))
+    }
+
+    #[test]
+    fn selectable_values_are_label_values_and_the_rest_reads_back() {
+        let meta = spec().meta("1234:5678");
+        let selectable = meta.selectable();
+        for (k, v) in &selectable {
+            assert!(label_value_ok(v), "{k}={v}");
+        }
+        // The owner and the limits are not label values: they must be annotations.
+        let annotations = meta.annotations();
+        assert!(annotations.iter().any(|(k, _)| *k == meta_key::OWNER));
+        assert!(annotations.iter().any(|(k, _)| *k == meta_key::LIMITS));
+        let all: HashMap<&str, String> = selectable.into_iter().chain(annotations).collect();
+        assert_eq!(SandboxMeta::read(|k| all.get(k).map(String::as_str)), meta);
+    }
+
+    #[test]
+    fn what_is_not_ours_reads_as_absent() {
+        let all = HashMap::from([
+            (meta_key::SESSION, "../etc"),
+            (meta_key::OWNER, "bad owner"),
+            (meta_key::LIMITS, "{not json"),
+            (meta_key::KEEP, "yes"),
+        ]);
+        let meta = SandboxMeta::read(|k| all.get(k).copied());
+        assert_eq!(meta, SandboxMeta::default());
+    }
 }

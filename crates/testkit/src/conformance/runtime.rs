@@ -224,7 +224,7 @@ async fn case_create_labels_find_list(cx: &Cx, made: Made) -> Result<()> {
     );
     let creator = f.creator.clone().context("the creator is recorded")?;
     ensure!(
-        cx.rt.creator_alive(&creator),
+        cx.rt.creator_alive(&creator).await,
         "the creator of a sandbox this process made is alive ({creator})"
     );
 
