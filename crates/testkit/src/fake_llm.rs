@@ -2,7 +2,7 @@
 //! /v1/chat/completions with the next `Reply` of its script — tool calls, text, an HTTP
 //! error with headers, or a raw JSON body — and records every request it received.
 //!
-//! ```ignore
+//! ```text
 //! let llm = FakeLlm::start(vec![Reply::tool("bash", json!({"command": "ls"})), Reply::text("done")]).await;
 //! let client = llm.client();            // or use llm.base_url() in an [llm] config
 //! ... run the agent ...
