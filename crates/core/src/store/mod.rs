@@ -292,9 +292,10 @@ pub trait Store: Logins + Send + Sync {
     async fn set_quota(&self, name: &str, quota: QuotaOverride) -> Result<bool, StoreError>;
     async fn touch_user(&self, id: &str, now: i64) -> Result<(), StoreError>;
 
-    /// Inserts a `creating` session unless its owner already has `max_active` live ones;
-    /// count and insert are one `BEGIN IMMEDIATE` transaction so concurrent creates cannot
-    /// overshoot.
+    /// Inserts a `creating` session unless its owner already has `max_active` that have not
+    /// ended (`StoreError::SessionQuota`). Atomic: the count and the insert happen as one
+    /// transaction, so concurrent callers (other tasks, other processes on the same store)
+    /// never both pass the cap: of two racing for the last place, one gets the error.
     async fn reserve_session(&self, row: SessionRow, max_active: u32) -> Result<(), StoreError>;
     /// The container exists: record it and mark the session running.
     async fn session_started(
@@ -322,8 +323,9 @@ pub trait Store: Logins + Send + Sync {
 
     async fn usage(&self, owner: &str, now: i64) -> Result<Usage, StoreError>;
 
-    /// Inserts a run unless its owner already has `max_active` in flight; count and insert
-    /// are one `BEGIN IMMEDIATE` transaction.
+    /// Inserts a run unless its owner already has `max_active` in flight
+    /// (`StoreError::RunQuota`). Atomic like `reserve_session`: the count and the insert
+    /// happen as one transaction, and concurrent callers never both pass the cap.
     async fn insert_run(&self, row: RunRow, max_active: u32) -> Result<(), StoreError>;
     async fn run(&self, id: &str) -> Result<Option<RunRow>, StoreError>;
     async fn list_runs(&self, q: &RunQuery) -> Result<RunPage, StoreError>;
