@@ -5,6 +5,7 @@
 //! binary picks one. Times are unix milliseconds. Rows carry the owner's user id; the callers (the
 //! server) compare it with the caller on every access, the store only stores.
 
+pub mod conversation;
 mod runs;
 
 use std::collections::BTreeMap;
@@ -358,8 +359,10 @@ pub trait Store: Logins + Send + Sync {
     ) -> Result<(), StoreError>;
     /// The media type and bytes of an image of that run.
     async fn image(&self, run_id: &str, id: &str) -> Result<Option<(String, Vec<u8>)>, StoreError>;
-    /// The session's conversation (JSON messages) a next run continues.
+    /// The session's conversation a next run continues, as `set_conversation` stored it
+    /// (the store keeps the text as given; `conversation::decode` reads it).
     async fn conversation(&self, session_id: &str) -> Result<Option<String>, StoreError>;
+    /// Replaces the session's conversation with `messages` (`conversation::encode`'s text).
     async fn set_conversation(
         &self,
         session_id: &str,
