@@ -5,6 +5,7 @@
 //! binary picks one. Times are unix milliseconds. Rows carry the owner's user id; the callers (the
 //! server) compare it with the caller on every access, the store only stores.
 
+pub mod conversation;
 mod runs;
 
 use std::collections::BTreeMap;
@@ -292,9 +293,10 @@ pub trait Store: Logins + Send + Sync {
     async fn set_quota(&self, name: &str, quota: QuotaOverride) -> Result<bool, StoreError>;
     async fn touch_user(&self, id: &str, now: i64) -> Result<(), StoreError>;
 
-    /// Inserts a `creating` session unless its owner already has `max_active` live ones;
-    /// count and insert are one `BEGIN IMMEDIATE` transaction so concurrent creates cannot
-    /// overshoot.
+    /// Inserts a `creating` session unless its owner already has `max_active` that have not
+    /// ended (`StoreError::SessionQuota`). Atomic: the count and the insert happen as one
+    /// transaction, so concurrent callers (other tasks, other processes on the same store)
+    /// never both pass the cap: of two racing for the last place, one gets the error.
     async fn reserve_session(&self, row: SessionRow, max_active: u32) -> Result<(), StoreError>;
     /// The container exists: record it and mark the session running.
     async fn session_started(
@@ -322,8 +324,9 @@ pub trait Store: Logins + Send + Sync {
 
     async fn usage(&self, owner: &str, now: i64) -> Result<Usage, StoreError>;
 
-    /// Inserts a run unless its owner already has `max_active` in flight; count and insert
-    /// are one `BEGIN IMMEDIATE` transaction.
+    /// Inserts a run unless its owner already has `max_active` in flight
+    /// (`StoreError::RunQuota`). Atomic like `reserve_session`: the count and the insert
+    /// happen as one transaction, and concurrent callers never both pass the cap.
     async fn insert_run(&self, row: RunRow, max_active: u32) -> Result<(), StoreError>;
     async fn run(&self, id: &str) -> Result<Option<RunRow>, StoreError>;
     async fn list_runs(&self, q: &RunQuery) -> Result<RunPage, StoreError>;
@@ -356,8 +359,10 @@ pub trait Store: Logins + Send + Sync {
     ) -> Result<(), StoreError>;
     /// The media type and bytes of an image of that run.
     async fn image(&self, run_id: &str, id: &str) -> Result<Option<(String, Vec<u8>)>, StoreError>;
-    /// The session's conversation (JSON messages) a next run continues.
+    /// The session's conversation a next run continues, as `set_conversation` stored it
+    /// (the store keeps the text as given; `conversation::decode` reads it).
     async fn conversation(&self, session_id: &str) -> Result<Option<String>, StoreError>;
+    /// Replaces the session's conversation with `messages` (`conversation::encode`'s text).
     async fn set_conversation(
         &self,
         session_id: &str,

@@ -12,7 +12,7 @@ use sandboxd_core::agent::{
 };
 use sandboxd_core::flow::{AgentStepRunner, FlowRequest, FlowStatus, PlanningFlow};
 use sandboxd_core::llm::Message;
-use sandboxd_core::store::{RunPatch, RunState, Store, StoreError, now_ms};
+use sandboxd_core::store::{RunPatch, RunState, Store, StoreError, conversation, now_ms};
 
 impl RunService {
     pub(super) async fn execute(
@@ -53,12 +53,16 @@ impl RunService {
         sink: Arc<ServiceSink>,
         asker: Arc<ServiceAsker>,
     ) -> Ending {
-        let history = match self.store.conversation(&req.session_id).await {
-            Ok(Some(text)) => serde_json::from_str::<Vec<Message>>(&text).unwrap_or_default(),
-            Ok(None) => Vec::new(),
-            Err(e) => {
-                tracing::error!(session = %req.session_id, error = %e, "cannot read the conversation");
-                Vec::new()
+        let history = match self.stored_conversation(&req.session_id).await {
+            Ok(history) => history,
+            Err(message) => {
+                let reason = FinishReason::Error { message };
+                self.finished_event(live, &reason, 0).await;
+                return Ending {
+                    reason,
+                    answer: None,
+                    steps: 0,
+                };
             }
         };
         let mut request = RunRequest::new(req.task.clone());
@@ -98,7 +102,7 @@ impl RunService {
     /// Stores the session's conversation for its next run; a failure is logged, the run's
     /// ending stands.
     async fn keep_conversation(&self, session_id: &str, conversation: &[Message]) {
-        match serde_json::to_string(conversation) {
+        match conversation::encode(conversation) {
             Ok(text) => {
                 if let Err(e) = self
                     .store
@@ -109,6 +113,27 @@ impl RunService {
                 }
             }
             Err(e) => tracing::error!(error = %e, "cannot encode the conversation"),
+        }
+    }
+
+    /// The conversation a run in `session_id` continues (empty for the session's first run).
+    /// One that cannot be read or decoded fails the run with a message saying so: running
+    /// the task as if nothing came before would answer a different question.
+    async fn stored_conversation(&self, session_id: &str) -> Result<Vec<Message>, String> {
+        match self.store.conversation(session_id).await {
+            Ok(Some(text)) => conversation::decode(&text).map_err(|e| {
+                tracing::error!(session = %session_id, error = %e, "cannot decode the conversation");
+                format!(
+                    "session {session_id}'s conversation cannot be continued: {e}; start a new session for this task"
+                )
+            }),
+            Ok(None) => Ok(Vec::new()),
+            Err(e) => {
+                tracing::error!(session = %session_id, error = %e, "cannot read the conversation");
+                Err(format!(
+                    "session {session_id}'s conversation cannot be read: {e}; try again, or start a new session for this task"
+                ))
+            }
         }
     }
 
