@@ -1,0 +1,340 @@
+//! python: the session's persistent interpreter, used like a notebook cell. Variables and
+//! imports persist between calls; stdout and stderr come back apart with the repr of a final
+//! expression, a trimmed traceback and any matplotlib figure as an image.
+//!
+//! The interpreter is a daemon of the container (see driver.rs), so its variables outlive
+//! this process: a later process running the same kept session reaches the same one.
+//!
+//! A cell past its timeout is interrupted with KeyboardInterrupt and the state is kept; an
+//! interpreter that does not come back, or that dies, is replaced and the model is told
+//! that its variables are gone. A lost connection (the in-sandbox relay died) keeps the
+//! interpreter: the next call reconnects.
+
+mod driver;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use super::{Tool, ToolContext, ToolError, ToolResult, arg_str, timeout_arg};
+use crate::sandbox::Sandbox;
+use crate::sandbox::watch::while_alive;
+use driver::{CellEnd, CellOutput, Driver, GRACE, Loss};
+
+pub struct Python {
+    sandbox: Arc<dyn Sandbox>,
+    slot: Mutex<Slot>,
+    default_timeout: Duration,
+    max_timeout: Duration,
+    output_cap: usize,
+}
+
+/// The connection to the session's interpreter, and why the last one was lost (told on the
+/// next call).
+#[derive(Default)]
+struct Slot {
+    driver: Option<Driver>,
+    lost: Option<String>,
+    /// The connection (not the interpreter) was lost: the next one should find its variables.
+    reconnecting: bool,
+}
+
+impl Python {
+    pub fn new(
+        sandbox: Arc<dyn Sandbox>,
+        default_timeout: Duration,
+        max_timeout: Duration,
+        output_cap: usize,
+    ) -> Self {
+        Self {
+            sandbox,
+            slot: Mutex::new(Slot::default()),
+            default_timeout: default_timeout.min(max_timeout),
+            max_timeout,
+            output_cap,
+        }
+    }
+
+    /// The largest reply the driver may send: four capped text parts and one image.
+    fn max_body(&self) -> usize {
+        4 * (self.output_cap + 1024) + crate::tools::MAX_IMAGE_BYTES
+    }
+
+    /// Makes sure the slot holds an idle interpreter; returns notes for the model.
+    async fn ready(&self, slot: &mut Slot, notes: &mut Vec<String>) -> Result<(), ToolError> {
+        self.settle(slot).await;
+        // Twice at most: a cell an earlier process left running that will not stop gets its
+        // interpreter killed, and the second connection starts a fresh one.
+        for _ in 0..2 {
+            if slot.driver.is_some() {
+                return Ok(());
+            }
+            let driver = Driver::start(&*self.sandbox, self.max_body()).await?;
+            if let Some(why) = slot.lost.take() {
+                notes.push(format!(
+                    "a fresh python interpreter was started: {why}; variables and imports from earlier calls are gone"
+                ));
+            } else if std::mem::take(&mut slot.reconnecting) && driver.cells_before == 0 {
+                notes.push(
+                    "the python interpreter was gone when sandboxd reconnected, so a fresh one was started; variables and imports from earlier calls are gone"
+                        .to_string(),
+                );
+            }
+            slot.driver = Some(driver);
+            // A cell an earlier connection left running (its process ended mid-call).
+            self.settle(slot).await;
+        }
+        match slot.driver {
+            Some(_) => Ok(()),
+            None => Err(ToolError::Internal(
+                "the python interpreter is still busy with a cell that will not stop".into(),
+            )),
+        }
+    }
+
+    /// Ends the interpreter for a reset: killed when a cell is in flight, else asked to exit.
+    async fn reset(&self, slot: &mut Slot) {
+        if let Some(d) = slot.driver.take() {
+            if d.has_cell_in_flight() {
+                let _ = d.kill(&*self.sandbox).await;
+            } else {
+                d.exit().await;
+            }
+        }
+        slot.lost = None;
+    }
+
+    /// A cell that did not stop after its timeout's KeyboardInterrupt: the interpreter is
+    /// killed, and the result says whether that is confirmed.
+    async fn stuck(&self, slot: &mut Slot, secs: u64) -> ToolResult {
+        let killed = match slot.driver.take() {
+            Some(d) => d.kill(&*self.sandbox).await,
+            None => Ok(()),
+        };
+        slot.lost = Some(format!(
+            "the previous one was killed after a {secs}s timeout"
+        ));
+        let what = match killed {
+            Ok(()) => "so the python interpreter was killed".to_string(),
+            Err(e) => format!(
+                "so sandboxd tried to kill the python interpreter, but could not confirm \
+                 it is gone ({e}); its processes may still run"
+            ),
+        };
+        ToolResult::error(format!(
+            "the cell timed out after {secs}s and did not stop within {}s of KeyboardInterrupt \
+             (stuck in native code or ignoring SIGINT), {what}; \
+             its variables are lost; the next call starts a fresh one",
+            GRACE.as_secs()
+        ))
+    }
+
+    /// The interpreter died during the cell: why, in its last words if it left some, or the
+    /// connection alone was lost and the next call reconnects. An error when the whole
+    /// sandbox is gone.
+    async fn died(&self, slot: &mut Slot, why: String) -> Result<ToolResult, ToolError> {
+        let driver = slot.driver.take();
+        // Under gVisor an out-of-memory kill takes the whole sandbox with the cell:
+        // that is the session's end, not the interpreter's, and says why. Only the
+        // backend's definite answer counts (a failed query is not a stop).
+        self.sandbox.check_alive().await?;
+        let loss = match driver {
+            Some(d) => d.obituary(&*self.sandbox, why).await,
+            None => Loss::Died(why, None),
+        };
+        Ok(match loss {
+            Loss::Died(cause, words) => {
+                slot.lost = Some(format!("the previous one died ({cause})"));
+                let words = words
+                    .map(|w| format!("\nIts last words:\n{w}"))
+                    .unwrap_or_default();
+                ToolResult::error(format!(
+                    "the python interpreter died ({cause}); its variables are lost; the next call starts a fresh one{words}"
+                ))
+            }
+            Loss::Connection(why) => {
+                slot.reconnecting = true;
+                ToolResult::error(format!(
+                    "the connection to the python interpreter was lost during the call: {why}; \
+                     the cell's output is lost (it may still be running); the interpreter and its \
+                     variables are kept, and the next call reconnects"
+                ))
+            }
+        })
+    }
+
+    /// Brings back a cell left in flight (a cancelled call's, or an earlier process's); one
+    /// that will not stop costs the interpreter.
+    async fn settle(&self, slot: &mut Slot) {
+        let Some(d) = slot.driver.as_mut().filter(|d| d.has_cell_in_flight()) else {
+            return;
+        };
+        match d.settle().await {
+            Ok(true) => {}
+            Ok(false) => {
+                if let Some(d) = slot.driver.take() {
+                    let _ = d.kill(&*self.sandbox).await;
+                }
+                slot.lost = Some(
+                    "the cell of a cancelled or abandoned call did not stop, so the interpreter was killed"
+                        .into(),
+                );
+            }
+            Err(why) => {
+                if let Some(d) = slot.driver.take() {
+                    match d.obituary(&*self.sandbox, why).await {
+                        Loss::Died(cause, _) => {
+                            slot.lost = Some(format!("the previous interpreter died ({cause})"))
+                        }
+                        Loss::Connection(_) => slot.reconnecting = true,
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for Python {
+    fn name(&self) -> &str {
+        "python"
+    }
+
+    fn description(&self) -> &str {
+        "Run Python 3 code in the sandbox's persistent interpreter, like a notebook cell: variables, \
+         imports and functions persist between calls (reset: true starts a fresh interpreter). The \
+         repr of a final expression is shown, as in Jupyter; print() anything else. stdout and stderr \
+         come back apart; long output is cut in the middle. numpy, pandas and matplotlib are \
+         installed. There is no network, so pip install and downloads fail. Files live in /workspace \
+         (the working directory). Every open matplotlib figure is returned as an image at the end of \
+         the cell and saved under /workspace/figures/ (plt.show() is not needed). A cell that runs \
+         past its timeout is interrupted with KeyboardInterrupt and the variables are kept. stdin is \
+         empty, so input() fails."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "The Python code to run."},
+                "timeout": {"type": "integer", "description": "Seconds before the cell is interrupted (default 120)."},
+                "reset": {"type": "boolean", "description": "Start a fresh interpreter first (all variables are lost)."}
+            },
+            "required": ["code"]
+        })
+    }
+
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<ToolResult, ToolError> {
+        let code = arg_str(&args, "code").unwrap_or_default();
+        let timeout = match timeout_arg(&args, self.default_timeout, self.max_timeout) {
+            Ok(t) => t,
+            Err(observation) => return Ok(observation),
+        };
+        let reset = args.get("reset").and_then(Value::as_bool) == Some(true);
+        let mut slot = self.slot.lock().await;
+        let mut notes = Vec::new();
+        if reset {
+            self.reset(&mut slot).await;
+            notes.push("the python interpreter was reset: earlier variables are gone".to_string());
+        }
+        if code.trim().is_empty() {
+            if reset {
+                self.ready(&mut slot, &mut Vec::new()).await?;
+                return Ok(ToolResult::ok("").with_system(notes.join("; ")));
+            }
+            return Ok(ToolResult::error("the code is empty"));
+        }
+        self.ready(&mut slot, &mut notes).await?;
+        let Some(driver) = slot.driver.as_mut() else {
+            return Err(ToolError::Internal(
+                "the python interpreter did not start".into(),
+            ));
+        };
+        let run = driver.run(code, self.output_cap, timeout, &ctx.cancel);
+        let end = match while_alive(&*self.sandbox, async { Ok(run.await) }).await {
+            Ok(end) => end,
+            Err(gone) => {
+                slot.driver = None;
+                return Err(ToolError::Sandbox(gone));
+            }
+        };
+        let secs = timeout.as_secs();
+        let mut result = match end {
+            CellEnd::Done(out) => observe(out, None),
+            CellEnd::TimedOut(Some(out)) => observe(
+                out,
+                Some(format!(
+                    "the cell timed out after {secs}s and was interrupted with KeyboardInterrupt; \
+                     variables defined so far are kept"
+                )),
+            ),
+            CellEnd::TimedOut(None) => self.stuck(&mut slot, secs).await,
+            CellEnd::Cancelled => return Err(ToolError::Cancelled),
+            CellEnd::Died(why) => self.died(&mut slot, why).await?,
+        };
+        if !notes.is_empty() {
+            result = result.with_system(notes.join("; "));
+        }
+        Ok(result)
+    }
+}
+
+/// Formats a cell's output for the model; `timed_out` explains an interrupted cell.
+fn observe(out: CellOutput, timed_out: Option<String>) -> ToolResult {
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    fn push_block(text: &mut String, block: &str) {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(block);
+    }
+    if !out.stderr.is_empty() {
+        push_block(
+            &mut text,
+            &format!("[stderr]\n{}", String::from_utf8_lossy(&out.stderr)),
+        );
+    }
+    if let Some(value) = &out.value {
+        push_block(&mut text, value);
+    }
+    if out.stdout_cut || out.stderr_cut {
+        push_block(
+            &mut text,
+            "[output was cut in the middle; print less, or write it to a file and read parts of it]",
+        );
+    }
+    if !out.figures.is_empty() {
+        let shown = if out.image.is_some() {
+            "the first is shown as an image"
+        } else {
+            "too large to show"
+        };
+        push_block(
+            &mut text,
+            &format!("[figures saved: {} ({shown})]", out.figures.join(", ")),
+        );
+    }
+    let text = text.trim_end().to_string();
+    let error = match (timed_out, out.error) {
+        (Some(t), Some(tb)) => Some(format!("{t}\n{}", tb.trim_end())),
+        (Some(t), None) => Some(t),
+        (None, Some(tb)) => Some(tb.trim_end().to_string()),
+        (None, None) => None,
+    };
+    let mut result = match error {
+        Some(e) => ToolResult {
+            output: text,
+            error: Some(e),
+            ..ToolResult::default()
+        },
+        None => ToolResult::ok(text),
+    };
+    if let Some(png) = out.image {
+        result = result.with_image(base64::engine::general_purpose::STANDARD.encode(png));
+    }
+    result
+}

@@ -1,0 +1,225 @@
+//! The tool sets, built in one place so the agent, the MCP server, `sandboxd tool` and the
+//! benchmarks all hand out the same tools with the same limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ask_human::{AskHuman, Asker};
+use super::bash::Bash;
+use super::browser::BrowserUse;
+use super::browser::extract::Extractor;
+use super::editor::StrReplaceEditor;
+use super::files::{ListDir, ReadFile, WriteFile};
+use super::python::Python;
+use super::saved::SavedTools;
+use super::terminate::Terminate;
+use super::web::research_tools;
+use super::{Tool, ToolRegistry};
+use crate::config::{Config, Limits};
+use crate::sandbox::Sandbox;
+use crate::sandbox::manager::Session;
+
+/// The tools that act inside one sandbox, with their state: bash (its shell lives in the
+/// sandbox handle), the python interpreter, the editor's undo history and the browser.
+/// Built once per session and shared by all its runs, so what a run leaves in them (python
+/// variables, tabs, undo steps) is there for the next run.
+#[derive(Clone)]
+pub struct SessionTools {
+    pub bash: Arc<Bash>,
+    pub python: Arc<Python>,
+    pub editor: Arc<StrReplaceEditor>,
+    pub browser: Arc<BrowserUse>,
+    /// What each run's web_search/web_fetch are built from (fresh per registry, so the
+    /// per-run quotas are per run), and who their per-user quotas are charged to.
+    research: Option<(Arc<dyn Sandbox>, crate::research::ResearchConfig)>,
+    owner: String,
+    sandbox: Arc<dyn Sandbox>,
+    output_cap: usize,
+}
+
+impl SessionTools {
+    pub fn new(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config) -> Self {
+        let max_timeout = Duration::from_secs(limits.max_timeout_secs.max(1));
+        let default_timeout = Duration::from_secs(config.agent.bash_timeout_secs.max(1));
+        let output_cap = limits.output_cap();
+        Self {
+            bash: Arc::new(Bash::new(
+                sandbox.clone(),
+                default_timeout,
+                max_timeout,
+                output_cap,
+            )),
+            python: Arc::new(Python::new(
+                sandbox.clone(),
+                default_timeout,
+                max_timeout,
+                output_cap,
+            )),
+            editor: Arc::new(StrReplaceEditor::new(
+                sandbox.clone(),
+                limits.max_file_bytes(),
+            )),
+            research: Some((sandbox.clone(), config.research.clone())),
+            owner: config.sessions.default_owner.clone(),
+            output_cap,
+            browser: Arc::new(BrowserUse::new(sandbox.clone())),
+            sandbox,
+        }
+    }
+
+    /// The four as registry entries.
+    pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        vec![
+            self.bash.clone(),
+            self.python.clone(),
+            self.editor.clone(),
+            self.browser.clone(),
+        ]
+    }
+
+    /// The agent's registry over these tools: the four, ask_human with `asker`, terminate.
+    pub fn agent_registry(&self, asker: Arc<dyn Asker>) -> ToolRegistry {
+        let mut tools = self.tools();
+        if let Some((sandbox, research)) = &self.research {
+            tools.extend(research_tools(sandbox.clone(), research, &self.owner));
+        }
+        tools.push(Arc::new(AskHuman::new(asker)));
+        tools.push(Arc::new(Terminate));
+        registry_of(tools)
+    }
+}
+
+/// Fresh sandbox tools (for a handle no session state is kept for) and their browser.
+/// `extractor` is the LLM behind browser_use's extract_content (None returns the page text).
+pub fn sandbox_tools(
+    sandbox: Arc<dyn Sandbox>,
+    limits: &Limits,
+    config: &Config,
+    extractor: Option<Arc<dyn Extractor>>,
+) -> (Vec<Arc<dyn Tool>>, Arc<BrowserUse>) {
+    let tools = SessionTools::new(sandbox, limits, config);
+    tools.browser.set_extractor(extractor);
+    (tools.tools(), tools.browser)
+}
+
+/// The agent's tools, and its browser (whose state the agent shows the model).
+pub struct AgentTools {
+    pub registry: ToolRegistry,
+    pub browser: Arc<BrowserUse>,
+}
+
+impl SessionTools {
+    /// `session`'s tools: made on first use, then the same for every run of the session.
+    /// A kept session's tools also save what a later sandboxd process needs to carry on
+    /// (the browser's endpoint and tabs, the undo history; see saved.rs) and start from what
+    /// an earlier one saved. The python interpreter needs nothing: it is found in the sandbox.
+    pub fn of(session: &Session, config: &Config) -> Arc<SessionTools> {
+        session.slots.get_or_insert_with(|| {
+            let mut tools = SessionTools::new(session.sandbox.clone(), &session.limits, config);
+            tools.owner = session.owner.as_str().to_string();
+            let saved = session
+                .keep
+                .then(|| {
+                    SavedTools::new(session.records.clone(), &session.id, session.owner.as_str())
+                })
+                .flatten();
+            if let Some(saved) = saved {
+                tools.editor = Arc::new(
+                    StrReplaceEditor::new(session.sandbox.clone(), session.limits.max_file_bytes())
+                        .with_saved(saved.clone()),
+                );
+                tools.browser =
+                    Arc::new(BrowserUse::new(session.sandbox.clone()).with_saved(saved));
+            }
+            tools
+        })
+    }
+}
+
+/// The agent's tools on `session` (its lasting tools, ask_human and terminate).
+pub fn session_tools(session: &Session, config: &Config, asker: Arc<dyn Asker>) -> ToolRegistry {
+    SessionTools::of(session, config).agent_registry(asker)
+}
+
+/// The agent's tools on any sandbox handle (a lazy one lists them without a container),
+/// research quotas charged to `[sessions] default_owner`.
+pub fn agent_tools(
+    sandbox: Arc<dyn Sandbox>,
+    limits: &Limits,
+    config: &Config,
+    asker: Arc<dyn Asker>,
+    extractor: Option<Arc<dyn Extractor>>,
+) -> AgentTools {
+    let owner = config.sessions.default_owner.clone();
+    agent_tools_of(&owner, sandbox, limits, config, asker, extractor)
+}
+
+/// The agent's tools, research quotas charged to `owner`.
+pub fn agent_tools_of(
+    owner: &str,
+    sandbox: Arc<dyn Sandbox>,
+    limits: &Limits,
+    config: &Config,
+    asker: Arc<dyn Asker>,
+    extractor: Option<Arc<dyn Extractor>>,
+) -> AgentTools {
+    let (mut tools, browser) = sandbox_tools(sandbox.clone(), limits, config, extractor);
+    tools.extend(research_tools(sandbox, &config.research, owner));
+    tools.push(Arc::new(AskHuman::new(asker)));
+    tools.push(Arc::new(Terminate));
+    AgentTools {
+        registry: registry_of(tools),
+        browser,
+    }
+}
+
+/// What the MCP server offers: the sandbox tools plus plain file access, and the research
+/// tools only when `[research] mcp = true`.
+pub fn server_tools(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config) -> ToolRegistry {
+    registry_of(SessionTools::new(sandbox, limits, config).server_tool_list(config))
+}
+
+/// A session's MCP registry, kept in its slots so the research quotas count per session.
+struct ServerRegistry(Arc<ToolRegistry>);
+
+impl SessionTools {
+    fn server_tool_list(&self, config: &Config) -> Vec<Arc<dyn Tool>> {
+        let mut tools = self.tools();
+        if config.research.mcp
+            && let Some((sandbox, research)) = &self.research
+        {
+            tools.extend(research_tools(sandbox.clone(), research, &self.owner));
+        }
+        let sandbox = self.sandbox.clone();
+        tools.push(Arc::new(ReadFile::new(sandbox.clone(), self.output_cap)));
+        tools.push(Arc::new(WriteFile::new(sandbox.clone())));
+        tools.push(Arc::new(ListDir::new(sandbox)));
+        tools
+    }
+
+    /// What the MCP server offers on `session`, over the session's own tools (the same
+    /// python interpreter, browser and undo history its runs use); made once per session.
+    pub fn server_registry(session: &Session, config: &Config) -> Arc<ToolRegistry> {
+        let tools = SessionTools::of(session, config);
+        session
+            .slots
+            .get_or_insert_with(|| {
+                ServerRegistry(Arc::new(registry_of(tools.server_tool_list(config))))
+            })
+            .0
+            .clone()
+    }
+}
+
+fn registry_of(tools: Vec<Arc<dyn Tool>>) -> ToolRegistry {
+    let mut registry = ToolRegistry::new();
+    for tool in tools {
+        let name = tool.name().to_string();
+        // Our own tools always pass the registry's checks; a failure here is a bug in one.
+        if let Err(e) = registry.register(tool) {
+            debug_assert!(false, "built-in tool {name} rejected: {e}");
+            tracing::error!(tool = %name, error = %e, "a built-in tool was rejected by the registry");
+        }
+    }
+    registry
+}

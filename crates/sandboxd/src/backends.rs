@@ -1,0 +1,71 @@
+//! The one place that turns config into a runtime and a store: the only code of the binary's
+//! commands that names a backend (`DockerRuntime`) or a store (`SqliteStore`). Everything
+//! above takes `Arc<dyn Runtime>` and `Arc<dyn Store>`; a new backend or store is a new crate
+//! plus a branch here. (The Docker-only commands — `image`, `doctor`'s engine checks and the
+//! docker-CLI baselines of `bench` — talk to the Docker crate directly by design.)
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use sandboxd_core::config::Config;
+use sandboxd_core::sandbox::Runtime;
+use sandboxd_core::sandbox::records::{FileRecords, SessionRecords};
+use sandboxd_core::store::Store;
+use sandboxd_docker::image as docker_image;
+use sandboxd_docker::{self as docker, DockerRuntime};
+use sandboxd_sqlite::SqliteStore;
+
+/// The runtime sessions are made on, ready to create them: for Docker, the engine connected
+/// and the sandbox image present (built, with progress on stderr, when it is missing).
+pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
+    let engine = docker::connect().await?;
+    let image = if config.docker.image.is_empty() {
+        crate::cli::image::ensure(&engine).await?
+    } else {
+        config.docker.image.clone()
+    };
+    Ok(Arc::new(DockerRuntime::new(
+        engine,
+        image,
+        oci_runtime(config),
+    )))
+}
+
+/// The runtime for commands that only look at or remove sessions: it never builds anything.
+pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
+    let engine = docker::connect().await?;
+    let image = if config.docker.image.is_empty() {
+        docker_image::image_tag()
+    } else {
+        config.docker.image.clone()
+    };
+    Ok(Arc::new(DockerRuntime::new(
+        engine,
+        image,
+        oci_runtime(config),
+    )))
+}
+
+/// Where kept sessions' tool records live: private files in the data directory.
+pub(crate) fn records(config: &Config) -> Arc<dyn SessionRecords> {
+    Arc::new(FileRecords::new(&config.data_dir()))
+}
+
+fn oci_runtime(config: &Config) -> Option<String> {
+    Some(config.docker.runtime.clone()).filter(|r| !r.is_empty())
+}
+
+/// Where the store lives, for messages: the SQLite file in the data directory.
+pub(crate) fn store_location(config: &Config) -> PathBuf {
+    config.data_dir().join("sandboxd.db")
+}
+
+/// The store `serve` and `users` share.
+pub(crate) async fn store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let path = store_location(config);
+    let store = SqliteStore::open(&path)
+        .await
+        .with_context(|| format!("cannot open the store {}", path.display()))?;
+    Ok(Arc::new(store))
+}

@@ -1,0 +1,14 @@
+//! The harnesses of `sandboxd bench`: each measures one path of sandboxd end to end with a
+//! real sandbox and, where a model is involved, an in-process OpenAI-compatible responder
+//! that answers at once, so what is measured is sandboxd's own overhead.
+
+pub mod agent;
+pub mod browser;
+pub mod flow;
+pub mod mcp;
+pub mod server;
+pub mod server_runs;
+pub mod stats;
+pub mod support;
+pub mod ui;
+pub mod web;

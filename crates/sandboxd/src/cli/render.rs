@@ -1,0 +1,291 @@
+//! The terminal sink of `sandboxd run`: a spinner while the model thinks, each tool call
+//! with a short result, the final answer and a one-line summary. With `--json` every event
+//! is printed as one JSON line on stdout instead.
+//!
+//! Everything shown comes from the model or the sandbox and is hostile: `clean` drops every
+//! escape sequence (an OSC title or clipboard write, cursor moves, colours) and control
+//! character before it reaches the terminal; the only line breaks are the renderer's own.
+//! Writes ignore errors: a closed terminal (SIGHUP, a broken pipe) must not stop the run.
+
+use std::io::{IsTerminal, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sandboxd_core::agent::{Event, EventKind, EventSink, Image};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+const FRAMES: [&str; 10] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
+/// Events waiting for the terminal; a full queue makes the run wait (a paused terminal).
+const QUEUE: usize = 64;
+
+/// Writes to stderr, ignoring failures.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, $($arg)*);
+        let _ = err.flush();
+    }};
+}
+
+/// Prints a line on stderr, ignoring failures.
+macro_rules! sayln {
+    ($($arg:tt)*) => {{
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err, $($arg)*);
+    }};
+}
+pub(crate) use sayln;
+
+/// Hands events to a rendering task through a bounded queue.
+pub(crate) struct TerminalSink {
+    tx: Mutex<Option<mpsc::Sender<Event>>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl TerminalSink {
+    pub(crate) fn start(json: bool) -> Arc<Self> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        Arc::new(Self {
+            tx: Mutex::new(Some(tx)),
+            task: Mutex::new(Some(tokio::spawn(render(rx, json)))),
+        })
+    }
+
+    /// Waits until every event so far is shown; later events are dropped.
+    pub(crate) async fn finish(&self) {
+        self.tx.lock().ok().and_then(|mut t| t.take());
+        let task = self.task.lock().ok().and_then(|mut t| t.take());
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+#[async_trait]
+impl EventSink for TerminalSink {
+    async fn event(&self, event: &Event, _image: Option<&Image>) {
+        let tx = self.tx.lock().ok().and_then(|t| t.clone());
+        if let Some(tx) = tx {
+            // A renderer that is gone does not stop the run.
+            let _ = tx.send(event.clone()).await;
+        }
+    }
+}
+
+/// Consumes events until the sender is dropped.
+async fn render(mut rx: mpsc::Receiver<Event>, json: bool) {
+    if json {
+        while let Some(ev) = rx.recv().await {
+            // Notices are for the person at the terminal, in --json mode too.
+            if let EventKind::Notice { message } = &ev.kind {
+                sayln!("sandboxd: {}", clean(message));
+            }
+            // serde_json escapes every control character, so the line is safe as it is.
+            if let Ok(line) = serde_json::to_string(&ev) {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
+            }
+        }
+        return;
+    }
+    let animate = std::io::stderr().is_terminal();
+    let mut spinner: Option<(usize, String)> = None;
+    // In a planning flow each step's answer is a line of progress, not the result.
+    let mut in_flow = false;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            ev = rx.recv() => {
+                let Some(ev) = ev else { break };
+                if spinner.take().is_some() && animate {
+                    say!("\r\x1b[2K");
+                }
+                if let EventKind::Thinking { step } = &ev.kind {
+                    spinner = Some((0, format!("step {step}: thinking")));
+                    if !animate {
+                        sayln!("· step {step}: thinking…");
+                    }
+                    continue;
+                }
+                in_flow |= matches!(ev.kind, EventKind::PlanCreated { .. });
+                show(&ev, in_flow);
+            }
+            _ = tick.tick(), if spinner.is_some() && animate => {
+                if let Some((frame, label)) = spinner.as_mut() {
+                    *frame = (*frame + 1) % FRAMES.len();
+                    say!("\r\x1b[2K{} {label}", FRAMES[*frame]);
+                }
+            }
+        }
+    }
+    if spinner.is_some() && animate {
+        say!("\r\x1b[2K");
+    }
+}
+
+fn show(ev: &Event, in_flow: bool) {
+    match &ev.kind {
+        EventKind::RunStarted {
+            session_id,
+            model,
+            max_steps,
+            continued_messages,
+            ..
+        } => started(
+            &ev.run_id,
+            session_id,
+            model,
+            *max_steps,
+            *continued_messages,
+        ),
+        EventKind::Notice { message } => sayln!("sandboxd: {}", clean(message)),
+        EventKind::AssistantText { text, .. } => sayln!("💭 {}", short(text, 400)),
+        EventKind::ToolCall {
+            name, arguments, ..
+        } => sayln!("🔧 {} {}", short(name, 80), short(arguments, 200)),
+        EventKind::ToolResult {
+            output,
+            is_error,
+            has_image,
+            duration_ms,
+            ..
+        } => tool_result(output, *is_error, *has_image, *duration_ms),
+        EventKind::Nudge { active: true, .. } => {
+            sayln!("↻ the model repeated itself; asked it to change strategy")
+        }
+        EventKind::Nudge { .. } => {}
+        EventKind::ContextTrimmed { .. }
+        | EventKind::TokenUsage { .. }
+        | EventKind::Thinking { .. } => {}
+        // The service's own events; the CLI asks on the terminal and shows no run states.
+        EventKind::RunState { .. }
+        | EventKind::QuestionAsked { .. }
+        | EventKind::QuestionAnswered { .. } => {}
+        EventKind::Retry {
+            attempt,
+            max_attempts,
+            delay_ms,
+            reason,
+        } => {
+            sayln!(
+                "⟳ LLM retry {attempt}/{max_attempts} in {:.1}s: {}",
+                *delay_ms as f64 / 1000.0,
+                short(reason, 200)
+            );
+        }
+        EventKind::Error { message } => sayln!("error: {}", short(message, 2000)),
+        EventKind::PlanCreated { .. }
+        | EventKind::StepStarted { .. }
+        | EventKind::StepFinished { .. }
+        | EventKind::Replanned { .. }
+        | EventKind::FlowFinished { .. } => super::plan::show(ev),
+        EventKind::RunFinished {
+            reason,
+            answer,
+            steps,
+            prompt_tokens,
+            completion_tokens,
+            duration_ms,
+        } => {
+            if let Some(a) = answer {
+                print_answer(a, in_flow);
+            }
+            sayln!(
+                "── {} · {steps} steps · {prompt_tokens} prompt + {completion_tokens} completion tokens · {:.1}s",
+                clean(&reason.describe()),
+                *duration_ms as f64 / 1000.0
+            );
+        }
+    }
+}
+
+/// The run's first line: its ids, the model, the step limit and what it continues.
+fn started(run_id: &str, session_id: &str, model: &str, max_steps: usize, continued: usize) {
+    let continued = if continued > 0 {
+        format!(" · continuing {continued} earlier messages")
+    } else {
+        String::new()
+    };
+    sayln!(
+        "sandboxd: run {} · session {} · model {} · up to {max_steps} steps{continued}",
+        clean(run_id),
+        clean(session_id),
+        clean(model)
+    );
+}
+
+/// A tool's result: ok or failed, its first three lines, an image mark, its duration.
+fn tool_result(output: &str, is_error: bool, has_image: bool, duration_ms: u64) {
+    let mark = if is_error { "✗" } else { "✓" };
+    let image = if has_image { " [image]" } else { "" };
+    let first = output.lines().take(3).collect::<Vec<_>>().join(" ⏎ ");
+    sayln!("   {mark} {}{image} ({duration_ms} ms)", short(&first, 200));
+}
+
+/// The run's answer, each line cleaned, on stdout; in a planning flow each step's answer
+/// is a line of progress, not the result.
+fn print_answer(answer: &str, in_flow: bool) {
+    if in_flow {
+        sayln!("   {}", short(answer, 300));
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    for line in answer.lines() {
+        let _ = writeln!(out, "{}", clean(line));
+    }
+    let _ = out.flush();
+}
+
+/// One line, at most `max` characters, safe to print.
+pub(crate) fn short(text: &str, max: usize) -> String {
+    let line = clean(text);
+    if line.chars().count() <= max {
+        return line;
+    }
+    let cut: String = line.chars().take(max).collect();
+    format!("{cut}…")
+}
+
+/// `text` without escape sequences or control characters, on one line: sequences are
+/// parsed (anstream) and dropped whole, so an OSC's payload goes too; what is left that is
+/// still a control character (C0, DEL, C1, a lone ESC) or a bidi override becomes a space
+/// or goes. Colours are not kept: they would have to be re-emitted by us, and plain text
+/// reads fine.
+pub(crate) fn clean(text: &str) -> String {
+    let stripped: String = anstream::adapter::strip_str(text).collect();
+    stripped
+        .chars()
+        .filter_map(|c| match c {
+            '\n' | '\r' | '\t' => Some(' '),
+            c if c.is_control() => None,
+            // Bidi embeddings, overrides and isolates can reorder what the user reads.
+            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => None,
+            c => Some(c),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clean;
+
+    #[test]
+    fn escape_sequences_and_controls_never_reach_the_terminal() {
+        let hostile = "a\x1b]0;pwned title\x07b\x1b]52;c;ZXZpbA==\x1b\\c\x1b[31mred\x1b[0m\
+                       \x1b[2J\x1bPdcs\x1b\\\u{9b}31m\u{9d}osc\x07\x08\x00\x7f\r\n\u{202e}x";
+        let out = clean(hostile);
+        assert!(
+            !out.chars().any(|c| c.is_control()),
+            "control characters left: {out:?}"
+        );
+        for gone in ["pwned", "ZXZpbA", "[31m", "[2J"] {
+            assert!(!out.contains(gone), "{gone:?} left in {out:?}");
+        }
+        assert!(out.starts_with("abcred"), "{out:?}");
+        assert!(!out.contains('\u{202e}'));
+        assert_eq!(clean("plain text, ünïcode ✓"), "plain text, ünïcode ✓");
+    }
+}

@@ -1,0 +1,110 @@
+//! `sandboxd sessions list | rm ID | gc`: the session containers on this engine. The
+//! command line is the admin's view: it sees and may remove every owner's sessions. None of
+//! these commands creates a session, so none of them builds the image.
+
+use std::process::ExitCode;
+
+use sandboxd_core::sandbox::{SandboxError, Viewer, host};
+
+use super::Ctx;
+
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum SessionsCommand {
+    /// List every sandboxd-managed container.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a session and its container (or, if its container is already gone, the tool
+    /// records it left).
+    Rm { id: String },
+    /// Remove containers whose creating process is gone (and that were not kept) or that
+    /// stopped, and the tool records of sessions that have no container any more.
+    Gc,
+}
+
+pub(crate) async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitCode> {
+    let manager = ctx.read_only_manager().await?;
+    match cmd {
+        SessionsCommand::List { json } => {
+            let list = manager.list(&Viewer::Admin).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else if list.is_empty() {
+                println!("no sessions");
+            } else {
+                println!(
+                    "{:<14} {:<12} {:<10} {:<6} {:<8} CONTAINER",
+                    "SESSION", "OWNER", "STATE", "KEPT", "PID"
+                );
+                for s in list {
+                    println!(
+                        "{:<14} {:<12} {:<10} {:<6} {:<8} {}",
+                        s.session_id,
+                        // A warm-pool sandbox has no owner label: unclaimed, or claimed by
+                        // a session of the process in the PID column.
+                        if s.pooled && s.owner.is_empty() {
+                            "(pool)"
+                        } else {
+                            &s.owner
+                        },
+                        s.state,
+                        if s.kept { "yes" } else { "no" },
+                        s.creator
+                            .as_deref()
+                            .and_then(host::creator_pid)
+                            .map(|p| p.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                        &s.handle[..s.handle.len().min(12)]
+                    );
+                }
+            }
+        }
+        SessionsCommand::Rm { id } => match manager.admin_remove(&id).await {
+            Ok(()) => println!("removed session {id}"),
+            // To the admin, "not found" means no container has that id at all. A kept session
+            // whose container was removed outside sandboxd (`docker rm -f`) leaves only its
+            // tool records, and the local admin may drop them without an owner check: they
+            // are files in the admin's own data directory. (serve's clients never reach
+            // this: the manager's owner-checked removal touches nothing it cannot find.)
+            Err(not_found @ SandboxError::SessionNotFound { .. }) => {
+                let records = manager.records().clone();
+                let forgotten = id.clone();
+                let kinds = tokio::task::spawn_blocking(move || records.forget(&forgotten))
+                    .await
+                    .unwrap_or_default();
+                if kinds.is_empty() {
+                    return Err(not_found.into());
+                }
+                println!(
+                    "session {id} was already gone (no container has that id); removed the tool records it left: {}",
+                    kinds.join(", ")
+                );
+            }
+            Err(e) => return Err(e.into()),
+        },
+        SessionsCommand::Gc => {
+            let removed = manager.reconcile().await?;
+            let records = manager.forget_orphan_records().await?;
+            if removed.is_empty() && records.is_empty() {
+                println!("nothing to remove");
+            }
+            if !removed.is_empty() {
+                println!(
+                    "removed {} orphaned session(s): {}",
+                    removed.len(),
+                    removed.join(", ")
+                );
+            }
+            if !records.is_empty() {
+                println!(
+                    "removed the tool records of {} session(s) whose container is gone: {}",
+                    records.len(),
+                    records.join(", ")
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

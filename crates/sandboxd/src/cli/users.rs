@@ -1,0 +1,208 @@
+//! `sandboxd users`: add, list, remove users of `sandboxd serve`, rotate their keys and set
+//! their quotas. Works on the store directly, also while the service runs.
+
+use std::process::ExitCode;
+
+use anyhow::bail;
+use sandboxd_core::store::{QuotaOverride, Store, now_ms};
+use sandboxd_server::accounts::{self, AccountError, expiry};
+use sandboxd_server::quota::Quota;
+
+use super::Ctx;
+
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum UsersCommand {
+    /// Create a user and print their API key (shown only this once).
+    Add {
+        name: String,
+        /// Admins see and manage every user's objects.
+        #[arg(long)]
+        admin: bool,
+        /// The key stops working after this many days.
+        #[arg(long, value_name = "DAYS")]
+        expires_in_days: Option<u32>,
+        #[command(flatten)]
+        quota: QuotaArgs,
+    },
+    /// List users (never their keys).
+    List,
+    /// Remove a user: their key stops working and their sessions end.
+    Rm { name: String },
+    /// Replace a user's key with a new one (printed once); the old one stops working.
+    Rotate {
+        name: String,
+        #[arg(long, value_name = "DAYS")]
+        expires_in_days: Option<u32>,
+    },
+    /// Override a user's quota (unset values keep the [quotas] defaults).
+    Quota {
+        name: String,
+        #[command(flatten)]
+        quota: QuotaArgs,
+    },
+}
+
+#[derive(clap::Args, Debug, Default)]
+pub(crate) struct QuotaArgs {
+    /// Sessions alive at once.
+    #[arg(long)]
+    sessions: Option<u32>,
+    /// Runs in flight at once.
+    #[arg(long)]
+    runs: Option<u32>,
+    /// LLM input tokens per UTC day (0 = no limit).
+    #[arg(long)]
+    input_tokens_per_day: Option<u64>,
+    /// Ceilings of what the user's sessions may ask for (never above [limits]).
+    #[arg(long)]
+    memory_mb: Option<u64>,
+    #[arg(long)]
+    cpus: Option<f64>,
+    #[arg(long)]
+    pids: Option<i64>,
+    #[arg(long)]
+    workspace_mb: Option<u64>,
+    #[arg(long)]
+    tmp_mb: Option<u64>,
+}
+
+impl QuotaArgs {
+    fn to_override(&self) -> QuotaOverride {
+        QuotaOverride {
+            sessions: self.sessions,
+            runs: self.runs,
+            input_tokens_per_day: self.input_tokens_per_day,
+            memory_mb: self.memory_mb,
+            cpus: self.cpus,
+            pids: self.pids,
+            workspace_mb: self.workspace_mb,
+            tmp_mb: self.tmp_mb,
+        }
+    }
+}
+
+fn when(ms: Option<i64>) -> String {
+    ms.and_then(chrono::DateTime::from_timestamp_millis)
+        .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode> {
+    let store = crate::backends::store(&ctx.config).await?;
+    match cmd {
+        UsersCommand::Add {
+            name,
+            admin,
+            expires_in_days,
+            quota,
+        } => add(store.as_ref(), &name, admin, expires_in_days, &quota).await?,
+        UsersCommand::List => list(&ctx, store.as_ref()).await?,
+        UsersCommand::Rm { name } => {
+            match accounts::remove(store.as_ref(), &name).await {
+                Ok(_) => {}
+                Err(AccountError::NoSuchUser(_)) => {
+                    bail!("no user named {name:?} (see `sandboxd users list`)")
+                }
+                Err(e) => return Err(e.into()),
+            }
+            eprintln!(
+                "removed {name}; their sessions are ended and a running `sandboxd serve` removes their containers within [sessions] reap_interval_secs"
+            );
+        }
+        UsersCommand::Rotate {
+            name,
+            expires_in_days,
+        } => {
+            let text = match accounts::rotate(store.as_ref(), &name, expiry(expires_in_days)).await
+            {
+                Ok((_, text)) => text,
+                Err(AccountError::NoSuchUser(_)) => {
+                    bail!("no user named {name:?} (see `sandboxd users list`)")
+                }
+                Err(e) => return Err(e.into()),
+            };
+            eprintln!("{name} has a new API key (the old one no longer works), shown only now:");
+            println!("{text}");
+        }
+        UsersCommand::Quota { name, quota } => {
+            let Some(u) = store.user_by_name(&name).await? else {
+                bail!("no user named {name:?} (see `sandboxd users list`)");
+            };
+            let merged = u.quota.merged(&quota.to_override());
+            store.set_quota(&name, merged.clone()).await?;
+            let q = Quota::resolve(&ctx.config.quotas, &merged, &ctx.config.limits);
+            eprintln!(
+                "{name}: {} sessions, {} runs, {} input tokens/day (0 = no limit); ceilings memory {} MB, {} CPUs, {} pids, workspace {} MB, tmp {} MB",
+                q.sessions,
+                q.runs,
+                q.input_tokens_per_day,
+                q.ceiling.memory_mb,
+                q.ceiling.cpus,
+                q.ceiling.pids,
+                q.ceiling.workspace_mb,
+                q.ceiling.tmp_mb
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the user and prints their key, once; a name in use is refused.
+async fn add(
+    store: &dyn Store,
+    name: &str,
+    admin: bool,
+    expires_in_days: Option<u32>,
+    quota: &QuotaArgs,
+) -> anyhow::Result<()> {
+    match accounts::add(
+        store,
+        name,
+        admin,
+        expiry(expires_in_days),
+        quota.to_override(),
+    )
+    .await
+    {
+        Ok((u, text)) => {
+            eprintln!(
+                "created {}user {} ({}); their API key follows, shown only now:",
+                if admin { "admin " } else { "" },
+                u.name,
+                u.id
+            );
+            println!("{text}");
+        }
+        Err(AccountError::Exists(name)) => {
+            bail!(
+                "a user named {name:?} exists; `sandboxd users rotate {name}` gives them a new key"
+            )
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// Every user with their key's prefix, dates and sessions in use (never a key).
+async fn list(ctx: &Ctx, store: &dyn Store) -> anyhow::Result<()> {
+    println!(
+        "{:<20} {:<6} {:<12} {:<17} {:<17} {:<17} sessions",
+        "NAME", "ADMIN", "KEY", "CREATED", "LAST USED", "EXPIRES"
+    );
+    for u in store.users().await? {
+        let q = Quota::resolve(&ctx.config.quotas, &u.quota, &ctx.config.limits);
+        let usage = store.usage(&u.id, now_ms()).await?;
+        println!(
+            "{:<20} {:<6} {:<12} {:<17} {:<17} {:<17} {}/{}",
+            u.name,
+            if u.admin { "yes" } else { "no" },
+            format!("{}…", u.key_prefix),
+            when(Some(u.created_at)),
+            when(u.last_used_at),
+            when(u.expires_at),
+            usage.active_sessions,
+            q.sessions
+        );
+    }
+    Ok(())
+}

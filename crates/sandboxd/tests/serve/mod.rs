@@ -1,0 +1,396 @@
+//! Test plumbing for `sandboxd serve`: a data directory and config per test, users made with
+//! the real `sandboxd users` command, and the server as a real process on a loopback port.
+//! Dropping the environment removes every container its users' sessions and its serve's warm
+//! pool made. A session's container is found through the store (its runtime id): one that
+//! came from the pool carries the pool's scope as owner label, not the user.
+#![allow(dead_code)]
+
+pub mod runs;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sandboxd");
+
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    user_ids: Mutex<Vec<String>>,
+}
+
+impl Env {
+    /// A fresh data directory and a config with quick upkeep and small limits; `extra` is
+    /// appended (TOML tables).
+    pub async fn new(extra: &str) -> Env {
+        let engine = sandboxd_docker::connect()
+            .await
+            .expect("these tests need a running Docker engine");
+        let image = crate::support::image(&engine).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("sandboxd.toml");
+        let text = format!(
+            "data_dir = {:?}\n[docker]\nimage = {image:?}\n[sessions]\nreap_interval_secs = 1\n{extra}\n",
+            dir.path().join("data").display().to_string()
+        );
+        let text = if extra.contains("[server]") {
+            text
+        } else {
+            format!(
+                "{text}[server]\ndrain_secs = 2\nbody_limit_kb = 64\nupload_limit_mb = 4\nauth_failures_per_minute = 10000\n"
+            )
+        };
+        std::fs::write(&config, text).expect("write config");
+        Env {
+            dir,
+            config,
+            user_ids: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("data/sandboxd.db")
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("SANDBOXD_CONFIG", &self.config)
+            .env_remove("SANDBOXD_DOCKER_IMAGE")
+            .env("SANDBOXD_LOG", "warn,sandboxd::access=info");
+        c
+    }
+
+    /// `sandboxd users add NAME ARGS…`; returns the key it printed.
+    pub fn add_user(&self, name: &str, args: &[&str]) -> String {
+        let out = self
+            .cmd()
+            .args(["users", "add", name])
+            .args(args)
+            .output()
+            .expect("run users add");
+        assert!(
+            out.status.success(),
+            "users add: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        if let Some(id) = err.split('(').nth(1).and_then(|s| s.split(')').next()) {
+            self.user_ids.lock().unwrap().push(id.to_string());
+        }
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// Starts `sandboxd serve` on a free loopback port and waits until it listens.
+    pub fn start(&self) -> Serve {
+        self.start_logging("warn,sandboxd::access=info")
+    }
+
+    /// `start` with another SANDBOXD_LOG filter (what `Serve::log` collects).
+    pub fn start_logging(&self, filter: &str) -> Serve {
+        let mut child = self
+            .cmd()
+            .env("SANDBOXD_LOG", filter)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                    let _ = tx.send(addr);
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("serve did not start: {}", log.lock().unwrap()));
+        Serve {
+            child,
+            base: format!("http://{addr}"),
+            log,
+        }
+    }
+
+    pub fn user_ids(&self) -> Vec<String> {
+        self.user_ids.lock().unwrap().clone()
+    }
+
+    /// The owner label of this environment's serve's warm sandboxes.
+    pub fn pool_owner(&self) -> String {
+        sandboxd_server::pool_owner(&self.dir.path().join("data"))
+            .unwrap()
+            .to_string()
+    }
+
+    /// The runtime id (the `sandboxd.session` label) the store recorded for an API session.
+    pub async fn runtime_id(&self, id: &str) -> String {
+        use sandboxd_core::store::Store as _;
+        let store = sandboxd_sqlite::SqliteStore::open(&self.db())
+            .await
+            .unwrap();
+        store
+            .session(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .runtime_id
+            .unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for id in self.user_ids() {
+            for owner in [format!("serve:{id}"), format!("serve-mcp:{id}")] {
+                for c in containers_of(&owner) {
+                    let _ = Command::new("docker").args(["rm", "-f", &c]).output();
+                }
+            }
+        }
+        for c in containers_of(&self.pool_owner()) {
+            let _ = Command::new("docker").args(["rm", "-f", &c]).output();
+        }
+    }
+}
+
+/// Container ids (running or not) whose owner label is `owner`.
+pub fn containers_of(owner: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=sandboxd.owner={owner}"),
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// Whether a container with this `sandboxd.session` label exists (`running`: and runs).
+pub fn container_of(runtime_id: &str, running: bool) -> bool {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            if running { "-q" } else { "-aq" },
+            "--filter",
+            &format!("label=sandboxd.session={runtime_id}"),
+        ])
+        .output()
+        .expect("docker ps");
+    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+}
+
+/// The `sandboxd.session` labels of the containers (running or not) with owner label `owner`
+/// that the process `pid` created.
+pub fn sessions_created_by(owner: &str, pid: u32) -> Vec<String> {
+    ps_of_owner(
+        owner,
+        "{{.Label \"sandboxd.creator\"}} {{.Label \"sandboxd.session\"}}",
+    )
+    .lines()
+    .filter_map(|l| l.split_once(' '))
+    .filter(|(creator, _)| creator.split(':').next() == Some(pid.to_string().as_str()))
+    .map(|(_, session)| session.to_string())
+    .collect()
+}
+
+/// `docker ps -a --format FORMAT` of the containers with owner label `owner`.
+fn ps_of_owner(owner: &str, format: &str) -> String {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=sandboxd.owner={owner}"),
+            "--format",
+            format,
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits (bounded) until, of the containers with one of `owners` that process `pid` created,
+/// exactly those of the sessions in `expected` are left. A create the engine finished after
+/// the process was killed shows up late and goes at the next upkeep tick, so this does not
+/// look only once.
+pub async fn wait_for_leftovers(owners: &[String], pid: u32, expected: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut left: Vec<String> = owners
+            .iter()
+            .flat_map(|o| sessions_created_by(o, pid))
+            .collect();
+        left.sort();
+        let mut want = expected.to_vec();
+        want.sort();
+        if left == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the killed serve left orphans: {left:?} (expected {want:?}): {}",
+            owners
+                .iter()
+                .map(|o| describe_containers(o))
+                .collect::<String>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `docker ps -a` of the containers with owner label `owner` (for failure messages).
+pub fn describe_containers(owner: &str) -> String {
+    ps_of_owner(
+        owner,
+        "{{.Names}} {{.Status}} created {{.CreatedAt}} creator {{.Label \"sandboxd.creator\"}}",
+    )
+}
+
+pub struct Serve {
+    child: Child,
+    pub base: String,
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Serve {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Waits until the log has a line containing `text` (bounded, so a bug cannot hang).
+    pub fn wait_for_log(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.log.lock().unwrap().contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "serve never logged {text:?}: {}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and returns how long the process took to exit.
+    pub fn sigterm(&mut self, limit: Duration) -> Duration {
+        let start = Instant::now();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return start.elapsed();
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!(
+                    "serve did not exit within {limit:?} of SIGTERM: {}",
+                    self.log.lock().unwrap()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client for one user's key.
+#[derive(Clone)]
+pub struct Api {
+    pub http: reqwest::Client,
+    pub base: String,
+    pub key: String,
+}
+
+impl Api {
+    pub fn new(serve: &Serve, key: &str) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            base: serve.base.clone(),
+            key: key.to_string(),
+        }
+    }
+
+    pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+    }
+
+    pub async fn json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut r = self.req(method, path);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        let v = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+        (status, v)
+    }
+
+    /// Creates a session and returns its id.
+    pub async fn session(&self) -> String {
+        let (s, v) = self
+            .json(
+                reqwest::Method::POST,
+                "/v1/sessions",
+                Some(serde_json::json!({})),
+            )
+            .await;
+        assert_eq!(s, 201, "create session: {v}");
+        v["id"].as_str().unwrap().to_string()
+    }
+
+    pub async fn exec(&self, id: &str, command: &str) -> serde_json::Value {
+        let (s, v) = self
+            .json(
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{id}/exec"),
+                Some(serde_json::json!({ "command": command })),
+            )
+            .await;
+        assert_eq!(s, 200, "exec: {v}");
+        v
+    }
+}
+
+/// The error code of an error body.
+pub fn code(v: &serde_json::Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("")
+}

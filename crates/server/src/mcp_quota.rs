@@ -1,0 +1,328 @@
+//! /mcp sandboxes as their user's sessions: each one is a session row of kind `mcp`,
+//! reserved in the same `reserve_session` transaction (and so the same quota) as API
+//! sessions, made with the user's limit ceilings, and ended when the sandbox goes.
+//!
+//! `UserAdmission` is the `Admission` of one user's MCP server. `McpLedger` keeps the rows of
+//! the sandboxes alive now (by the manager's session id) and ends a row however its sandbox
+//! goes: closed by the client (the admission hears it), or removed by the manager itself
+//! (the idle reaper, the memory budget: `on_end`, fed by the manager's end events); the
+//! periodic `sweep` catches anything both missed (a lagged event). MCP sandboxes never
+//! outlive the process, so the start-up reconcile ends every `mcp` row left active.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::quota::Quota;
+use sandboxd_core::config::{Config, LimitRequest};
+use sandboxd_core::mcp::admission::{Admission, Ticket};
+use sandboxd_core::sandbox::manager::Session;
+use sandboxd_core::sandbox::{SandboxError, SessionManager};
+use sandboxd_core::store::{
+    SessionKind, SessionRow, SessionState, Store, StoreError, User, now_ms,
+};
+
+/// A row still `creating` after this long belongs to a create that never finished.
+const CREATING_GRACE: Duration = Duration::from_secs(600);
+
+/// The rows of this process's live /mcp sandboxes.
+pub struct McpLedger {
+    store: Arc<dyn Store>,
+    config: Config,
+    /// Manager session id -> session row id, for the sandboxes made and not yet ended.
+    open: Mutex<HashMap<String, String>>,
+}
+
+impl McpLedger {
+    pub fn new(store: Arc<dyn Store>, config: Config) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            config,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn open(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        // Every update is one map operation: a poisoned lock is still consistent.
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn end_row(&self, row_id: &str, reason: &str) {
+        if let Err(e) = self.store.end_session(row_id, reason, now_ms()).await {
+            tracing::warn!(session = %row_id, error = %e, "could not end an MCP sandbox's row");
+        }
+    }
+
+    /// The manager ended session `runtime_id` (its sandbox is gone): end its row, if it is one.
+    pub async fn on_end(&self, runtime_id: &str) {
+        let row = self.open().remove(runtime_id);
+        if let Some(row) = row {
+            self.end_row(
+                &row,
+                "its sandbox was removed (idle, over the memory budget, or its user removed)",
+            )
+            .await;
+        }
+    }
+
+    /// Follows the manager's end events until `stop`; after a lag, sweeps instead.
+    pub fn spawn_listener(
+        self: &Arc<Self>,
+        manager: Arc<SessionManager>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let mut ends = manager.subscribe_ends();
+        let ledger = self.clone();
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                let next = tokio::select! {
+                    n = ends.recv() => n,
+                    _ = stop.cancelled() => return,
+                };
+                match next {
+                    Ok(id) => ledger.on_end(&id).await,
+                    Err(RecvError::Lagged(_)) => ledger.sweep(&manager).await,
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        })
+    }
+
+    /// Upkeep: ends the active `mcp` rows whose sandbox this process no longer holds (or
+    /// whose create never finished), and records the last use of the others.
+    pub async fn sweep(&self, manager: &SessionManager) {
+        let rows = match self.store.active_sessions().await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "the store failed while checking MCP sandboxes");
+                return;
+            }
+        };
+        let live: HashMap<String, Arc<Session>> = manager
+            .live()
+            .await
+            .into_iter()
+            .map(|s| (s.id.clone(), s))
+            .collect();
+        let now = now_ms();
+        for row in rows.into_iter().filter(|r| r.kind == SessionKind::Mcp) {
+            let reason = match (&row.runtime_id, row.state) {
+                (Some(rt), _) => match live.get(rt) {
+                    Some(s) => {
+                        let used = now.saturating_sub(s.idle_for().as_millis() as i64);
+                        if row.last_used_at < used {
+                            let _ = self.store.touch_session(&row.id, used).await;
+                        }
+                        continue;
+                    }
+                    None => {
+                        self.open().remove(rt);
+                        "its sandbox is gone"
+                    }
+                },
+                (None, SessionState::Creating)
+                    if now.saturating_sub(row.created_at) < CREATING_GRACE.as_millis() as i64 =>
+                {
+                    continue;
+                }
+                (None, _) => "its sandbox was never made",
+            };
+            self.end_row(&row.id, reason).await;
+        }
+    }
+
+    /// Ends the row of one sandbox now (its sandbox is being removed).
+    pub async fn end(&self, row: &SessionRow, reason: &str) {
+        self.open().retain(|_, r| *r != row.id);
+        self.end_row(&row.id, reason).await;
+    }
+
+    /// Ends every row this process still holds open (shutdown, after the sandboxes went).
+    pub async fn end_all(&self, reason: &str) {
+        let rows: Vec<String> = self.open().drain().map(|(_, row)| row).collect();
+        for row in rows {
+            self.end_row(&row, reason).await;
+        }
+    }
+}
+
+/// The admission of one user's /mcp sandboxes: their quota, their ceilings, their rows.
+pub struct UserAdmission {
+    ledger: Arc<McpLedger>,
+    /// The user as of their latest /mcp request (a changed quota applies from the next one).
+    user: Mutex<Arc<User>>,
+}
+
+impl UserAdmission {
+    pub fn new(ledger: Arc<McpLedger>, user: Arc<User>) -> Arc<Self> {
+        Arc::new(Self {
+            ledger,
+            user: Mutex::new(user),
+        })
+    }
+
+    /// The user as their latest request found them.
+    pub fn update(&self, user: Arc<User>) {
+        *self.user.lock().unwrap_or_else(|p| p.into_inner()) = user;
+    }
+
+    fn user(&self) -> Arc<User> {
+        self.user.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// What a client is told when the quota is full: the number, and how to free a place.
+pub fn quota_refusal(limit: u32, active: u32) -> String {
+    let noun = if limit == 1 { "session" } else { "sessions" };
+    format!(
+        "your quota of {limit} {noun} is in use ({active} alive: API sessions and MCP sandboxes count alike), so no sandbox was made; end one you no longer need (sandbox_close, closing an MCP session, or DELETE /v1/sessions/{{id}}; GET /v1/sessions lists them) and call again, or ask the admin to raise the quota"
+    )
+}
+
+#[async_trait]
+impl Admission for UserAdmission {
+    async fn admit(&self) -> Result<Ticket, SandboxError> {
+        let user = self.user();
+        let config = &self.ledger.config;
+        let quota = Quota::resolve(&config.quotas, &user.quota, &config.limits);
+        let filled = quota.fill(&LimitRequest::default());
+        let limits = config
+            .limits
+            .lowered(&filled)
+            .map_err(|e| SandboxError::InvalidRequest(e.to_string()))?;
+        let id = format!("ses_{}", uuid::Uuid::new_v4().simple());
+        let row = SessionRow::creating(
+            id.clone(),
+            user.id.clone(),
+            limits,
+            BTreeMap::new(),
+            config.sessions.idle_timeout_secs.max(1),
+            now_ms(),
+        )
+        .with_kind(SessionKind::Mcp);
+        match self.ledger.store.reserve_session(row, quota.sessions).await {
+            Ok(()) => Ok(Ticket {
+                record: Some(id),
+                limits: filled,
+            }),
+            Err(StoreError::SessionQuota { limit, active }) => Err(SandboxError::Refused {
+                message: quota_refusal(limit, active),
+            }),
+            Err(e) => Err(SandboxError::Refused {
+                message: format!("sandboxd could not record the new sandbox ({e}); try again"),
+            }),
+        }
+    }
+
+    async fn started(&self, ticket: &Ticket, session: &Session) {
+        let Some(row) = &ticket.record else { return };
+        self.ledger.open().insert(session.id.clone(), row.clone());
+        if let Err(e) = self
+            .ledger
+            .store
+            .session_started(row, &session.id, &session.handle)
+            .await
+        {
+            tracing::warn!(session = %row, error = %e, "could not record an MCP sandbox as running");
+        }
+    }
+
+    async fn failed(&self, ticket: &Ticket) {
+        if let Some(row) = &ticket.record
+            && let Err(e) = self.ledger.store.delete_session(row).await
+        {
+            tracing::warn!(session = %row, error = %e, "could not drop the row of an MCP sandbox never made");
+        }
+    }
+
+    async fn ended(&self, ticket: &Ticket, reason: &str) {
+        let Some(row) = &ticket.record else { return };
+        self.ledger.open().retain(|_, r| r != row);
+        self.ledger.end_row(row, reason).await;
+    }
+}
+
+/// The user ids among `ids` that the store no longer knows (removed by `sandboxd users rm`
+/// in another process); None when the store cannot tell now.
+pub async fn removed_users(store: &dyn Store, ids: &[String]) -> Option<Vec<String>> {
+    if ids.is_empty() {
+        return Some(Vec::new());
+    }
+    let known: HashSet<String> = match store.users().await {
+        Ok(users) => users.into_iter().map(|u| u.id).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "the store failed while checking /mcp users");
+            return None;
+        }
+    };
+    Some(
+        ids.iter()
+            .filter(|id| !known.contains(*id))
+            .cloned()
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandboxd_core::store::{NewUser, QuotaOverride};
+    use sandboxd_sqlite::SqliteStore;
+
+    /// One place left: the first sandbox is admitted with the user's ceiling, the second is
+    /// refused in words that say what to do, and a sandbox never made gives its place back.
+    #[tokio::test]
+    async fn admission_reserves_in_the_users_quota_with_their_ceilings() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&dir.path().join("s.db")).await.unwrap());
+        let (_, key) = crate::auth::new_key(None);
+        let quota = QuotaOverride {
+            sessions: Some(1),
+            memory_mb: Some(256),
+            ..Default::default()
+        };
+        let user = store
+            .add_user(NewUser {
+                name: "ann".into(),
+                admin: false,
+                key,
+                quota,
+            })
+            .await
+            .unwrap();
+        let ledger = McpLedger::new(store.clone(), Config::default());
+        let admission = UserAdmission::new(ledger, Arc::new(user.clone()));
+
+        let first = admission.admit().await.unwrap();
+        assert_eq!(first.limits.memory_mb, Some(256));
+        let row = store
+            .session(first.record.as_deref().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((row.kind, row.limits.memory_mb), (SessionKind::Mcp, 256));
+        let usage = store.usage(&user.id, now_ms()).await.unwrap();
+        assert_eq!((usage.active_sessions, usage.active_mcp_sessions), (1, 1));
+
+        let refused = admission.admit().await.unwrap_err().to_string();
+        assert!(
+            refused.contains("quota of 1 session is in use") && refused.contains("end one"),
+            "{refused}"
+        );
+        admission.failed(&first).await;
+        let again = admission.admit().await.unwrap();
+        admission.ended(&again, "closed").await;
+        assert_eq!(
+            store
+                .usage(&user.id, now_ms())
+                .await
+                .unwrap()
+                .active_sessions,
+            0
+        );
+    }
+}

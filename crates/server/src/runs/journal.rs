@@ -1,0 +1,90 @@
+//! A run's journal: numbers its events, commits each to the store (with the change it brings
+//! to the run's row, in one transaction) and only then broadcasts it to followers. One lock
+//! around number-commit-broadcast keeps the store's order and the broadcast's order the same.
+//!
+//! The broadcast is bounded: a follower that falls behind gets `Lagged` and re-reads from the
+//! store (src/server/runs/stream.rs), so it never loses or duplicates an event, and a slow
+//! follower never slows the run.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{Mutex, broadcast};
+
+use sandboxd_core::agent::{Event, EventKind};
+use sandboxd_core::store::{RunPatch, Store, StoreError, StoredEvent, now_ms};
+
+/// Events a follower may be behind the run before it re-reads from the store.
+const BROADCAST_CAPACITY: usize = 256;
+
+pub struct Journal {
+    store: Arc<dyn Store>,
+    run_id: String,
+    started: Instant,
+    last: Mutex<u64>,
+    tx: broadcast::Sender<Arc<StoredEvent>>,
+}
+
+impl Journal {
+    /// `last` is the run's last committed seq (0 for a new run).
+    pub fn new(store: Arc<dyn Store>, run_id: String, last: u64) -> Self {
+        let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
+        Self {
+            store,
+            run_id,
+            started: Instant::now(),
+            last: Mutex::new(last),
+            tx,
+        }
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
+        self.tx.subscribe()
+    }
+
+    /// A new event of the service's own (run_state, question_asked …).
+    pub async fn emit(&self, kind: EventKind, patch: RunPatch) -> Result<u64, StoreError> {
+        let event = Event {
+            run_id: self.run_id.clone(),
+            seq: 0,
+            at: String::new(),
+            elapsed_ms: 0,
+            kind,
+        };
+        self.commit(event, patch).await
+    }
+
+    /// Commits an event of the engine (agent or flow), renumbered into the run's sequence:
+    /// a plan's step runs and the service's own events share one numbering.
+    pub async fn commit(&self, mut event: Event, patch: RunPatch) -> Result<u64, StoreError> {
+        let mut last = self.last.lock().await;
+        event.seq = *last + 1;
+        event.run_id = self.run_id.clone();
+        event.at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        event.elapsed_ms = self.started.elapsed().as_millis() as u64;
+        let stored = stored_event(&event)?;
+        self.store
+            .append_event(&self.run_id, stored.clone(), patch)
+            .await?;
+        *last = event.seq;
+        // No follower is not an error.
+        let _ = self.tx.send(Arc::new(stored));
+        Ok(event.seq)
+    }
+}
+
+/// The store's form of an event: its type and its one-line JSON.
+pub fn stored_event(event: &Event) -> Result<StoredEvent, StoreError> {
+    let value = serde_json::to_value(event).map_err(|e| StoreError::Sql(e.to_string()))?;
+    let kind = value
+        .get("type")
+        .and_then(|t| t.as_str())
+        .unwrap_or("unknown")
+        .to_string();
+    Ok(StoredEvent {
+        seq: event.seq,
+        time: now_ms(),
+        kind,
+        payload: value.to_string(),
+    })
+}

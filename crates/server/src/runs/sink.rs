@@ -1,0 +1,221 @@
+//! The run's event sink and asker as the service gives them to the engine.
+//!
+//! `ServiceSink` commits every event to the store (images first, so an event never points at
+//! bytes the store lacks), counts the user's input tokens of the day and stops the run when
+//! the daily quota is spent, and names the real ending in `run_finished` when the service
+//! stopped the run (quota, shutdown). `ServiceAsker` puts the run in `waiting_for_human` with
+//! a question that expires, answered through POST /v1/runs/{id}/answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+
+use super::{LiveRun, Stop, rfc3339};
+use sandboxd_core::agent::{Event, EventKind, EventSink, FinishReason, Image};
+use sandboxd_core::store::{RunPatch, RunState, StoredQuestion, now_ms};
+use sandboxd_core::tools::ask_human::Asker;
+
+/// Longest question kept (the model's text; the rest is cut).
+const MAX_QUESTION_CHARS: usize = 4000;
+
+pub struct ServiceSink {
+    pub run: Arc<LiveRun>,
+}
+
+#[async_trait]
+impl EventSink for ServiceSink {
+    async fn event(&self, event: &Event, image: Option<&Image>) {
+        let run = &self.run;
+        let mut event = event.clone();
+        let mut patch = RunPatch::default();
+        match &mut event.kind {
+            EventKind::TokenUsage {
+                prompt_tokens,
+                completion_tokens,
+                ..
+            } => {
+                patch.add_input_tokens = *prompt_tokens;
+                patch.add_output_tokens = *completion_tokens;
+                match run
+                    .store
+                    .add_input_tokens(&run.owner, *prompt_tokens, now_ms())
+                    .await
+                {
+                    Ok(total) if run.tokens_per_day > 0 && total >= run.tokens_per_day => {
+                        tracing::info!(run = %run.id, total, "the daily input-token quota is spent; stopping the run");
+                        run.stop(Stop::Quota {
+                            limit: run.tokens_per_day,
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(run = %run.id, error = %e, "cannot count input tokens")
+                    }
+                }
+            }
+            EventKind::RunFinished { reason, .. } if *reason == FinishReason::Cancelled => {
+                if let Some(why) = run.stop_reason() {
+                    *reason = why;
+                }
+            }
+            _ => {}
+        }
+        if let Some(img) = image
+            && let Err(e) = run
+                .store
+                .put_image(
+                    &run.id,
+                    &img.reference.id,
+                    &img.reference.media_type,
+                    img.data.to_vec(),
+                )
+                .await
+        {
+            tracing::error!(run = %run.id, error = %e, "cannot store an image of the run");
+        }
+        if let Err(e) = run.journal.commit(event, patch).await {
+            // The store is the record: a run whose events cannot be kept is stopped.
+            tracing::error!(run = %run.id, error = %e, "cannot commit an event; cancelling the run");
+            run.stop(Stop::User);
+        }
+    }
+}
+
+/// An answer and the signal that the run has taken it (its events are committed).
+pub type Answer = (String, oneshot::Sender<()>);
+
+pub struct ServiceAsker {
+    pub run: Arc<LiveRun>,
+    pub timeout: Duration,
+}
+
+#[async_trait]
+impl Asker for ServiceAsker {
+    async fn ask(&self, question: &str) -> Option<String> {
+        let run = &self.run;
+        let (tx, rx) = oneshot::channel::<Answer>();
+        *run.question.lock().await = Some(tx);
+        let text: String = question.chars().take(MAX_QUESTION_CHARS).collect();
+        let asked_at = now_ms();
+        let expires_at = asked_at + self.timeout.as_millis() as i64;
+        let asked = RunPatch {
+            question: Some(Some(StoredQuestion {
+                text: text.clone(),
+                asked_at,
+                expires_at,
+            })),
+            ..Default::default()
+        };
+        let log = |r: Result<u64, sandboxd_core::store::StoreError>| {
+            if let Err(e) = r {
+                tracing::error!(run = %run.id, error = %e, "cannot commit a question event");
+            }
+        };
+        log(run
+            .journal
+            .emit(
+                EventKind::QuestionAsked {
+                    question: text,
+                    expires_at: rfc3339(expires_at),
+                },
+                asked,
+            )
+            .await);
+        log(run.set_state(RunState::WaitingForHuman).await);
+        let got = tokio::select! {
+            a = rx => a.ok(),
+            _ = tokio::time::sleep(self.timeout) => None,
+            _ = run.cancel.cancelled() => {
+                run.question.lock().await.take();
+                let clear = RunPatch { question: Some(None), ..Default::default() };
+                if let Err(e) = run.store.patch_run(&run.id, clear).await {
+                    tracing::error!(run = %run.id, error = %e, "cannot clear the question");
+                }
+                return None;
+            }
+        };
+        run.question.lock().await.take();
+        let by = if got.is_some() { "user" } else { "timeout" };
+        let cleared = RunPatch {
+            question: Some(None),
+            ..Default::default()
+        };
+        log(run
+            .journal
+            .emit(EventKind::QuestionAnswered { by: by.into() }, cleared)
+            .await);
+        log(run.set_state(RunState::Running).await);
+        let (answer, ack) = got?;
+        let _ = ack.send(());
+        Some(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::runs::journal::Journal;
+    use sandboxd_core::store::{RunRow, SessionRow, Store};
+    use sandboxd_sqlite::SqliteStore;
+
+    /// An unanswered question expires after the configured time (virtual, paused clock):
+    /// the run is told no human answered, and the events say so in order.
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_question_times_out_and_the_run_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&dir.path().join("s.db")).await.unwrap());
+        let now = now_ms();
+        let session =
+            SessionRow::creating("ses", "u", Default::default(), Default::default(), 60, now);
+        store.reserve_session(session, 4).await.unwrap();
+        // Already running: the asker is handed a run the engine drives.
+        let row = RunRow {
+            state: RunState::Running,
+            ..RunRow::queued("run-q", "ses", "u", "t", "agent", None, now)
+        };
+        store.insert_run(row, 2).await.unwrap();
+        let run = Arc::new(LiveRun {
+            id: "run-q".into(),
+            owner: "u".into(),
+            session_id: "ses".into(),
+            journal: Journal::new(store.clone(), "run-q".into(), 0),
+            store: store.clone(),
+            cancel: CancellationToken::new(),
+            ended: CancellationToken::new(),
+            stop: Mutex::new(None),
+            question: tokio::sync::Mutex::new(None),
+            tokens_per_day: 0,
+        });
+        let asker = ServiceAsker {
+            run: run.clone(),
+            timeout: Duration::from_secs(300),
+        };
+        let start = tokio::time::Instant::now();
+        assert_eq!(asker.ask("Which colour?").await, None);
+        assert!(start.elapsed() >= Duration::from_secs(300));
+        assert!(run.question.lock().await.is_none());
+        let evs = store.events_after("run-q", 0, 10).await.unwrap();
+        let kinds: Vec<&str> = evs.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "question_asked",
+                "run_state",
+                "question_answered",
+                "run_state"
+            ]
+        );
+        assert!(evs[2].payload.contains("\"by\":\"timeout\""));
+        assert!(evs[3].payload.contains("\"state\":\"running\""));
+        let row = store.run("run-q").await.unwrap().unwrap();
+        assert!(row.question.is_none());
+        assert_eq!(row.state, RunState::Running);
+    }
+}

@@ -1,0 +1,186 @@
+//! The `sessions` table: one row-mapping helper (`select`) and the statements of the
+//! session methods.
+
+use rusqlite::{Connection, Params, Transaction, params};
+
+use crate::{page, sql, to_json};
+use sandboxd_core::store::{
+    SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
+};
+
+const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind";
+
+/// The sessions matching `tail` with their rowids (the paging cursor), JSON decoded.
+pub(super) fn select(
+    c: &Connection,
+    tail: &str,
+    args: impl Params,
+) -> Result<Vec<(i64, SessionRow)>, StoreError> {
+    let mut st = c
+        .prepare(&format!("SELECT {COLS} FROM sessions {tail}"))
+        .map_err(sql)?;
+    let rows = st
+        .query_map(args, |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+                r.get::<_, String>(13)?,
+                SessionRow {
+                    id: r.get(1)?,
+                    owner: r.get(2)?,
+                    state: SessionState::Ended,
+                    kind: SessionKind::Api,
+                    limits: Default::default(),
+                    metadata: Default::default(),
+                    idle_timeout_secs: r.get::<_, i64>(6)?.max(0) as u64,
+                    runtime_id: r.get(7)?,
+                    container_id: r.get(8)?,
+                    created_at: r.get(9)?,
+                    last_used_at: r.get(10)?,
+                    ended_at: r.get(11)?,
+                    end_reason: r.get(12)?,
+                },
+            ))
+        })
+        .map_err(sql)?;
+    let corrupt = |what, message: String| StoreError::Corrupt { what, message };
+    rows.map(|row| {
+        let (rowid, state, limits, metadata, kind, mut row) = row.map_err(sql)?;
+        row.kind =
+            SessionKind::parse(&kind).ok_or_else(|| corrupt("session kind", kind.clone()))?;
+        row.state =
+            SessionState::parse(&state).ok_or_else(|| corrupt("session state", state.clone()))?;
+        row.limits =
+            serde_json::from_str(&limits).map_err(|e| corrupt("session limits", e.to_string()))?;
+        row.metadata = serde_json::from_str(&metadata)
+            .map_err(|e| corrupt("session metadata", e.to_string()))?;
+        Ok((rowid, row))
+    })
+    .collect()
+}
+
+pub(super) fn one(c: &Connection, id: &str) -> Result<Option<SessionRow>, StoreError> {
+    Ok(select(c, "WHERE id = ?1", [id])?
+        .into_iter()
+        .next()
+        .map(|(_, r)| r))
+}
+
+pub(super) fn reserve(
+    tx: &Transaction<'_>,
+    row: &SessionRow,
+    max_active: u32,
+) -> Result<(), StoreError> {
+    let active: i64 = tx
+        .query_row(
+            "SELECT COUNT(*) FROM sessions WHERE owner = ?1 AND state != 'ended'",
+            [&row.owner],
+            |r| r.get(0),
+        )
+        .map_err(sql)?;
+    if active >= max_active as i64 {
+        return Err(StoreError::SessionQuota {
+            limit: max_active,
+            active: active as u32,
+        });
+    }
+    tx.execute(
+        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind)
+         VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?6, ?7)",
+        params![
+            row.id,
+            row.owner,
+            to_json(&row.limits)?,
+            to_json(&row.metadata)?,
+            row.idle_timeout_secs as i64,
+            row.created_at,
+            row.kind.as_str()
+        ],
+    )
+    .map_err(sql)?;
+    Ok(())
+}
+
+pub(super) fn started(
+    tx: &Transaction<'_>,
+    id: &str,
+    runtime_id: &str,
+    container_id: &str,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE sessions SET state = 'running', runtime_id = ?2, container_id = ?3
+         WHERE id = ?1 AND state = 'creating'",
+        params![id, runtime_id, container_id],
+    )
+    .map_err(sql)?;
+    Ok(())
+}
+
+pub(super) fn list(c: &Connection, q: &SessionQuery) -> Result<SessionPage, StoreError> {
+    let mut where_ = vec!["1 = 1".to_string()];
+    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    if let Some(owner) = &q.owner {
+        args.push(owner.clone().into());
+        where_.push(format!("owner = ?{}", args.len()));
+    }
+    if !q.include_ended {
+        where_.push("state != 'ended'".into());
+    }
+    if let Some(before) = q.before {
+        args.push(before.into());
+        where_.push(format!("rowid < ?{}", args.len()));
+    }
+    for (k, v) in &q.metadata {
+        // The JSON path is a bound parameter; keys are checked to be plain names.
+        args.push(format!("$.\"{k}\"").into());
+        let path = args.len();
+        args.push(v.clone().into());
+        where_.push(format!("json_extract(metadata, ?{path}) = ?{}", args.len()));
+    }
+    let (sessions, next) = page(c, &where_, args, q.limit, |c, tail, args| {
+        select(c, tail, args)
+    })?;
+    Ok(SessionPage { sessions, next })
+}
+
+pub(super) fn touch(tx: &Transaction<'_>, id: &str, now: i64) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE sessions SET last_used_at = ?2 WHERE id = ?1 AND last_used_at < ?2",
+        params![id, now],
+    )
+    .map_err(sql)?;
+    Ok(())
+}
+
+pub(super) fn end(
+    tx: &Transaction<'_>,
+    id: &str,
+    reason: &str,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let n = tx
+        .execute(
+            "UPDATE sessions SET state = 'ended', ended_at = ?2, end_reason = ?3
+             WHERE id = ?1 AND state != 'ended'",
+            params![id, now, reason],
+        )
+        .map_err(sql)?;
+    Ok(n > 0)
+}
+
+pub(super) fn delete(tx: &Transaction<'_>, id: &str) -> Result<bool, StoreError> {
+    let n = tx
+        .execute("DELETE FROM sessions WHERE id = ?1", [id])
+        .map_err(sql)?;
+    Ok(n > 0)
+}
+
+pub(super) fn owner_ids(c: &Connection) -> Result<Vec<String>, StoreError> {
+    let mut st = c
+        .prepare("SELECT id FROM users UNION SELECT DISTINCT owner FROM sessions")
+        .map_err(sql)?;
+    let rows = st.query_map([], |r| r.get::<_, String>(0)).map_err(sql)?;
+    rows.collect::<Result<_, _>>().map_err(sql)
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The layering, checked from cargo's own dependency graph (ARCHITECTURE.md, "Layers"): fails
+# when the core crate's tree (normal dependencies) holds bollard, rusqlite or axum, when the
+# server crate depends on a backend or a store crate, or when a crate other than the Docker
+# backend pulls bollard or one other than the SQLite store pulls rusqlite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail=0
+# LAYERS_CARGO_FLAGS: --locked in CI; empty to try a change to a manifest before the lock file.
+flags=${LAYERS_CARGO_FLAGS---locked}
+tree() { # the crate's normal dependencies, names only; a failing `cargo tree` fails the check
+    local out
+    # shellcheck disable=SC2086
+    out=$(cargo tree $flags -e normal --prefix none --format '{p}' -p "$1") || {
+        echo "layers: cargo tree failed for $1" >&2
+        exit 2
+    }
+    awk '{print $1}' <<<"$out" | sort -u
+}
+refuse() { # crate, forbidden dependency, why
+    local deps
+    deps=$(tree "$1") || exit 2
+    if grep -qx "$2" <<<"$deps"; then
+        echo "layers: $1 depends on $2 ($3)" >&2
+        fail=1
+    fi
+}
+
+for dep in bollard rusqlite axum tokio-rusqlite; do
+    refuse sandboxd-core "$dep" "the core names no backend, no store and no HTTP framework"
+done
+for dep in sandboxd-docker sandboxd-sqlite bollard rusqlite; do
+    refuse sandboxd-server "$dep" "the server runs on any runtime and any store, chosen by the binary"
+done
+for crate in sandboxd-sqlite sandboxd-testkit; do
+    refuse "$crate" bollard "only sandboxd-docker talks to the Docker engine"
+done
+for crate in sandboxd-docker sandboxd-testkit; do
+    refuse "$crate" rusqlite "only sandboxd-sqlite opens SQLite"
+done
+
+if [ "$fail" = 0 ]; then echo "layers: ok"; fi
+exit "$fail"
