@@ -37,6 +37,7 @@ async fn the_reconciler_removes_orphans_and_touches_nothing_else() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    let _bystander_guard = Removed(bystander.clone());
     let m = support::manager().await;
     let (mine, _g) = support::session(&m).await;
     // Every reconciler on this engine removes every orphan, and other tests start sandboxd
@@ -58,13 +59,20 @@ async fn the_reconciler_removes_orphans_and_touches_nothing_else() {
             let alive = docker(&["inspect", "--format", "{{.State.Running}}", &bystander]);
             assert_eq!(String::from_utf8_lossy(&alive.stdout).trim(), "true");
             assert!(mine.sandbox.is_alive().await);
-            docker(&["rm", "-f", &bystander]);
             return;
         }
         lost.push(orphan);
     }
-    docker(&["rm", "-f", &bystander]);
     panic!("another reconciler took the orphan every round: {lost:?}");
+}
+
+/// Removes a container by name when dropped, also when the test panics.
+struct Removed(String);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        docker(&["rm", "-f", &self.0]);
+    }
 }
 
 /// A sandboxd process that holds a session and is killed without cleanup: its container's
