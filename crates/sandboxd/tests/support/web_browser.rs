@@ -164,23 +164,24 @@ pub async fn type_into(page: &Page, selector: &str, text: &str) {
 }
 
 /// Clicks or types, retried briefly: right after a navigation CDP may still hand out nodes
-/// of the document being replaced ("Could not find node with given id").
+/// of the document being replaced ("Could not find node with given id"), and an element
+/// may not be shown yet.
 async fn act(page: &Page, selector: &str, text: Option<&str>) {
     let mut last = String::new();
     for _ in 0..40 {
         let done = match page.find_element(selector).await {
             Ok(el) => match text {
-                None => el.click().await.map(|_| ()),
+                None => dom_click(&el).await,
                 Some(t) => match el.focus().await {
-                    Ok(el) => el.type_str(t).await.map(|_| ()),
-                    Err(e) => Err(e),
+                    Ok(el) => el.type_str(t).await.map(|_| ()).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
                 },
             },
-            Err(e) => Err(e),
+            Err(e) => Err(e.to_string()),
         };
         match done {
             Ok(()) => return,
-            Err(e) => last = e.to_string(),
+            Err(e) => last = e,
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -208,4 +209,22 @@ pub async fn screenshot(page: &Page, name: &str) -> PathBuf {
         .unwrap();
     std::fs::write(&path, &bytes).unwrap();
     path
+}
+
+/// Clicks a shown, enabled element through the DOM, checked and clicked in one turn of the
+/// page's event loop. A mouse click lands where the element was when its box was measured,
+/// a round trip earlier: on a run's page the timeline keeps growing above the answer box
+/// while events arrive, and such a click can miss the button (seen under load).
+async fn dom_click(el: &chromiumoxide::Element) -> Result<(), String> {
+    let clicked = el
+        .call_js_fn(
+            "function() { if (this.disabled || !this.checkVisibility()) return false; this.click(); return true; }",
+            false,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    match clicked.result.value {
+        Some(Value::Bool(true)) => Ok(()),
+        _ => Err("the element is hidden or disabled".to_string()),
+    }
 }

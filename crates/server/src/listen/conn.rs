@@ -13,6 +13,13 @@
 //! kept-alive connection waits for its next request, so the idle wait could never be longer
 //! than the header timeout; and the accept loop needs to know which connections carry no
 //! request (the ones it may close at the cap), which hyper does not say.
+//!
+//! A connection hyper is done with is closed the way RFC 9112 §9.6 asks ("lingering close"):
+//! our side is shut down for writing first, and what the client still sends is read and
+//! thrown away for up to `LINGER` before the socket is closed. Without it, a request answered
+//! before its body was read (a 413 for an upload over the limit) is closed with unread bytes,
+//! the kernel answers with a reset, and a reset can destroy the response the client has not
+//! read yet: it sees "connection reset" instead of the 413 that says what to do.
 
 use std::convert::Infallible;
 use std::io;
@@ -29,7 +36,7 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -260,38 +267,68 @@ pub(super) async fn serve(
         req.extensions_mut().insert(ConnectInfo(peer));
         let in_flight = tracked.begin();
         let call = router.clone().call(req);
-        async move {
+        // Boxed: polling the connection "without shutdown" needs an `Unpin` future.
+        Box::pin(async move {
             let response = call.await?;
             Ok::<_, Infallible>(response.map(|body| Guarded {
                 body,
                 _in_flight: in_flight,
             }))
-        }
+        })
     });
     // hyper's own header timer stays off (it is inert without a timer anyway): the watchdog
     // below keeps both clocks.
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.header_read_timeout(None);
-    let mut conn = pin!(builder.serve_connection(io, service));
+    // Polled "without shutdown" so that the socket comes back when hyper is done with it,
+    // for the lingering close.
+    let mut conn = builder.serve_connection(io, service);
     let mut expired = pin!(watchdog(&activity, timeouts));
     let mut draining = false;
     loop {
         tokio::select! {
-            r = conn.as_mut() => {
+            r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
                 if let Err(e) = r {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
-                return Ended::Done;
+                break;
             }
             _ = &mut expired => return Ended::TimedOut,
             _ = activity.evict.cancelled() => return Ended::Evicted,
             _ = shutdown.cancelled(), if !draining => {
                 // Idle: closed now; a request in flight: closed after its response.
                 draining = true;
-                conn.as_mut().graceful_shutdown();
+                Pin::new(&mut conn).graceful_shutdown();
             }
         }
     }
+    let tcp = conn.into_parts().io.into_inner().io;
+    tokio::select! {
+        _ = linger(tcp) => {}
+        _ = activity.evict.cancelled() => return Ended::Evicted,
+    }
+    Ended::Done
+}
+
+/// How long a closing connection's unread input is read and thrown away (nginx's
+/// `lingering_time` is 30 s; a client still sending after this much is cut with a reset).
+const LINGER: Duration = Duration::from_secs(5);
+
+/// Closes `tcp` without a reset: the response (already flushed by hyper) is followed by our
+/// FIN, then input is discarded until the client closes its side or `LINGER` has passed.
+async fn linger(mut tcp: TcpStream) {
+    if tcp.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 16 * 1024];
+    let drain = async {
+        while let Ok(n) = tcp.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 #[cfg(test)]
@@ -348,5 +385,52 @@ mod tests {
             .await
             .expect("closed at the idle timeout")
             .unwrap();
+    }
+
+    /// A request refused before its body is read (as a 413 is): the client that sends all of
+    /// its body and only then reads still gets the answer, not a reset.
+    #[tokio::test]
+    async fn an_answer_sent_before_the_body_was_read_reaches_the_client() {
+        let router = Router::new().route(
+            "/up",
+            axum::routing::put(|| async { (axum::http::StatusCode::PAYLOAD_TOO_LARGE, "too big") }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (tcp, peer) = listener.accept().await.unwrap();
+            serve(
+                tcp,
+                peer,
+                router,
+                Activity::new(),
+                T,
+                CancellationToken::new(),
+            )
+            .await
+        });
+        // Far more than the socket buffers of both ends hold: without the lingering close the
+        // server's close resets the connection while this is still being written.
+        let body = vec![7u8; 32 << 20];
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "PUT /up HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        client.write_all(head.as_bytes()).await.unwrap();
+        client
+            .write_all(&body)
+            .await
+            .expect("the whole body is accepted (read and thrown away)");
+        let mut answer = Vec::new();
+        client
+            .read_to_end(&mut answer)
+            .await
+            .expect("the answer, then the server's FIN");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(answer.ends_with("too big"), "{answer}");
+        drop(client);
+        assert!(matches!(server.await.unwrap(), Ended::Done));
     }
 }
