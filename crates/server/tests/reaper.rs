@@ -1,8 +1,8 @@
 //! `Server` in this process over the fake runtime: serve has one session registry and one
 //! idle reaper, the manager's. An API session idles out after its own `idle_timeout` (its
 //! row's), ended by the manager's reaper, and its row says why; a session with the
-//! configured timeout stays. Real time (a real server's reaper ticks every second), a
-//! deadline on every wait.
+//! configured timeout stays; a session re-attached by a restart keeps its row's timeout.
+//! Real time (a real server's reaper ticks every second), a deadline on every wait.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,8 +22,10 @@ struct Serve {
     key: String,
     http: reqwest::Client,
     manager: Arc<SessionManager>,
+    /// The ids of the stored sessions the start-up reconcile re-attached.
+    reattached: Vec<String>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
+    served: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
 impl Drop for Serve {
@@ -36,19 +38,37 @@ impl Drop for Serve {
 
 /// A server with one user whose manager's reaper looks every second; the configured idle
 /// timeout is ten minutes.
-async fn start() -> Serve {
+async fn start() -> (Serve, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
+    let serve = start_on(dir.path(), &FakeRuntime::new(), None, 1).await;
+    (serve, dir)
+}
+
+/// A server over the data directory `dir` and `runtime` (both kept across a restart), for
+/// a new user `ann` or the one whose key is given; its reaper looks every `reap_secs`.
+async fn start_on(
+    dir: &std::path::Path,
+    runtime: &Arc<FakeRuntime>,
+    key: Option<String>,
+    reap_secs: u64,
+) -> Serve {
     let mut config = Config::load_with_env(None, &[]).unwrap();
-    config.data_dir = Some(dir.path().to_path_buf());
-    config.sessions.reap_interval_secs = 1;
+    config.data_dir = Some(dir.to_path_buf());
+    config.sessions.reap_interval_secs = reap_secs;
     config.sessions.idle_timeout_secs = 600;
-    let store: Arc<dyn Store> =
-        Arc::new(SqliteStore::open(&dir.path().join("s.db")).await.unwrap());
-    let (_, key) = accounts::add(store.as_ref(), "ann", false, None, QuotaOverride::default())
-        .await
-        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.join("s.db")).await.unwrap());
+    let key = match key {
+        Some(key) => key,
+        None => {
+            let quota = QuotaOverride::default();
+            accounts::add(store.as_ref(), "ann", false, None, quota)
+                .await
+                .unwrap()
+                .1
+        }
+    };
     let manager = SessionManager::new(
-        FakeRuntime::new(),
+        runtime.clone(),
         config.limits.clone(),
         config.sessions.clone(),
         Arc::new(NoRecords),
@@ -62,8 +82,9 @@ async fn start() -> Serve {
     .await
     .unwrap();
     let base = format!("http://{}", server.addr);
+    let reattached = server.reconciled.reattached.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.serve(async move {
+    let served = tokio::spawn(server.serve(async move {
         let _ = rx.await;
     }));
     Serve {
@@ -71,8 +92,9 @@ async fn start() -> Serve {
         key,
         http: reqwest::Client::new(),
         manager,
+        reattached,
         stop: Some(tx),
-        _dir: dir,
+        served: Some(served),
     }
 }
 
@@ -96,6 +118,32 @@ impl Serve {
         v
     }
 
+    /// Stops the server and waits until it has shut down.
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(served) = self.served.take() {
+            served.await.unwrap().unwrap();
+        }
+    }
+
+    /// Polls the list until the session has ended (20 s at most); its row then.
+    async fn until_ended(&self, id: &str) -> Value {
+        let t = Instant::now();
+        loop {
+            let row = self.listed(id).await;
+            if row["state"] == "ended" {
+                return row;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "never idled out: {row}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The session as the list shows it: a store read, which is no use of the session.
     async fn listed(&self, id: &str) -> Value {
         let (s, v) = self
@@ -114,7 +162,7 @@ impl Serve {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_api_session_idles_out_after_its_own_timeout_by_the_managers_reaper() {
-    let serve = start().await;
+    let (serve, _dir) = start().await;
     let quick = serve.session(json!({"idle_timeout": 1})).await;
     assert_eq!(quick["idle_timeout"], 1, "{quick}");
     let quick = quick["id"].as_str().unwrap().to_string();
@@ -128,17 +176,7 @@ async fn an_api_session_idles_out_after_its_own_timeout_by_the_managers_reaper()
     );
 
     let t = Instant::now();
-    let row = loop {
-        let row = serve.listed(&quick).await;
-        if row["state"] == "ended" {
-            break row;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "never idled out: {row}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let row = serve.until_ended(&quick).await;
     assert!(
         t.elapsed() >= Duration::from_secs(1),
         "ended before its timeout: {row}"
@@ -178,4 +216,29 @@ async fn an_api_session_idles_out_after_its_own_timeout_by_the_managers_reaper()
     let row = serve.listed(&slow).await;
     assert_eq!(row["state"], "running", "{row}");
     assert!(row["end_reason"].is_null(), "{row}");
+}
+
+/// A session re-attached after a restart idles out after its row's timeout too: the new
+/// process's manager learns it from the row, not from its own configuration.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reattached_api_session_keeps_its_own_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = FakeRuntime::new();
+    // The first process never reaps (its reaper would look after an hour).
+    let first = start_on(dir.path(), &runtime, None, 3600).await;
+    let quick = first.session(json!({"idle_timeout": 1})).await;
+    let quick = quick["id"].as_str().unwrap().to_string();
+    let key = first.key.clone();
+    first.stop().await;
+    assert_eq!(
+        runtime.sessions().len(),
+        1,
+        "an API session's sandbox is kept"
+    );
+
+    let second = start_on(dir.path(), &runtime, Some(key), 1).await;
+    assert_eq!(second.reattached, vec![quick.clone()]);
+    let row = second.until_ended(&quick).await;
+    assert_eq!(row["end_reason"], "idle for more than 1 s", "{row}");
+    assert!(runtime.sessions().is_empty(), "its sandbox is removed");
 }
