@@ -100,8 +100,8 @@ async fn a_run_keeps_its_session_past_the_idle_timeout_which_counts_from_the_run
         Reply::tool("terminate", json!({"status": "success", "answer": "done"})),
     ])
     .await;
-    // Both idle checks would fire within the run: the manager's reaper after 2 s of the
-    // admin's timeout, serve's upkeep after the session's own 1 s; each looks every second.
+    // The manager's one reaper would take the session within the run: after its own 1 s
+    // (the admin's timeout is 2 s); it looks every second.
     let env = Env::new(&config(&llm, "idle_timeout_secs = 2\n")).await;
     let key = env.add_user("ida", &[]);
     let serve = env.start();

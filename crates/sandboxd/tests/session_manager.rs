@@ -399,3 +399,88 @@ async fn an_abandoned_create_leaves_no_sandbox_and_frees_its_place() {
         .unwrap();
     assert_eq!(out.exit_code, Some(0));
 }
+
+/// A session with its own idle timeout is reaped after it and not before, whatever the
+/// configured one; a held one is not reaped at all; and each end event says why.
+#[tokio::test(start_paused = true)]
+async fn a_session_idles_out_after_its_own_timeout_and_its_end_event_says_why() {
+    use sandboxd_core::sandbox::ends::{EndReason, Ended};
+    let rt = FakeRuntime::new();
+    let m = manager(
+        &rt,
+        SessionsConfig {
+            idle_timeout_secs: 600,
+            reap_interval_secs: 10,
+            ..SessionsConfig::default()
+        },
+    );
+    let mut ends = m.subscribe_ends();
+    let a = owner("a");
+    let req = LimitRequest::default();
+    let own = m.create(&a, &req, KEPT).await.unwrap();
+    own.set_idle_timeout(Duration::from_secs(30));
+    let held = m.create(&a, &req, KEPT).await.unwrap();
+    held.set_idle_timeout(Duration::from_secs(30));
+    let configured = m.create(&a, &req, FRESH).await.unwrap();
+    assert_eq!(
+        configured.idle_timeout(),
+        None,
+        "the configured one applies"
+    );
+    let run = held.hold();
+
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(m.reap_idle().await.is_empty(), "29 s: within its own 30 s");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(m.reap_idle().await, vec![own.id.clone()], "31 s idle");
+    let ended = ends.try_recv().unwrap();
+    assert_eq!(
+        ended,
+        Ended {
+            id: own.id.clone(),
+            reason: EndReason::Idle(Duration::from_secs(30))
+        }
+    );
+    assert_eq!(ended.reason.to_string(), "idle for more than 30 s");
+    assert!(ends.try_recv().is_err(), "nothing else ended");
+    assert!(!own.sandbox.is_alive().await);
+    assert!(m.held(&a, &own.id).is_none(), "out of the table");
+
+    // Held for ten times its timeout: never idle. The configured ten minutes still hold.
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    assert!(m.reap_idle().await.is_empty(), "held, and within 600 s");
+    let mut left = rt.sessions();
+    left.sort();
+    let mut expected = vec![held.id.clone(), configured.id.clone()];
+    expected.sort();
+    assert_eq!(left, expected);
+    drop(run);
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(m.reap_idle().await.is_empty(), "29 s after its release");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(m.reap_idle().await, vec![held.id.clone()]);
+    assert_eq!(
+        ends.try_recv().unwrap().reason,
+        EndReason::Idle(Duration::from_secs(30))
+    );
+
+    // 362 s so far: the one on the configured timeout goes past 600 s, and says so.
+    tokio::time::sleep(Duration::from_secs(237)).await;
+    assert!(m.reap_idle().await.is_empty(), "599 s idle");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(m.reap_idle().await, vec![configured.id.clone()]);
+    let ended = ends.try_recv().unwrap();
+    assert_eq!(ended.reason.to_string(), "idle for more than 600 s");
+    assert!(rt.sessions().is_empty());
+
+    // A removal says it was removed, not idle.
+    let closed = m.create(&a, &req, FRESH).await.unwrap();
+    m.remove(&a, &closed.id).await.unwrap();
+    assert_eq!(
+        ends.try_recv().unwrap(),
+        Ended {
+            id: closed.id.clone(),
+            reason: EndReason::Removed
+        }
+    );
+}

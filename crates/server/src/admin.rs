@@ -142,7 +142,11 @@ pub async fn delete_user(
         user_removed(&st, &user.id).await;
     }
     for row in live {
-        if let Err(e) = st.backend.remove(&row.id, Some(&row)).await {
+        if let Err(e) = st
+            .backend
+            .remove(&row.owner, row.runtime_id.as_deref())
+            .await
+        {
             // The reconciler removes what is left of an ended session later.
             tracing::warn!(session = %row.id, error = %e, "could not remove a removed user's container now");
         }

@@ -1,5 +1,10 @@
-//! The server's thin adapter over the SessionManager: the live sandboxes of API sessions,
-//! by API session id. Everything `serve` asks of the runtime goes through here.
+//! The server's thin adapter over the SessionManager: API sessions as views of the manager's
+//! sessions. Everything `serve` asks of the runtime goes through here.
+//!
+//! It keeps no table of its own: the manager is the one registry of sessions (an API
+//! session is the manager's session its store row names, `runtime_id`, looked up per
+//! request as a `Live` view) and its reaper the one that ends idle ones, each after the
+//! timeout its row recorded (`Session::set_idle_timeout`, set on create and re-attach).
 //!
 //! API sessions are created with `keep`, so their containers outlive this process (a
 //! restart re-attaches them, with the limits the manager recorded on them); their manager
@@ -7,11 +12,8 @@
 //! sessions. Ownership is checked by the callers against the store first; the manager checks
 //! the typed owner again on every lookup and removal.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::sync::Mutex;
 
 use sandboxd_core::config::{Config, LimitRequest, Limits};
 use sandboxd_core::sandbox::in_use::InUse;
@@ -29,27 +31,42 @@ pub const OWNER_PREFIX: &str = "serve:";
 /// The label prefix of containers of `/mcp` sessions.
 pub const MCP_OWNER_PREFIX: &str = "serve-mcp:";
 
-/// One API session whose container is running.
+/// One API session whose container is running: its row's names over the manager's session,
+/// made per request (it holds nothing the manager does not).
 pub struct Live {
     /// The API id (the store's key).
     pub id: String,
     /// The owning user's id.
     pub owner: String,
-    /// The manager's owner of the session: `serve:<user id>`.
-    manager_owner: Owner,
     /// The runtime's session id (the container's `sandboxd.session` label).
     pub runtime_id: String,
     /// The backend's handle of the sandbox (what the store records as the container).
     pub handle: String,
     pub sandbox: Arc<dyn Sandbox>,
     pub limits: Limits,
-    pub idle_timeout: Duration,
-    /// The manager's session: its use clock is the one the idle checks read, its slots
-    /// hold the tools its runs use.
+    /// The manager's session: its use clock is the one the reaper reads, its slots hold the
+    /// tools its runs use.
     session: Arc<Session>,
 }
 
 impl Live {
+    fn new(row: &SessionRow, session: Arc<Session>) -> Self {
+        Live {
+            id: row.id.clone(),
+            owner: row.owner.clone(),
+            runtime_id: session.id.clone(),
+            handle: session.handle.clone(),
+            sandbox: session.sandbox.clone(),
+            limits: session.limits.clone(),
+            session,
+        }
+    }
+
+    /// The manager's session behind it (what a run runs in).
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
     /// Marks a moment of use.
     pub fn touch(&self) {
         self.session.touch();
@@ -61,14 +78,9 @@ impl Live {
         InUse::new(self.session.clone())
     }
 
-    /// How long the session has been unused; zero while a run or a request holds it.
-    pub fn idle_for(&self) -> Duration {
-        self.session.idle_for()
-    }
-
     /// When it was last used, in unix milliseconds (now while it is in use).
     pub fn last_used_ms(&self) -> i64 {
-        now_ms().saturating_sub(self.idle_for().as_millis() as i64)
+        last_used_ms(&self.session)
     }
 
     /// What the MCP server offers, over the session's own tools: the python interpreter,
@@ -78,17 +90,18 @@ impl Live {
     }
 }
 
+/// When a manager's session was last used, in unix milliseconds (now while it is in use).
+pub fn last_used_ms(session: &Session) -> i64 {
+    now_ms().saturating_sub(session.idle_for().as_millis() as i64)
+}
+
 pub struct Backend {
     manager: Arc<SessionManager>,
-    live: Mutex<HashMap<String, Arc<Live>>>,
 }
 
 impl Backend {
     pub fn new(manager: Arc<SessionManager>) -> Self {
-        Self {
-            manager,
-            live: Mutex::new(HashMap::new()),
-        }
+        Self { manager }
     }
 
     pub fn manager(&self) -> &Arc<SessionManager> {
@@ -101,7 +114,8 @@ impl Backend {
     }
 
     /// Makes the container of a reserved session; `request` is already within the user's
-    /// ceilings and the manager lowers the admin's limits to it.
+    /// ceilings and the manager lowers the admin's limits to it. It idles out after the
+    /// row's timeout.
     pub async fn create(
         &self,
         row: &SessionRow,
@@ -112,11 +126,13 @@ impl Backend {
             .manager
             .create(&owner, request, CreateOptions { keep: true })
             .await?;
-        Ok(self.insert(row, owner, session).await)
+        session.set_idle_timeout(idle_timeout(row));
+        Ok(Arc::new(Live::new(row, session)))
     }
 
     /// Re-attaches a stored session whose container is still running, with the limits the
-    /// manager recorded on it, after killing what the previous process left running in it.
+    /// manager recorded on it and the row's idle timeout, after killing what the previous
+    /// process left running in it.
     pub async fn reattach(
         &self,
         row: &SessionRow,
@@ -124,6 +140,7 @@ impl Backend {
     ) -> Result<Arc<Live>, SandboxError> {
         let owner = Self::owner_of(&row.owner)?;
         let session = self.manager.get(&owner, runtime_id).await?;
+        session.set_idle_timeout(idle_timeout(row));
         // Whatever the process that held it left running in its shell (a run's command, an
         // exec) has lost its timeout and kill-tree with that process: nobody would ever stop
         // it. Kill the old shell and everything it started before this process runs anything
@@ -133,71 +150,44 @@ impl Backend {
         // Its idle time goes on from the last use the store recorded, not from this start.
         let ago = now_ms().saturating_sub(row.last_used_at).max(0);
         session.used_ago(Duration::from_millis(ago as u64));
-        Ok(self.insert(row, owner, session).await)
+        Ok(Arc::new(Live::new(row, session)))
     }
 
-    async fn insert(
+    /// The live session the row names, marked as used: only one the manager holds now
+    /// (never one re-attached behind the start-up reconcile's back), of the row's owner.
+    pub async fn get(&self, row: &SessionRow) -> Option<Arc<Live>> {
+        let runtime_id = row.runtime_id.as_deref()?;
+        let owner = Self::owner_of(&row.owner).ok()?;
+        let session = self.manager.held(&owner, runtime_id)?;
+        session.touch();
+        Some(Arc::new(Live::new(row, session)))
+    }
+
+    /// Removes the container of the user's session `runtime_id` (none: nothing was made);
+    /// a missing one is not an error.
+    pub async fn remove(
         &self,
-        row: &SessionRow,
-        manager_owner: Owner,
-        session: Arc<Session>,
-    ) -> Arc<Live> {
-        let live = Arc::new(Live {
-            id: row.id.clone(),
-            owner: row.owner.clone(),
-            manager_owner,
-            runtime_id: session.id.clone(),
-            handle: session.handle.clone(),
-            sandbox: session.sandbox.clone(),
-            limits: session.limits.clone(),
-            idle_timeout: Duration::from_secs(row.idle_timeout_secs),
-            session,
-        });
-        self.live.lock().await.insert(row.id.clone(), live.clone());
-        live
-    }
-
-    /// The live session, marked as used (on the manager's session: its reaper and
-    /// `serve`'s upkeep read the same clock).
-    pub async fn get(&self, id: &str) -> Option<Arc<Live>> {
-        let live = self.live.lock().await.get(id).cloned()?;
-        live.touch();
-        Some(live)
-    }
-
-    /// Removes the session's container; a missing one is not an error.
-    pub async fn remove(&self, id: &str, row: Option<&SessionRow>) -> Result<(), SandboxError> {
-        let taken = self.live.lock().await.remove(id);
-        let target = match (&taken, row) {
-            (Some(l), _) => Some((l.manager_owner.clone(), l.runtime_id.clone())),
-            (None, Some(r)) => match &r.runtime_id {
-                Some(rt) => Some((Self::owner_of(&r.owner)?, rt.clone())),
-                None => None,
-            },
-            (None, None) => None,
+        user_id: &str,
+        runtime_id: Option<&str>,
+    ) -> Result<(), SandboxError> {
+        let Some(runtime_id) = runtime_id else {
+            return Ok(());
         };
-        match target {
-            Some((owner, rt)) => match self.manager.remove(&owner, &rt).await {
-                Ok(()) | Err(SandboxError::SessionNotFound { .. }) => Ok(()),
-                Err(e) => Err(e),
-            },
-            None => Ok(()),
+        match self
+            .manager
+            .remove(&Self::owner_of(user_id)?, runtime_id)
+            .await
+        {
+            Ok(()) | Err(SandboxError::SessionNotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
-    /// The manager's session behind a live API session (what a run runs in).
-    pub async fn session(
-        &self,
-        live: &Live,
-    ) -> Result<Arc<sandboxd_core::sandbox::manager::Session>, SandboxError> {
-        self.manager
-            .get(&live.manager_owner, &live.runtime_id)
-            .await
-    }
-
-    /// Every live API session.
-    pub async fn all(&self) -> Vec<Arc<Live>> {
-        self.live.lock().await.values().cloned().collect()
+    /// The manager's sessions of API sessions, live in this process.
+    pub async fn all(&self) -> Vec<Arc<Session>> {
+        let mut all = self.manager.live().await;
+        all.retain(|s| s.owner.as_str().starts_with(OWNER_PREFIX));
+        all
     }
 
     /// Every managed container on the engine.
@@ -224,4 +214,9 @@ impl Backend {
     pub async fn remove_mcp_sessions(&self) {
         self.manager.remove_all().await;
     }
+}
+
+/// The idle timeout a session's row recorded (at least a second).
+fn idle_timeout(row: &SessionRow) -> Duration {
+    Duration::from_secs(row.idle_timeout_secs.max(1))
 }

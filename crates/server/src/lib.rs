@@ -7,7 +7,8 @@
 //! and credential: revocation and the per-user cap), `http` (Host allow-list, time limits,
 //! access log), `listen` (connections), `backend` (the adapter over the SessionManager),
 //! `sessions`/`files`/`admin`/`health` (handlers), `mcp` (per-user MCP servers) and `mcp_quota` (their sandboxes as the user's
-//! sessions), `reconcile` (start-up and periodic agreement of store and engine), `openapi`.
+//! sessions), `reconcile` (start-up and periodic agreement of store and engine), `ends`
+//! (the rows of the sessions the manager ended, with why), `openapi`.
 //!
 //! Connections (`listen`): header and idle timeouts, a cap on open connections that closes
 //! stalled ones first, and the open-file limit raised at start (`listen::nofile`).
@@ -28,6 +29,7 @@ pub mod accounts;
 pub mod admin;
 pub mod auth;
 pub mod backend;
+pub mod ends;
 pub mod error;
 pub mod exec_stream;
 pub mod files;
@@ -383,14 +385,11 @@ impl Server {
         let recheck = state
             .streams
             .spawn_recheck(state.store.clone(), shutdown.clone());
-        // The rows of /mcp sandboxes the manager itself removes (idle, memory budget) end
-        // as they go.
-        let mcp_ends = state
-            .mcp
-            .ledger()
-            .spawn_listener(state.backend.manager().clone(), shutdown.clone());
-        // The manager's one reaper: idle /mcp sessions (API sessions have their own timeouts,
-        // kept by `upkeep`, and are touched in the manager on every use).
+        // The rows of the sessions the manager itself removes (idle, memory budget) end as
+        // they go, with why (ends.rs).
+        let ends = ends::spawn_listener(state.clone());
+        // The manager's one reaper: idle API and /mcp sessions alike, each after its own
+        // timeout (an API session's is its row's).
         let reaper = state.backend.manager().spawn_reaper();
         // The warm pool fills once the start-up reconcile is done (it must not take a fresh
         // warm sandbox for an orphan) and is closed by `remove_mcp_sessions` below.
@@ -425,7 +424,7 @@ impl Server {
         }
         state.mcp.close_all().await;
         state.backend.remove_mcp_sessions().await;
-        mcp_ends.abort();
+        ends.abort();
         state
             .mcp
             .ledger()

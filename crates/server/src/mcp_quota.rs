@@ -5,8 +5,8 @@
 //! `UserAdmission` is the `Admission` of one user's MCP server. `McpLedger` keeps the rows of
 //! the sandboxes alive now (by the manager's session id) and ends a row however its sandbox
 //! goes: closed by the client (the admission hears it), or removed by the manager itself
-//! (the idle reaper, the memory budget: `on_end`, fed by the manager's end events); the
-//! periodic `sweep` catches anything both missed (a lagged event). MCP sandboxes never
+//! (the idle reaper, the memory budget: `on_end`, fed by the manager's end events, ends.rs);
+//! the periodic `sweep` catches anything both missed (a lagged event). MCP sandboxes never
 //! outlive the process, so the start-up reconcile ends every `mcp` row left active.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -65,30 +65,6 @@ impl McpLedger {
             )
             .await;
         }
-    }
-
-    /// Follows the manager's end events until `stop`; after a lag, sweeps instead.
-    pub fn spawn_listener(
-        self: &Arc<Self>,
-        manager: Arc<SessionManager>,
-        stop: tokio_util::sync::CancellationToken,
-    ) -> tokio::task::JoinHandle<()> {
-        let mut ends = manager.subscribe_ends();
-        let ledger = self.clone();
-        tokio::spawn(async move {
-            use tokio::sync::broadcast::error::RecvError;
-            loop {
-                let next = tokio::select! {
-                    n = ends.recv() => n,
-                    _ = stop.cancelled() => return,
-                };
-                match next {
-                    Ok(id) => ledger.on_end(&id).await,
-                    Err(RecvError::Lagged(_)) => ledger.sweep(&manager).await,
-                    Err(RecvError::Closed) => return,
-                }
-            }
-        })
     }
 
     /// Upkeep: ends the active `mcp` rows whose sandbox this process no longer holds (or

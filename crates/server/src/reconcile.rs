@@ -17,10 +17,11 @@
 //! (warm sandboxes of a process that died, a claim whose row ended) is removed.
 //!
 //! Then periodically: orphans whose creator is gone are removed (the manager's reconcile),
-//! sessions idle past their timeout are ended and removed, live sessions
-//! whose row ended elsewhere (`sandboxd users rm`) are removed, last-use times are persisted,
-//! the rows of /mcp sandboxes that went are ended and the MCP sessions of removed users
-//! closed (mcp_quota.rs), and old rows past the retention are purged.
+//! live sessions whose row ended elsewhere (`sandboxd users rm`) are removed, last-use times
+//! are persisted, the rows of /mcp sandboxes that went are ended and the MCP sessions of
+//! removed users closed (mcp_quota.rs), and old rows past the retention are purged. Idle
+//! sessions are not this upkeep's: the manager's one reaper ends them, each after its row's
+//! timeout, and ends.rs writes why into the row.
 //!
 //! /mcp sandboxes are never kept: at start their containers are the manager's orphans and
 //! their rows, still active, are ended.
@@ -30,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::AppState;
-use crate::backend::{Backend, OWNER_PREFIX};
+use crate::backend::{Backend, OWNER_PREFIX, last_used_ms};
 use sandboxd_core::sandbox::{SandboxState, SessionInfo};
 use sandboxd_core::store::{SessionKind, SessionState, now_ms};
 
@@ -139,63 +140,76 @@ pub async fn tick(st: &AppState) {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "could not look for orphaned containers"),
     }
-    let now = now_ms();
-    for live in st.backend.all().await {
-        let row = match st.store.session(&live.id).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "the store failed during upkeep");
-                return;
-            }
-        };
-        let reason = match &row {
-            None => Some("its row was deleted".to_string()),
-            Some(r) if r.state == SessionState::Ended => Some(
-                r.end_reason
-                    .clone()
-                    .unwrap_or_else(|| "ended elsewhere".into()),
-            ),
-            // Zero while a run (queued, running, waiting for an answer) or a request holds
-            // the session: the manager's clock is the one every idle check reads.
-            _ if live.idle_for() > live.idle_timeout => Some(format!(
-                "idle for more than {} s",
-                live.idle_timeout.as_secs()
-            )),
-            _ => None,
-        };
-        match reason {
-            Some(reason) => {
-                tracing::info!(session = %live.id, %reason, "removing a session");
-                // A run still in it (its user was removed by `sandboxd users rm`) ends
-                // `cancelled` before its container goes, not `failed` after.
-                st.runs
-                    .cancel_session(&live.id, Duration::from_secs(10))
-                    .await;
-                let _ = st.store.end_session(&live.id, &reason, now).await;
-                if let Err(e) = st.backend.remove(&live.id, None).await {
-                    tracing::warn!(session = %live.id, error = %e, "could not remove a session's container");
-                }
-            }
-            None => {
-                if row.is_some_and(|r| r.last_used_at < live.last_used_ms())
-                    && let Err(e) = st.store.touch_session(&live.id, live.last_used_ms()).await
-                {
-                    tracing::warn!(error = %e, "could not record a session's last use");
-                }
-            }
-        }
-    }
+    api_upkeep(st).await;
     // /mcp sandboxes: rows whose sandbox went unnoticed end, and the MCP sessions of users
     // removed by `sandboxd users rm` close.
     st.mcp.ledger().sweep(st.backend.manager()).await;
     st.mcp.remove_gone_users(st.store.as_ref()).await;
     let days = st.config.server.retention_days;
     if days > 0 {
-        let cutoff = now - (days as i64).saturating_mul(86_400_000);
+        let cutoff = now_ms() - (days as i64).saturating_mul(86_400_000);
         match st.store.purge_before(cutoff).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(rows = n, "purged rows past the retention"),
             Err(e) => tracing::warn!(error = %e, "could not purge old rows"),
+        }
+    }
+}
+
+/// API sessions this process holds: one whose row ended elsewhere (`sandboxd users rm` in
+/// another process) is removed, a run still in it cancelled first; every other one's last
+/// use is recorded in its row.
+async fn api_upkeep(st: &AppState) {
+    // The sessions first, then the rows: a session made meanwhile is already claimed by its
+    // row, or its row is still `creating` (it names no session yet) and its owner's
+    // unclaimed sessions wait for the next pass.
+    let live = st.backend.all().await;
+    if live.is_empty() {
+        return;
+    }
+    let rows = match st.store.active_sessions().await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(error = %e, "the store failed during upkeep");
+            return;
+        }
+    };
+    let api = rows.iter().filter(|r| r.kind == SessionKind::Api);
+    let creating: HashSet<&str> = api
+        .clone()
+        .filter(|r| r.state == SessionState::Creating)
+        .map(|r| r.owner.as_str())
+        .collect();
+    for session in live {
+        let row = api
+            .clone()
+            .find(|r| r.runtime_id.as_deref() == Some(session.id.as_str()));
+        let user = session
+            .owner
+            .as_str()
+            .strip_prefix(OWNER_PREFIX)
+            .unwrap_or_default();
+        match row {
+            Some(row) => {
+                let used = last_used_ms(&session);
+                if row.last_used_at < used
+                    && let Err(e) = st.store.touch_session(&row.id, used).await
+                {
+                    tracing::warn!(error = %e, "could not record a session's last use");
+                }
+            }
+            None if creating.contains(user) => {}
+            None => {
+                tracing::info!(session = %session.id, "removing a session whose row ended");
+                // A run still in it (its user was removed by `sandboxd users rm`) ends
+                // `cancelled` before its container goes, not `failed` after.
+                st.runs
+                    .cancel_runtime(&session.id, Duration::from_secs(10))
+                    .await;
+                if let Err(e) = st.backend.remove(user, Some(&session.id)).await {
+                    tracing::warn!(session = %session.id, error = %e, "could not remove a session's container");
+                }
+            }
         }
     }
 }

@@ -76,6 +76,10 @@ async fn end(st: &AppState, caller: &Caller, row: &SessionRow) -> Result<(), Api
     }
     st.store.end_session(&row.id, reason, now_ms()).await?;
     st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
-    st.backend.remove(&row.id, Some(row)).await?;
+    // The row read before it ended: a session still being created has no container yet,
+    // and one made after this is removed by the upkeep (its row ended).
+    st.backend
+        .remove(&row.owner, row.runtime_id.as_deref())
+        .await?;
     Ok(())
 }

@@ -93,7 +93,7 @@ pub async fn live_session(st: &AppState, caller: &Caller, id: &str) -> Result<Ar
         }
         SessionState::Ended => return Err(ended(&row)),
     }
-    st.backend.get(id).await.ok_or_else(|| {
+    st.backend.get(&row).await.ok_or_else(|| {
         ApiError::new(
             ErrorCode::Conflict,
             format!("session {id} has no attached sandbox; delete it and create a new one"),
@@ -119,7 +119,7 @@ pub async fn sandbox_failed(st: &AppState, live: &Live, e: SandboxError) -> ApiE
             .store
             .end_session(&live.id, "its container is gone", now_ms())
             .await;
-        let _ = st.backend.remove(&live.id, None).await;
+        let _ = st.backend.remove(&live.owner, Some(&live.runtime_id)).await;
     }
     e.into()
 }
@@ -210,7 +210,7 @@ async fn make(st: &AppState, row: &SessionRow, filled: &LimitRequest) -> Result<
                 .session_started(&row.id, &live.runtime_id, &live.handle)
                 .await
             {
-                let _ = st.backend.remove(&row.id, None).await;
+                let _ = st.backend.remove(&row.owner, Some(&live.runtime_id)).await;
                 let _ = st.store.delete_session(&row.id).await;
                 return Err(e.into());
             }
@@ -284,7 +284,7 @@ pub async fn get_session(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Session>, ApiError> {
     let mut row = owned_row(&st, &caller, &id).await?;
-    if let Some(live) = st.backend.get(&id).await {
+    if let Some(live) = st.backend.get(&row).await {
         row.last_used_at = row.last_used_at.max(live.last_used_ms());
     }
     Ok(Json((&row).into()))

@@ -4,3 +4,4 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod in_process;
+mod reaper;

@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Viewer;
+use super::ends::EndReason;
 use super::manager::{Session, SessionManager, lock};
 
 /// What the budget check measured.
@@ -107,7 +109,8 @@ impl SessionManager {
                 .flatten()
                 .unwrap_or(each);
             tracing::info!(session = %s.id, "memory budget: removing the longest-idle session");
-            match self.remove(&s.owner, &s.id).await {
+            let owner = Viewer::Owner(s.owner.clone());
+            match self.remove_as(&owner, &s.id, EndReason::MemoryBudget).await {
                 Ok(()) => {
                     over = over.saturating_sub(used);
                     removed.push(s.id.clone());

@@ -1,5 +1,5 @@
 //! When a session was last used, and whether it is in use now: the one clock every idle
-//! check reads (the manager's reaper and memory budget, `serve`'s per-session timeout).
+//! check reads (the manager's reaper, with each session's own timeout, and its memory budget).
 //!
 //! A touch marks a moment of use; that is enough for a request that ends at once, but not
 //! for a run or a tool call that lasts longer than the idle timeout (a run's bash step

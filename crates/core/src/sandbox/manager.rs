@@ -11,15 +11,23 @@
 //! a session another live sandboxd still uses.
 //!
 //! Every path that destroys a session's sandbox (remove, the reaper, the memory budget,
-//! the reconciler) goes through `destroy`, which then tells the end hook, so what the layers
-//! above keep on the host for a session (a kept session's tool records) goes with it.
+//! the reconciler) goes through `destroy`, which then tells the end hook and the end events
+//! why (ends.rs), so what the layers above keep for a session (a kept session's tool
+//! records, serve's session rows) ends with it.
+//!
+//! It is the one registry of sessions and its reaper the one that ends idle ones, in every
+//! process: each session idles out after its own timeout (`Session::set_idle_timeout`; the
+//! configured one unless set), which is how serve's API sessions with their per-session
+//! timeouts are reaped here too.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::ends::{EndReason, Ended};
 use super::pool::Warm;
 use super::records::SessionRecords;
 use super::runtime::{Runtime, SandboxSpec, SandboxState};
@@ -44,6 +52,8 @@ pub struct Session {
     pub records: Arc<dyn SessionRecords>,
     /// When it was last used and whether it is in use now (see in_use.rs).
     pub(super) clock: super::in_use::UseClock,
+    /// Its own idle timeout in milliseconds; 0: the manager's configured one.
+    idle_timeout_ms: AtomicU64,
 }
 
 impl Session {
@@ -66,7 +76,26 @@ impl Session {
             slots: Default::default(),
             records,
             clock: super::in_use::UseClock::new(),
+            idle_timeout_ms: AtomicU64::new(0),
         })
+    }
+
+    /// Gives the session its own idle timeout (at least a millisecond): the reaper ends it
+    /// once it is unused for longer. What decides it lives with the caller (serve: the
+    /// session's row), which sets it again on a session it re-attaches.
+    pub fn set_idle_timeout(&self, timeout: Duration) {
+        let ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.idle_timeout_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Its own idle timeout, if one was set; else the manager's configured one applies.
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        match self.idle_timeout_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
     }
 
     /// Marks a moment of use.
@@ -171,9 +200,9 @@ pub struct SessionManager {
     records: Arc<dyn SessionRecords>,
     /// What to tell when a session ends; set once by the process that makes the manager.
     on_end: std::sync::OnceLock<EndHook>,
-    /// The ids of ended sessions, for whoever keeps its own books on them (`serve`'s /mcp
-    /// rows); a subscriber that lags must look again itself.
-    ends: tokio::sync::broadcast::Sender<String>,
+    /// Ended sessions and why, for whoever keeps its own books on them (`serve`'s rows);
+    /// a subscriber that lags must look again itself.
+    ends: tokio::sync::broadcast::Sender<Ended>,
 }
 
 /// Releases a creation's place in the caps however the creation ends (even cancelled).
@@ -286,10 +315,10 @@ impl SessionManager {
         })
     }
 
-    /// The ids of the sessions that end from now on: every one this manager destroys (its
+    /// The sessions that end from now on, with why: every one this manager destroys (its
     /// sandbox removed: closed, reaped, over the memory budget, reconciled) and every one
     /// `session_ended` reports.
-    pub fn subscribe_ends(&self) -> tokio::sync::broadcast::Receiver<String> {
+    pub fn subscribe_ends(&self) -> tokio::sync::broadcast::Receiver<Ended> {
         self.ends.subscribe()
     }
 
@@ -306,8 +335,16 @@ impl SessionManager {
     /// blocking pool; this waits for it, so what it deletes is gone when this returns (a
     /// one-shot command may exit right after, and the pool drops tasks not yet started).
     pub async fn session_ended(&self, session_id: &str) {
+        self.announce_end(session_id, EndReason::Gone).await;
+    }
+
+    /// Tells the end events and the end hook that `session_id` ended, and why.
+    async fn announce_end(&self, session_id: &str, reason: EndReason) {
         // No subscriber is not an error.
-        let _ = self.ends.send(session_id.to_string());
+        let _ = self.ends.send(Ended {
+            id: session_id.to_string(),
+            reason,
+        });
         let hook = self.on_end.get().cloned();
         let records = self.records.clone();
         let id = session_id.to_string();
@@ -327,9 +364,14 @@ impl SessionManager {
 
     /// Removes a session's sandbox, then tells the end hook: the one way a session's
     /// sandbox is destroyed. A failed removal leaves the session (and what is kept for it).
-    async fn destroy(&self, session_id: &str, handle: &str) -> Result<(), SandboxError> {
+    async fn destroy(
+        &self,
+        session_id: &str,
+        handle: &str,
+        reason: EndReason,
+    ) -> Result<(), SandboxError> {
         self.runtime.remove(handle).await?;
-        self.session_ended(session_id).await;
+        self.announce_end(session_id, reason).await;
         Ok(())
     }
 
@@ -476,16 +518,27 @@ impl SessionManager {
         Ok(t.sessions.entry(id).or_insert(session).clone())
     }
 
+    /// The session of `owner` this process holds now, if any: unlike `get`, never one
+    /// re-attached from the backend, and not marked as used.
+    pub fn held(&self, owner: &Owner, id: &str) -> Option<Arc<Session>> {
+        lock(&self.table)
+            .sessions
+            .get(id)
+            .filter(|s| &s.owner == owner)
+            .cloned()
+    }
+
     /// Removes a session of `owner` and its sandbox; another owner's is "not found".
     pub async fn remove(&self, owner: &Owner, id: &str) -> Result<(), SandboxError> {
-        self.remove_as(&Viewer::Owner(owner.clone()), id).await
+        let viewer = Viewer::Owner(owner.clone());
+        self.remove_as(&viewer, id, EndReason::Removed).await
     }
 
     /// Removes any session (the admin: `sessions rm`). `SessionNotFound` here means that no
     /// sandbox on the backend has that id at all (no warm one, none in the table, none
     /// labelled with it), which is what lets `sessions rm` drop a vanished session's records.
     pub async fn admin_remove(&self, id: &str) -> Result<(), SandboxError> {
-        self.remove_as(&Viewer::Admin, id).await
+        self.remove_as(&Viewer::Admin, id, EndReason::Removed).await
     }
 
     /// When no sandbox is found, nothing else is touched: not the end hook, not a file. A
@@ -494,7 +547,12 @@ impl SessionManager {
     /// end another's records by naming the id, and a 404 would differ by whether the id
     /// exists). Records left that way are dropped only by trusted callers: `sessions rm`
     /// (the local admin) and the sweep of orphans (`forget_orphan_records`).
-    async fn remove_as(&self, viewer: &Viewer, id: &str) -> Result<(), SandboxError> {
+    pub(super) async fn remove_as(
+        &self,
+        viewer: &Viewer,
+        id: &str,
+        reason: EndReason,
+    ) -> Result<(), SandboxError> {
         let not_found = || SandboxError::SessionNotFound { id: id.into() };
         if !plausible_id(id) {
             return Err(not_found());
@@ -529,7 +587,7 @@ impl SessionManager {
                     .handle
             }
         };
-        self.destroy(id, &handle).await
+        self.destroy(id, &handle, reason).await
     }
 
     /// Removes every session this process holds, except kept ones, and closes the warm
@@ -579,20 +637,33 @@ impl SessionManager {
             .collect())
     }
 
-    /// Removes sessions of this process idle for longer than the configured timeout.
+    /// Removes the sessions of this process unused for longer than their own idle timeout
+    /// (the configured one unless set), and tells why. A session held in use is never idle;
+    /// each is taken out of the table in the same look that finds it idle, so a session
+    /// used meanwhile is not taken.
     pub async fn reap_idle(&self) -> Vec<String> {
-        let limit = Duration::from_secs(self.config.idle_timeout_secs);
-        let idle: Vec<Arc<Session>> = lock(&self.table)
-            .sessions
-            .values()
-            .filter(|s| s.idle_for() > limit)
-            .cloned()
-            .collect();
+        let configured = Duration::from_secs(self.config.idle_timeout_secs);
+        let idle: Vec<(Arc<Session>, Duration)> = {
+            let mut t = lock(&self.table);
+            let over: Vec<(String, Duration)> = t
+                .sessions
+                .values()
+                .map(|s| (s, s.idle_timeout().unwrap_or(configured)))
+                .filter(|(s, timeout)| s.idle_for() > *timeout)
+                .map(|(s, timeout)| (s.id.clone(), timeout))
+                .collect();
+            over.into_iter()
+                .filter_map(|(id, timeout)| t.sessions.remove(&id).map(|s| (s, timeout)))
+                .collect()
+        };
         let mut reaped = Vec::new();
-        for s in idle {
+        for (s, timeout) in idle {
             tracing::info!(session = %s.id, "removing idle session");
-            match self.remove(&s.owner, &s.id).await {
-                Ok(()) | Err(SandboxError::SessionNotFound { .. }) => reaped.push(s.id.clone()),
+            match self
+                .destroy(&s.id, &s.handle, EndReason::Idle(timeout))
+                .await
+            {
+                Ok(()) => reaped.push(s.id.clone()),
                 Err(e) => {
                     tracing::warn!(session = %s.id, error = %e, "could not remove idle session")
                 }
@@ -641,7 +712,8 @@ impl SessionManager {
             if !stopped && (creator_alive || kept_running) {
                 continue;
             }
-            self.destroy(&f.session_id, &f.handle).await?;
+            self.destroy(&f.session_id, &f.handle, EndReason::Orphan)
+                .await?;
             removed.push(f.session_id);
         }
         Ok(removed)

@@ -8,6 +8,7 @@
 
 mod budget;
 pub mod copy_out;
+pub mod ends;
 mod exec_ops;
 pub mod exec_sandbox;
 #[cfg(test)]

@@ -126,10 +126,16 @@ pub async fn bench_exec(
 
 async fn exec_rounds(server: &BenchServer, key: &str, n: usize) -> anyhow::Result<ExecBench> {
     let id = server.session(key).await?;
+    let row = server
+        .state
+        .store
+        .session(&id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the benchmark session has no row"))?;
     let live = server
         .state
         .backend
-        .get(&id)
+        .get(&row)
         .await
         .ok_or_else(|| anyhow::anyhow!("the benchmark session is not live"))?;
     let url = format!("{}/v1/sessions/{id}/exec", server.base);

@@ -61,6 +61,8 @@ pub struct LiveRun {
     pub id: String,
     pub owner: String,
     pub session_id: String,
+    /// The manager's id of the session it runs in.
+    pub runtime_id: String,
     pub journal: Journal,
     store: Arc<dyn Store>,
     cancel: CancellationToken,
@@ -204,6 +206,7 @@ impl RunService {
             id: id.clone(),
             owner: req.owner.clone(),
             session_id: req.session_id.clone(),
+            runtime_id: req.session.id.clone(),
             journal: Journal::new(self.store.clone(), id.clone(), 0),
             store: self.store.clone(),
             cancel: CancellationToken::new(),
@@ -313,6 +316,13 @@ impl RunService {
     /// waits (at most `wait`) for their endings.
     pub async fn cancel_session(&self, session_id: &str, wait: Duration) {
         self.cancel_where(|r| r.session_id == session_id, wait)
+            .await;
+    }
+
+    /// Cancels every run in flight here in the manager's session `runtime_id` (its row ended
+    /// elsewhere) and waits (at most `wait`) for their endings.
+    pub async fn cancel_runtime(&self, runtime_id: &str, wait: Duration) {
+        self.cancel_where(|r| r.runtime_id == runtime_id, wait)
             .await;
     }
 

@@ -125,14 +125,14 @@ pub async fn create_run(
             let row = sessions::create(&st, &caller, body.session.unwrap_or_default()).await?;
             let live = st
                 .backend
-                .get(&row.id)
+                .get(&row)
                 .await
                 .ok_or_else(|| ApiError::internal("the new session has no sandbox"))?;
             (row.id, live, true)
         }
     };
     let started = async {
-        let session = st.backend.session(&live).await?;
+        let session = live.session().clone();
         let run = st
             .runs
             .start(StartRun {
@@ -153,7 +153,7 @@ pub async fn create_run(
         Ok(row) => Ok((StatusCode::CREATED, Json((&row).into()))),
         Err(e) => {
             if created {
-                let _ = st.backend.remove(&session_id, None).await;
+                let _ = st.backend.remove(&live.owner, Some(&live.runtime_id)).await;
                 let _ = st.store.delete_session(&session_id).await;
             }
             Err(e)

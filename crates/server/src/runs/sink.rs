@@ -185,6 +185,7 @@ mod tests {
             id: "run-q".into(),
             owner: "u".into(),
             session_id: "ses".into(),
+            runtime_id: "0123456789ab".into(),
             journal: Journal::new(store.clone(), "run-q".into(), 0),
             store: store.clone(),
             cancel: CancellationToken::new(),

@@ -1,0 +1,64 @@
+//! Why a session ended, as the manager tells it: every sandbox the manager destroys (and
+//! every one a caller reports gone) is announced once on its end events, with the reason.
+//!
+//! The reason is for people: serve writes its text into the session's row (`end_reason`),
+//! so an API client reads "idle for more than 60 s" where the manager's reaper took the
+//! session. The text names no backend and quotes nothing a client or a sandbox wrote.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why the manager ended a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// Unused for longer than its idle timeout (the one reaper, `reap_idle`).
+    Idle(Duration),
+    /// Removed to bring the host back under its memory budget.
+    MemoryBudget,
+    /// Removed by a caller: closed, deleted, its owner removed, or shut down.
+    Removed,
+    /// An orphan the reconciler removed: its creator is gone, or it stopped.
+    Orphan,
+    /// Its sandbox was found gone (`SessionManager::session_ended`).
+    Gone,
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EndReason::Idle(timeout) => write!(f, "idle for more than {} s", timeout.as_secs()),
+            EndReason::MemoryBudget => {
+                f.write_str("removed to keep the host within its memory budget")
+            }
+            EndReason::Removed => f.write_str("its sandbox was removed"),
+            EndReason::Orphan => {
+                f.write_str("its sandbox was an orphan (its creator is gone, or it stopped)")
+            }
+            EndReason::Gone => f.write_str("its sandbox is gone"),
+        }
+    }
+}
+
+/// One session's end: the manager's session id and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    pub id: String,
+    pub reason: EndReason,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_end_says_the_sessions_own_timeout_in_whole_seconds() {
+        assert_eq!(
+            EndReason::Idle(Duration::from_millis(1_500)).to_string(),
+            "idle for more than 1 s"
+        );
+        assert_eq!(
+            EndReason::Idle(Duration::from_secs(600)).to_string(),
+            "idle for more than 600 s"
+        );
+    }
+}

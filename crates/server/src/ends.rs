@@ -1,0 +1,107 @@
+//! The manager's end events, written into the store: the one place serve hears that a
+//! session's sandbox went, whoever removed it.
+//!
+//! The manager is the one registry of sessions and its reaper the one that ends idle ones
+//! (each after the timeout its row recorded); it also removes sessions over the memory
+//! budget and orphans. Each removal is announced once with why (`Ended`). An API session's
+//! row is found by the manager's id (`runtime_id`) among the active rows and ended with
+//! that reason ("idle for more than 60 s"), a run still in it cancelled first; an /mcp
+//! sandbox's row is the ledger's (mcp_quota.rs). A row serve ended itself before removing
+//! the container (DELETE, a lost container, a removed user) is no longer active and keeps
+//! its reason.
+//!
+//! A listener that lags behind the events has lost some: it then ends the running API rows
+//! whose session the manager no longer holds, and the ledger sweeps its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::AppState;
+use sandboxd_core::sandbox::ends::Ended;
+use sandboxd_core::store::{SessionKind, SessionRow, SessionState, now_ms};
+
+/// How long ending a session waits for each of its runs to stop.
+const RUN_STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// Follows the manager's end events until shutdown.
+pub fn spawn_listener(st: Arc<AppState>) -> tokio::task::JoinHandle<()> {
+    let manager = st.backend.manager().clone();
+    let mut ends = manager.subscribe_ends();
+    tokio::spawn(async move {
+        loop {
+            let next = tokio::select! {
+                n = ends.recv() => n,
+                _ = st.shutdown.cancelled() => return,
+            };
+            match next {
+                Ok(ended) => {
+                    st.mcp.ledger().on_end(&ended.id).await;
+                    api_ended(&st, &ended).await;
+                }
+                Err(RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "session end events were missed; sweeping");
+                    st.mcp.ledger().sweep(&manager).await;
+                    api_sweep(&st).await;
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    })
+}
+
+/// The active API rows, or none when the store cannot tell now.
+async fn active_api_rows(st: &AppState) -> Vec<SessionRow> {
+    match st.store.active_sessions().await {
+        Ok(rows) => rows
+            .into_iter()
+            .filter(|r| r.kind == SessionKind::Api)
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "the store failed while ending a session's row");
+            Vec::new()
+        }
+    }
+}
+
+/// Ends the row of the API session whose sandbox the manager removed, with why.
+async fn api_ended(st: &AppState, ended: &Ended) {
+    let rows = active_api_rows(st).await;
+    let Some(row) = rows
+        .iter()
+        .find(|r| r.runtime_id.as_deref() == Some(ended.id.as_str()))
+    else {
+        return;
+    };
+    end_row(st, row, &ended.reason.to_string()).await;
+}
+
+/// After missed events: a running API row whose session the manager no longer holds lost
+/// it unheard. (A row is running only once its session is in the manager's table, and serve
+/// ends a row itself before it removes the session.)
+async fn api_sweep(st: &AppState) {
+    let held: Vec<String> = st
+        .backend
+        .all()
+        .await
+        .iter()
+        .map(|s| s.id.clone())
+        .collect();
+    for row in active_api_rows(st).await {
+        let gone = row.state == SessionState::Running
+            && row.runtime_id.as_ref().is_some_and(|rt| !held.contains(rt));
+        if gone {
+            end_row(st, &row, "its sandbox was removed").await;
+        }
+    }
+}
+
+/// Cancels the runs still in the session (they end `cancelled`), then ends its row.
+async fn end_row(st: &AppState, row: &SessionRow, reason: &str) {
+    tracing::info!(session = %row.id, %reason, "the session ended");
+    st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
+    if let Err(e) = st.store.end_session(&row.id, reason, now_ms()).await {
+        tracing::warn!(session = %row.id, error = %e, "could not end a session's row");
+    }
+}
