@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use sandboxd_core::config::Config;
 use sandboxd_core::sandbox::Runtime;
 use sandboxd_core::sandbox::records::{FileRecords, SessionRecords};
-use sandboxd_core::store::Store;
+use sandboxd_core::store::{Store, StoreRecords};
 use sandboxd_docker::image as docker_image;
 use sandboxd_docker::{self as docker, DockerRuntime};
 use sandboxd_sqlite::SqliteStore;
@@ -47,9 +47,14 @@ pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc
     )))
 }
 
-/// Where kept sessions' tool records live: private files in the data directory.
+/// Where the CLI's kept sessions' tool records live: private files in the data directory.
 pub(crate) fn records(config: &Config) -> Arc<dyn SessionRecords> {
     Arc::new(FileRecords::new(&config.data_dir()))
+}
+
+/// Where serve's live: rows of its store, which every serve on that store shares.
+pub(crate) fn store_records(store: &Arc<dyn Store>) -> Arc<dyn SessionRecords> {
+    Arc::new(StoreRecords::new(store.clone()))
 }
 
 fn oci_runtime(config: &Config) -> Option<String> {

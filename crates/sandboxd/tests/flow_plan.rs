@@ -515,7 +515,7 @@ async fn cancelling_step_two_ends_the_flow_at_once_and_the_deadline_gives_a_part
         })
     ));
     assert_eq!(
-        PlanBook::of(&s, 10).list().0.len(),
+        PlanBook::of(&s, 10).list().await.0.len(),
         2,
         "the session holds both plans"
     );

@@ -1,6 +1,7 @@
 //! SqliteStore: the embedded store, one SQLite file in the data directory. This file opens
 //! it, applies the migrations and runs calls on its two connections; the tables' statements
-//! and row mapping live beside it, one file per table (users.rs, sessions.rs, runs.rs, events.rs, usage.rs).
+//! and row mapping live beside it, one file per table (users.rs, sessions.rs, runs.rs, events.rs,
+//! usage.rs, logins.rs, records.rs).
 //!
 //! Why rusqlite (+ tokio-rusqlite) and not sqlx: sqlx would give PostgreSQL from the same
 //! crate, but on this project's 2-core builders it adds ~105 crates and ~137 s to a cold build
@@ -24,6 +25,7 @@ use tokio::sync::Semaphore;
 
 mod events;
 mod logins;
+mod records;
 mod runs;
 mod sessions;
 mod usage;
@@ -40,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v2.sql"),
     include_str!("schema_v3.sql"),
     include_str!("schema_v4.sql"),
+    include_str!("schema_v5.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

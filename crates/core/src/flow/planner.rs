@@ -85,7 +85,7 @@ impl Planner<'_> {
                     continue;
                 }
             };
-            match self.accept(&completion, "create", None) {
+            match self.accept(&completion, "create", None).await {
                 Ok(plan) => return Answer::Plan(plan),
                 Err(why) => {
                     push_answer(&mut messages, &completion, &why);
@@ -101,7 +101,7 @@ impl Planner<'_> {
     pub(super) async fn replan(&mut self, system: String, prompt: String, plan_id: &str) -> Answer {
         let messages = [Message::system(system), Message::user(prompt)];
         match self.ask(&messages).await {
-            Ok(c) => match self.accept(&c, "update", Some(plan_id)) {
+            Ok(c) => match self.accept(&c, "update", Some(plan_id)).await {
                 Ok(plan) => Answer::Plan(plan),
                 Err(why) => Answer::Invalid(why),
             },
@@ -112,7 +112,12 @@ impl Planner<'_> {
 
     /// Checks the first planning call against the schema and the command expected, then
     /// stores it through the book (which assigns the id and cleans the text).
-    fn accept(&self, c: &Completion, command: &str, plan_id: Option<&str>) -> Result<Plan, String> {
+    async fn accept(
+        &self,
+        c: &Completion,
+        command: &str,
+        plan_id: Option<&str>,
+    ) -> Result<Plan, String> {
         let Some(call) = c
             .tool_calls
             .iter()
@@ -159,7 +164,10 @@ impl Planner<'_> {
             None => {
                 let title = title.ok_or("create needs a title")?;
                 let steps = steps.ok_or("create needs steps")?;
-                self.book.create(title, &steps).map_err(|e| e.to_string())
+                self.book
+                    .create(title, &steps)
+                    .await
+                    .map_err(|e| e.to_string())
             }
             Some(own) => {
                 if let Some(asked) = args.get("plan_id").and_then(Value::as_str)
@@ -170,6 +178,7 @@ impl Planner<'_> {
                 let steps = steps.ok_or("update needs the full new list of steps")?;
                 self.book
                     .update(Some(own), title, Some(&steps))
+                    .await
                     .map_err(|e| e.to_string())
             }
         }
@@ -195,10 +204,11 @@ fn push_answer(messages: &mut Vec<Message>, c: &Completion, why: &str) {
 
 /// The plan used when the planner gave none: the whole task as one step, so the flow still
 /// does the work as a single agent run would.
-pub(super) fn default_plan(book: &PlanBook, task: &str) -> Result<Plan, planning::PlanError> {
+pub(super) async fn default_plan(book: &PlanBook, task: &str) -> Result<Plan, planning::PlanError> {
     let title = format!("Plan for: {}", planning::book::clean_line(task, 60));
     book.create(
         &title,
         &["Do the whole task and save the deliverables in /workspace".to_string()],
     )
+    .await
 }

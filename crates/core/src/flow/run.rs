@@ -143,9 +143,10 @@ impl<'a> FlowRun<'a> {
         }
     }
 
-    fn plan(&self) -> Result<Plan, FlowStatus> {
+    async fn plan(&self) -> Result<Plan, FlowStatus> {
         self.book
             .get(Some(&self.plan_id))
+            .await
             .map_err(|e| FlowStatus::Blocked {
                 step: 0,
                 reason: format!("the plan is gone: {e}"),
@@ -165,7 +166,7 @@ impl<'a> FlowRun<'a> {
         let plan = match answer {
             Answer::Plan(p) => p,
             Answer::Cancelled => return self.stopped(),
-            Answer::Invalid(why) => match planner::default_plan(&self.book, &task) {
+            Answer::Invalid(why) => match planner::default_plan(&self.book, &task).await {
                 Ok(p) => {
                     self.fallback = Some(format!(
                         "the planner gave no valid plan twice ({why}); using the default one-step plan"
@@ -195,7 +196,7 @@ impl<'a> FlowRun<'a> {
             if self.remaining() == Some(0) {
                 return self.budget_spent();
             }
-            let plan = match self.plan() {
+            let plan = match self.plan().await {
                 Ok(p) => p,
                 Err(status) => return status,
             };
@@ -247,10 +248,11 @@ impl<'a> FlowRun<'a> {
                 Ok(ran) => ran,
                 Err(end) => return end,
             };
-            let (status, notes, end) = self.judge(&step, &outcome, &mut retry);
+            let (status, notes, end) = self.judge(&step, &outcome, &mut retry).await;
             let _ = self
                 .book
-                .mark_step(Some(&self.plan_id), i, Some(status), Some(&notes));
+                .mark_step(Some(&self.plan_id), i, Some(status), Some(&notes))
+                .await;
             self.emitter
                 .emit(EventKind::StepFinished {
                     index: i,
@@ -283,12 +285,15 @@ impl<'a> FlowRun<'a> {
             executor,
         } = *step;
         // The model's own mark_step notes of this attempt start empty.
-        let now = self.book.mark_step(
-            Some(&self.plan_id),
-            i,
-            Some(StepStatus::InProgress),
-            Some(""),
-        );
+        let now = self
+            .book
+            .mark_step(
+                Some(&self.plan_id),
+                i,
+                Some(StepStatus::InProgress),
+                Some(""),
+            )
+            .await;
         let Ok(now) = now else {
             return Err(StepEnd::Stop(FlowStatus::Blocked {
                 step: i,
@@ -343,7 +348,7 @@ impl<'a> FlowRun<'a> {
 
     /// What an attempt's outcome makes of the step: its status, its notes and, unless it is
     /// tried again (then `retry` says why), how the step ends.
-    fn judge(
+    async fn judge(
         &self,
         step: &StepTry<'_>,
         outcome: &StepOutcome,
@@ -353,6 +358,7 @@ impl<'a> FlowRun<'a> {
         let model_notes = self
             .book
             .get(Some(&self.plan_id))
+            .await
             .ok()
             .and_then(|p| p.steps.get(i).map(|s| s.notes.clone()))
             .unwrap_or_default();
@@ -443,11 +449,15 @@ impl<'a> FlowRun<'a> {
 
     /// The summary and the outcome; a stopped flow returns its partial result at once.
     async fn finish(mut self, status: FlowStatus) -> FlowOutcome {
-        let plan = self.book.get(Some(&self.plan_id)).unwrap_or_else(|_| Plan {
-            id: self.plan_id.clone(),
-            title: "no plan".into(),
-            steps: Vec::new(),
-        });
+        let plan = self
+            .book
+            .get(Some(&self.plan_id))
+            .await
+            .unwrap_or_else(|_| Plan {
+                id: self.plan_id.clone(),
+                title: "no plan".into(),
+                steps: Vec::new(),
+            });
         let files = self.flow.runner.workspace_files().await;
         let mut usage = self.usage;
         let writes = matches!(status, FlowStatus::Completed | FlowStatus::Blocked { .. })

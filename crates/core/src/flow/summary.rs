@@ -155,15 +155,17 @@ mod tests {
     use super::*;
     use crate::tools::planning::PlanBook;
 
-    #[test]
-    fn the_request_carries_notes_results_and_files() {
+    #[tokio::test]
+    async fn the_request_carries_notes_results_and_files() {
         let book = PlanBook::new(5);
-        book.create("T", &["a".into(), "b".into()]).unwrap();
+        book.create("T", &["a".into(), "b".into()]).await.unwrap();
         book.mark_step(None, 0, Some(StepStatus::Completed), Some("wrote x.csv"))
+            .await
             .unwrap();
         book.mark_step(None, 1, Some(StepStatus::Blocked), Some("no data"))
+            .await
             .unwrap();
-        let plan = book.get(None).unwrap();
+        let plan = book.get(None).await.unwrap();
         let answers = vec![Some("long answer\x1b[2J\nline two".to_string()), None];
         let r = request("task", &plan, &answers, &["x.csv".into()]);
         assert!(r.contains("Notes: wrote x.csv") && r.contains("Notes: no data"));

@@ -331,9 +331,10 @@ impl SessionManager {
     }
 
     /// Tells the end hook that `session_id` ended without this manager removing its sandbox
-    /// (a caller found the sandbox already gone). The hook does file work, so it runs on the
-    /// blocking pool; this waits for it, so what it deletes is gone when this returns (a
-    /// one-shot command may exit right after, and the pool drops tasks not yet started).
+    /// (a caller found the sandbox already gone), after its tool records are forgotten. The
+    /// hook may do file work, so it runs on the blocking pool; this waits for both, so what
+    /// they delete is gone when this returns (a one-shot command may exit right after, and
+    /// the pool drops tasks not yet started).
     pub async fn session_ended(&self, session_id: &str) {
         self.announce_end(session_id, EndReason::Gone).await;
     }
@@ -345,21 +346,25 @@ impl SessionManager {
             id: session_id.to_string(),
             reason,
         });
-        let hook = self.on_end.get().cloned();
-        let records = self.records.clone();
+        self.forget_records(session_id).await;
+        let Some(hook) = self.on_end.get().cloned() else {
+            return;
+        };
         let id = session_id.to_string();
-        let ended = tokio::task::spawn_blocking(move || {
-            let kinds = records.forget(&id);
-            if !kinds.is_empty() {
-                tracing::debug!(session = %id, ?kinds, "the ended session's tool records are gone");
-            }
-            if let Some(hook) = hook {
-                hook(&id);
-            }
-        });
-        if let Err(e) = ended.await {
+        if let Err(e) = tokio::task::spawn_blocking(move || hook(&id)).await {
             tracing::warn!(session = %session_id, error = %e, "the session end hook failed");
         }
+    }
+
+    /// Deletes every tool record of `session_id`; returns the kinds deleted, sorted. The one
+    /// way records of one session go: a session's end, and `sessions rm` of a session whose
+    /// sandbox was already gone (trusted callers only: no owner is checked here).
+    pub async fn forget_records(&self, session_id: &str) -> Vec<String> {
+        let kinds = self.records.forget(session_id).await;
+        if !kinds.is_empty() {
+            tracing::debug!(session = %session_id, ?kinds, "the session's tool records are gone");
+        }
+        kinds
     }
 
     /// Removes a session's sandbox, then tells the end hook: the one way a session's
@@ -729,10 +734,16 @@ impl SessionManager {
     /// lose its records: a record is written only while its sandbox exists. A failed listing
     /// deletes nothing.
     pub async fn forget_orphan_records(&self) -> Result<Vec<String>, SandboxError> {
-        let records = self.records.clone();
-        let recorded = tokio::task::spawn_blocking(move || records.sessions())
-            .await
-            .unwrap_or_default();
+        self.forget_orphans_in(self.records.as_ref()).await
+    }
+
+    /// `forget_orphan_records` in another records home (serve's start sweeps the data
+    /// directory's record files, which its own records no longer are).
+    pub async fn forget_orphans_in(
+        &self,
+        records: &dyn SessionRecords,
+    ) -> Result<Vec<String>, SandboxError> {
+        let recorded = records.sessions().await;
         if recorded.is_empty() {
             return Ok(Vec::new());
         }
@@ -744,18 +755,10 @@ impl SessionManager {
             .collect();
         alive.extend(self.live().await.into_iter().map(|s| s.id.clone()));
         let orphans: Vec<String> = recorded.difference(&alive).cloned().collect();
-        let (records, ids) = (self.records.clone(), orphans.clone());
-        tokio::task::spawn_blocking(move || {
-            for id in &ids {
-                let kinds = records.forget(id);
-                tracing::info!(session = %id, ?kinds, "removed the tool records of a session whose sandbox is gone");
-            }
-        })
-        .await
-        .map_err(|e| SandboxError::Protocol {
-            helper: "the tool records".into(),
-            message: format!("the sweep of orphaned records failed: {e}"),
-        })?;
+        for id in &orphans {
+            let kinds = records.forget(id).await;
+            tracing::info!(session = %id, ?kinds, "removed the tool records of a session whose sandbox is gone");
+        }
         Ok(orphans)
     }
 }

@@ -1,5 +1,6 @@
-//! The service's persistent state: users and their keys, sessions, runs, events and
-//! conversations, behind one small trait so a PostgreSQL implementation can follow.
+//! The service's persistent state: users and their keys, sessions, runs, events,
+//! conversations and kept sessions' tool records, behind one small trait so a PostgreSQL
+//! implementation can follow.
 //!
 //! Implementations are crates of their own (the embedded default is sandboxd-sqlite); the
 //! binary picks one. Times are unix milliseconds. Rows carry the owner's user id; the callers (the
@@ -7,6 +8,7 @@
 
 pub mod conversation;
 mod runs;
+mod tool_records;
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use runs::{RunPage, RunPatch, RunQuery, RunRow, RunState, StoredEvent, StoredQuestion};
+pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
 
 use crate::config::Limits;
 
@@ -35,6 +38,15 @@ pub enum StoreError {
     Sql(String),
     #[error("the store holds a malformed {what}: {message}")]
     Corrupt { what: &'static str, message: String },
+    #[error(
+        "the {kind:?} tool record of session {session:?} is {len} bytes, over the store's limit of {max} bytes"
+    )]
+    RecordTooLarge {
+        session: String,
+        kind: String,
+        len: u64,
+        max: u64,
+    },
 }
 
 /// Overrides of the configured quota defaults for one user; `None` keeps the default.
@@ -277,7 +289,7 @@ pub trait Logins: Send + Sync {
 
 /// The store boundary. Every method is one short transaction.
 #[async_trait]
-pub trait Store: Logins + Send + Sync {
+pub trait Store: Logins + ToolRecords + Send + Sync {
     /// A write that proves the store is writable (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 

@@ -13,11 +13,12 @@ mod view;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, MutexGuard};
 
 use super::{Tool, ToolContext, ToolError, ToolResult, arg_str};
 use crate::sandbox::{ExecRequest, FileKind, FileStat, Sandbox, SandboxError};
@@ -32,6 +33,8 @@ pub struct StrReplaceEditor {
     max_file_bytes: u64,
     /// Where a kept session's history is saved for later processes.
     saved: Option<super::saved::SavedTools>,
+    /// Whether what an earlier process saved was read (on first use, under the lock).
+    restored: AtomicBool,
 }
 
 /// Why a command did not run: something the model can fix, or a sandbox failure.
@@ -59,22 +62,34 @@ impl StrReplaceEditor {
             history: Mutex::new(HashMap::new()),
             max_file_bytes,
             saved: None,
+            restored: AtomicBool::new(false),
         }
     }
 
-    /// Keeps the history in `saved` too, starting from what an earlier process left there.
+    /// Keeps the history in `saved` too, starting from what an earlier process left there
+    /// (read on first use).
     pub fn with_saved(mut self, saved: super::saved::SavedTools) -> Self {
-        if let Some(record) = saved.load::<undo::Saved>(undo::RECORD) {
-            self.history = Mutex::new(undo::from_saved(record));
-        }
         self.saved = Some(saved);
         self
     }
 
-    /// Saves the history for a later process (kept sessions only).
-    fn persist(&self, history: &History) {
+    /// The history, locked; a kept session's is first restored from its record, once.
+    async fn history(&self) -> MutexGuard<'_, History> {
+        let mut history = self.history.lock().await;
+        if let Some(saved) = &self.saved
+            && !self.restored.swap(true, Ordering::AcqRel)
+            && let Some(record) = saved.load::<undo::Saved>(undo::RECORD).await
+        {
+            *history = undo::from_saved(record);
+        }
+        history
+    }
+
+    /// Saves the history for a later process (kept sessions only), under the history's lock
+    /// so that the record follows the order of the edits.
+    async fn persist(&self, history: &History) {
         if let Some(saved) = &self.saved {
-            saved.save(undo::RECORD, &undo::to_saved(history));
+            saved.save(undo::RECORD, &undo::to_saved(history)).await;
         }
     }
 
@@ -162,7 +177,7 @@ impl StrReplaceEditor {
         }
         self.sandbox.write_file(target, after).await?;
         remember(history, target, before);
-        self.persist(history);
+        self.persist(history).await;
         Ok(())
     }
 
@@ -171,7 +186,7 @@ impl StrReplaceEditor {
         if file_text.len() as u64 > self.max_file_bytes {
             return Err(self.too_large("file_text", file_text.len() as u64));
         }
-        let mut history = self.history.lock().await;
+        let mut history = self.history().await;
         match self.sandbox.stat(path).await {
             Ok(st) if st.kind == FileKind::Dir => {
                 return model(format!(
@@ -208,7 +223,7 @@ impl StrReplaceEditor {
             );
         }
         let new = arg_str(args, "new_str").unwrap_or("");
-        let mut history = self.history.lock().await;
+        let mut history = self.history().await;
         let (target, text) = self.open_for_edit(path, "str_replace").await?;
         let eol = text::detect_eol(&text);
         // Match in the file's own line endings first; a mixed file may still match as sent.
@@ -253,7 +268,7 @@ impl StrReplaceEditor {
             );
         };
         let new = required(args, "new_str", "insert")?;
-        let mut history = self.history.lock().await;
+        let mut history = self.history().await;
         let (target, text) = self.open_for_edit(path, "insert").await?;
         let n = text::line_count(&text);
         let after = match line.as_i64() {

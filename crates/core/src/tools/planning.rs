@@ -53,20 +53,22 @@ impl PlanningTool {
         }
     }
 
-    fn run(&self, args: &Value) -> Result<String, String> {
+    async fn run(&self, args: &Value) -> Result<String, String> {
         let command = arg_str(args, "command").unwrap_or_default();
         let plan_id = arg_str(args, "plan_id");
         if let Scope::Step {
             plan_id: own,
             index,
         } = &self.scope
-            && let Err(why) = self.check_step_scope(command, plan_id, own, *index, args)
+            && let Err(why) = self
+                .check_step_scope(command, plan_id, own, *index, args)
+                .await
         {
             return Err(why);
         }
         let e = |e: PlanError| e.to_string();
         match command {
-            "create" => self.create(args, plan_id),
+            "create" => self.create(args, plan_id).await,
             "update" => {
                 let steps = string_list(args)?;
                 let title = arg_str(args, "title");
@@ -76,20 +78,21 @@ impl PlanningTool {
                 let plan = self
                     .book
                     .update(plan_id, title, steps.as_deref())
+                    .await
                     .map_err(e)?;
                 Ok(format!("Plan updated: {}\n\n{}", plan.id, plan.render()))
             }
-            "list" => Ok(self.list()),
-            "get" => Ok(self.book.get(plan_id).map_err(e)?.render()),
+            "list" => Ok(self.list().await),
+            "get" => Ok(self.book.get(plan_id).await.map_err(e)?.render()),
             "set_active" => {
                 let id = plan_id.ok_or("set_active needs plan_id")?;
-                let plan = self.book.set_active(id).map_err(e)?;
+                let plan = self.book.set_active(id).await.map_err(e)?;
                 Ok(format!("Plan {} is now the active plan.", plan.id))
             }
-            "mark_step" => self.mark_step(args, plan_id),
+            "mark_step" => self.mark_step(args, plan_id).await,
             "delete" => {
                 let id = plan_id.ok_or("delete needs plan_id")?;
-                self.book.delete(id).map_err(e)?;
+                self.book.delete(id).await.map_err(e)?;
                 Ok(format!("Plan {} deleted.", book::clean_line(id, 80)))
             }
             other => Err(format!(
@@ -99,10 +102,14 @@ impl PlanningTool {
     }
 
     /// create: a new plan, its id assigned here (a `plan_id` sent along is ignored, and said so).
-    fn create(&self, args: &Value, plan_id: Option<&str>) -> Result<String, String> {
+    async fn create(&self, args: &Value, plan_id: Option<&str>) -> Result<String, String> {
         let title = arg_str(args, "title").ok_or("create needs a title (a string)")?;
         let steps = string_list(args)?.ok_or("create needs steps (a list of strings)")?;
-        let plan = self.book.create(title, &steps).map_err(|e| e.to_string())?;
+        let plan = self
+            .book
+            .create(title, &steps)
+            .await
+            .map_err(|e| e.to_string())?;
         let mut out = format!(
             "Plan created with ID: {} (ids are assigned by sandboxd)\n\n{}",
             plan.id,
@@ -119,8 +126,8 @@ impl PlanningTool {
     }
 
     /// list: every plan of the session, the active one marked, with its progress.
-    fn list(&self) -> String {
-        let (plans, active) = self.book.list();
+    async fn list(&self) -> String {
+        let (plans, active) = self.book.list().await;
         if plans.is_empty() {
             return "No plans in this session. Create one with command create.".into();
         }
@@ -143,7 +150,7 @@ impl PlanningTool {
     }
 
     /// mark_step: the status and notes of a step; inside a step, only the notes count.
-    fn mark_step(&self, args: &Value, plan_id: Option<&str>) -> Result<String, String> {
+    async fn mark_step(&self, args: &Value, plan_id: Option<&str>) -> Result<String, String> {
         let index = step_index(args)?;
         let status = match arg_str(args, "step_status") {
             Some(s) => Some(StepStatus::parse(s).ok_or("unknown step_status")?),
@@ -159,6 +166,7 @@ impl PlanningTool {
         let plan = self
             .book
             .mark_step(plan_id, index, status, notes)
+            .await
             .map_err(|e| e.to_string())?;
         let now = plan
             .steps
@@ -174,7 +182,7 @@ impl PlanningTool {
         Ok(out)
     }
 
-    fn check_step_scope(
+    async fn check_step_scope(
         &self,
         command: &str,
         plan_id: Option<&str>,
@@ -189,7 +197,7 @@ impl PlanningTool {
                     && id != own
                 {
                     // Named as an unknown id when the session has no such plan at all.
-                    self.book.get(Some(id)).map_err(|e| e.to_string())?;
+                    self.book.get(Some(id)).await.map_err(|e| e.to_string())?;
                     return Err(format!(
                         "this step belongs to plan {own}; you can only mark step {index} (0-based) of it"
                     ));
@@ -266,7 +274,7 @@ impl Tool for PlanningTool {
     }
 
     async fn execute(&self, args: Value, _ctx: &ToolContext) -> Result<ToolResult, ToolError> {
-        Ok(match self.run(&args) {
+        Ok(match self.run(&args).await {
             Ok(out) => ToolResult::ok(out),
             Err(why) => ToolResult::error(why),
         })
@@ -297,7 +305,7 @@ mod tests {
         .await;
         assert!(!r.is_error(), "{r:?}");
         assert!(r.output.contains("plan-1") && r.output.contains("\"mine\" you sent was ignored"));
-        assert!(book.get(Some("mine")).is_err());
+        assert!(book.get(Some("mine")).await.is_err());
         let r = call(&reg, json!({"command": "get", "bogus": 1})).await;
         assert!(r.render().contains("unknown parameter \"bogus\""), "{r:?}");
         let r = call(
@@ -317,7 +325,7 @@ mod tests {
     #[tokio::test]
     async fn a_step_scope_reads_the_plan_and_notes_its_own_step_only() {
         let book = Arc::new(PlanBook::new(10));
-        let plan = book.create("T", &["a".into(), "b".into()]).unwrap();
+        let plan = book.create("T", &["a".into(), "b".into()]).await.unwrap();
         let mut reg = ToolRegistry::new();
         reg.register(Arc::new(PlanningTool::for_step(book.clone(), &plan.id, 1)))
             .unwrap();
@@ -342,7 +350,7 @@ mod tests {
         )
         .await;
         assert!(!r.is_error(), "{r:?}");
-        let p = book.get(None).unwrap();
+        let p = book.get(None).await.unwrap();
         assert_eq!(
             p.steps[1].status,
             StepStatus::NotStarted,

@@ -3,6 +3,8 @@
 //! and owner it belongs to and used only when both match. Where the bytes live is the
 //! manager's `SessionRecords` (sandbox/records.rs), which also deletes them when the session
 //! ends; one that is malformed is ignored (the tool starts empty, as a new session's would).
+//! The tools read their record on first use (a session's tools are made in sync code) and
+//! save under their own lock, so the records follow the order of the changes.
 
 use std::sync::Arc;
 
@@ -47,8 +49,8 @@ impl SavedTools {
     }
 
     /// The `kind` record, if one of this session and owner is there and readable.
-    pub fn load<T: DeserializeOwned>(&self, kind: &str) -> Option<T> {
-        let bytes = self.records.load(&self.session_id, kind)?;
+    pub async fn load<T: DeserializeOwned>(&self, kind: &str) -> Option<T> {
+        let bytes = self.records.load(&self.session_id, kind).await?;
         match serde_json::from_slice::<Envelope<T>>(&bytes) {
             Ok(e) if e.session_id == self.session_id && e.owner == self.owner => Some(e.value),
             Ok(_) => None,
@@ -61,23 +63,25 @@ impl SavedTools {
 
     /// Replaces the `kind` record. A failure costs only what a later process could restore,
     /// so it is logged, not returned.
-    pub fn save<T: Serialize>(&self, kind: &str, value: &T) {
-        let envelope = Envelope {
+    pub async fn save<T: Serialize>(&self, kind: &str, value: &T) {
+        // Serialized first: nothing borrowed from `value` is held across the write.
+        let bytes = serde_json::to_vec(&Envelope {
             session_id: self.session_id.clone(),
             owner: self.owner.clone(),
             value,
+        });
+        let written = match bytes {
+            Ok(bytes) => self.records.save(&self.session_id, kind, &bytes).await,
+            Err(e) => Err(std::io::Error::other(e)),
         };
-        let written = serde_json::to_vec(&envelope)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| self.records.save(&self.session_id, kind, &bytes));
         if let Err(e) = written {
             tracing::warn!(session = %self.session_id, kind, error = %e, "could not save a tool record");
         }
     }
 
     /// Removes the `kind` record (the state it described is gone).
-    pub fn clear(&self, kind: &str) {
-        self.records.clear(&self.session_id, kind);
+    pub async fn clear(&self, kind: &str) {
+        self.records.clear(&self.session_id, kind).await;
     }
 }
 
@@ -86,18 +90,18 @@ mod tests {
     use super::*;
     use crate::sandbox::records::FileRecords;
 
-    #[test]
-    fn records_come_back_only_to_their_session_and_owner() {
+    #[tokio::test]
+    async fn records_come_back_only_to_their_session_and_owner() {
         let dir = tempfile::tempdir().unwrap();
         let records: Arc<dyn SessionRecords> = Arc::new(FileRecords::new(dir.path()));
         let a = SavedTools::new(records.clone(), "s1", "alice").unwrap();
-        a.save("x", &vec![1, 2, 3]);
-        assert_eq!(a.load::<Vec<i32>>("x"), Some(vec![1, 2, 3]));
+        a.save("x", &vec![1, 2, 3]).await;
+        assert_eq!(a.load::<Vec<i32>>("x").await, Some(vec![1, 2, 3]));
         let other_owner = SavedTools::new(records.clone(), "s1", "bob").unwrap();
-        assert_eq!(other_owner.load::<Vec<i32>>("x"), None);
-        assert_eq!(a.load::<Vec<i32>>("y"), None);
-        a.clear("x");
-        assert_eq!(a.load::<Vec<i32>>("x"), None);
+        assert_eq!(other_owner.load::<Vec<i32>>("x").await, None);
+        assert_eq!(a.load::<Vec<i32>>("y").await, None);
+        a.clear("x").await;
+        assert_eq!(a.load::<Vec<i32>>("x").await, None);
         assert!(SavedTools::new(records, "../etc", "alice").is_none());
     }
 }

@@ -15,6 +15,7 @@ pub(crate) mod plan;
 pub(crate) mod render;
 pub(crate) mod run;
 pub(crate) mod serve;
+pub(crate) mod serve_records;
 pub(crate) mod sessions;
 pub(crate) mod signals;
 pub(crate) mod tool;

@@ -52,8 +52,10 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
         ctx.config.sessions.clone(),
         ctx.config.pool.clone(),
         scope,
-        ctx.records(),
+        crate::backends::store_records(&store),
     );
+    // Before the reconcile, which ends what has no sandbox (and its records with it).
+    super::serve_records::adopt_files_logged(&ctx.config.data_dir(), &store, &manager).await;
     let server = Server::start(ctx.config.clone(), store, manager, addr).await?;
     let r = &server.reconciled;
     eprintln!(

@@ -69,11 +69,7 @@ pub(crate) async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitC
             // are files in the admin's own data directory. (serve's clients never reach
             // this: the manager's owner-checked removal touches nothing it cannot find.)
             Err(not_found @ SandboxError::SessionNotFound { .. }) => {
-                let records = manager.records().clone();
-                let forgotten = id.clone();
-                let kinds = tokio::task::spawn_blocking(move || records.forget(&forgotten))
-                    .await
-                    .unwrap_or_default();
+                let kinds = manager.forget_records(&id).await;
                 if kinds.is_empty() {
                     return Err(not_found.into());
                 }

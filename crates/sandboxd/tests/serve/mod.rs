@@ -147,6 +147,36 @@ impl Env {
             .runtime_id
             .unwrap()
     }
+
+    /// The store serve keeps its data in, opened beside it (as `users` does).
+    pub async fn store(&self) -> sandboxd_sqlite::SqliteStore {
+        sandboxd_sqlite::SqliteStore::open(&self.db())
+            .await
+            .unwrap()
+    }
+
+    /// The kinds of tool record serve's store holds for runtime session `id`, sorted.
+    pub async fn stored_records(&self, id: &str) -> Vec<String> {
+        use sandboxd_core::store::ToolRecords as _;
+        let store = self.store().await;
+        let mut kinds = Vec::new();
+        for kind in ["browser", "plans", "undo"] {
+            if store.record(id, kind).await.unwrap().is_some() {
+                kinds.push(kind.to_string());
+            }
+        }
+        let listed = store
+            .record_sessions()
+            .await
+            .unwrap()
+            .contains(&id.to_string());
+        assert_eq!(
+            listed,
+            !kinds.is_empty(),
+            "{id} has records of another kind"
+        );
+        kinds
+    }
 }
 
 impl Drop for Env {

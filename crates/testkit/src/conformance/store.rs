@@ -7,7 +7,8 @@
 //! session and run quotas and the usage they are counted from, event order and exactly-once
 //! append (a seq that does not follow the run's last is refused and changes nothing),
 //! quotas and appends under concurrent writers, history deletion and retention, and restart
-//! recovery: the same database opened again holds everything.
+//! recovery: the same database opened again holds everything. Kept sessions' tool records
+//! (`ToolRecords`) have their cases in store_records.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
 //! see each other's rows), and a way to open the same database again for the restart case.
@@ -25,6 +26,7 @@ use sandboxd_core::store::{
 };
 
 use super::run_case;
+use super::store_records as records;
 
 /// How the suite gets stores of one backend.
 #[async_trait]
@@ -73,10 +75,23 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     .await?;
     run_case(S, "case_delete_and_purge", case_delete_and_purge(factory)).await?;
     run_case(S, "case_restart_recovery", case_restart_recovery(factory)).await?;
+    run_case(S, "case_tool_records", records::case_tool_records(factory)).await?;
+    run_case(
+        S,
+        "case_tool_records_bounded",
+        records::case_tool_records_bounded(factory),
+    )
+    .await?;
+    run_case(
+        S,
+        "case_tool_records_restart",
+        records::case_tool_records_restart(factory),
+    )
+    .await?;
     Ok(())
 }
 
-async fn fresh(factory: &dyn StoreFactory) -> Result<Arc<dyn Store>> {
+pub(super) async fn fresh(factory: &dyn StoreFactory) -> Result<Arc<dyn Store>> {
     Ok(factory.fresh().await.context("open a fresh store")?.0)
 }
 

@@ -19,7 +19,7 @@ mod stderr_log;
 mod watch_tests;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -62,9 +62,10 @@ const RECORD: &str = "browser";
 
 pub struct BrowserUse {
     sandbox: Arc<dyn Sandbox>,
-    /// A kept session's record, and the browser an earlier process left (adopted once).
+    /// A kept session's record; the browser an earlier process left there is adopted at
+    /// the first start (`restored` says whether the record was read).
     saved: Option<super::saved::SavedTools>,
-    adoptable: std::sync::Mutex<Option<session::Saved>>,
+    restored: AtomicBool,
     live: tokio::sync::Mutex<Option<Live>>,
     starts: AtomicU32,
     /// The LLM step of extract_content; set per run, since the browser outlives runs.
@@ -77,7 +78,7 @@ impl BrowserUse {
         Self {
             sandbox,
             saved: None,
-            adoptable: std::sync::Mutex::new(None),
+            restored: AtomicBool::new(false),
             live: tokio::sync::Mutex::new(None),
             starts: AtomicU32::new(0),
             extractor: std::sync::Mutex::new(None),
@@ -86,21 +87,29 @@ impl BrowserUse {
     }
 
     /// Saves the browser's endpoint and tabs in `saved` after every action, so it outlives
-    /// this process, and adopts the one an earlier process saved there.
+    /// this process, and adopts the one an earlier process saved there (at the first start).
     pub fn with_saved(mut self, saved: super::saved::SavedTools) -> Self {
-        if let Some(record) = saved.load::<session::Saved>(RECORD) {
-            self.starts
-                .store(record.endpoint.n.saturating_add(1), Ordering::Relaxed);
-            self.adoptable = std::sync::Mutex::new(Some(record));
-        }
         self.saved = Some(saved);
         self
     }
 
-    fn save(&self, live: &Live) {
+    async fn save(&self, live: &Live) {
         if let Some(saved) = &self.saved {
-            saved.save(RECORD, &live.saved());
+            saved.save(RECORD, &live.saved()).await;
         }
+    }
+
+    /// The browser an earlier process saved in a kept session's record: read at the first
+    /// start only (under the browser's lock); later starts number theirs after it.
+    async fn adoptable(&self) -> Option<session::Saved> {
+        let saved = self.saved.as_ref()?;
+        if self.restored.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let record = saved.load::<session::Saved>(RECORD).await?;
+        self.starts
+            .store(record.endpoint.n.saturating_add(1), Ordering::Relaxed);
+        Some(record)
     }
 
     /// The LLM step of extract_content; without one the page's Markdown is returned.
@@ -151,7 +160,7 @@ impl BrowserUse {
             live.running.shutdown().await;
         }
         if let Some(saved) = &self.saved {
-            saved.clear(RECORD);
+            saved.clear(RECORD).await;
         }
     }
 
@@ -163,8 +172,7 @@ impl BrowserUse {
 
     /// Adopts the browser an earlier process left, else starts one.
     async fn start(&self, notes: &mut Vec<String>) -> Result<Live, BrowserError> {
-        let adoptable = self.adoptable.lock().ok().and_then(|mut a| a.take());
-        if let Some(record) = adoptable {
+        if let Some(record) = self.adoptable().await {
             match Live::adopt(self.sandbox.clone(), &record).await {
                 Ok(live) => return Ok(live),
                 Err(e) => {
@@ -269,7 +277,7 @@ impl BrowserUse {
             };
             let state = self.capture(guard, &mut notes).await?;
             if let Some(live) = guard.as_ref() {
-                self.save(live);
+                self.save(live).await;
             }
             return Ok((outcome, state, notes));
         }

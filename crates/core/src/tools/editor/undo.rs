@@ -100,7 +100,7 @@ pub(super) fn remember(history: &mut History, path: &str, before: Option<Vec<u8>
 
 impl StrReplaceEditor {
     pub(super) async fn undo(&self, path: &str) -> Outcome {
-        let mut history = self.history.lock().await;
+        let mut history = self.history().await;
         let mut key = path.to_string();
         if history.get(&key).is_none_or(Vec::is_empty)
             && let Ok((target, _)) = self.locate(path).await
@@ -127,7 +127,7 @@ impl StrReplaceEditor {
         if history.get(&key).is_some_and(Vec::is_empty) {
             history.remove(&key);
         }
-        self.persist(&history);
+        self.persist(&history).await;
         Ok(match before {
             None => format!("Undid the creation of {path}: the file was removed."),
             Some(bytes) => format!(

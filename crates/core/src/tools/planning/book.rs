@@ -8,11 +8,14 @@
 //! A kept session's book is also saved on the host after every change (`tools::saved`, kind
 //! `plans`) and read back by the next process that uses the session, so plans, their
 //! statuses and the id counter survive a `run --session` in a new process or a `serve`
-//! restart: a plan id is never handed out twice in one session.
+//! restart: a plan id is never handed out twice in one session. The saved book is read on
+//! the book's first use, and every change is saved before the book's lock is let go.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, MutexGuard};
 
 use crate::tools::saved::SavedTools;
 
@@ -146,6 +149,8 @@ pub struct PlanBook {
     max_steps: usize,
     /// Where a kept session's book is saved after every change; None: it lives in memory.
     saved: Option<SavedTools>,
+    /// Whether the saved book was read (on first use, under the lock).
+    restored: AtomicBool,
 }
 
 impl PlanBook {
@@ -154,15 +159,14 @@ impl PlanBook {
             inner: Mutex::new(Inner::default()),
             max_steps: max_steps.clamp(1, MAX_STEPS_CEILING),
             saved: None,
+            restored: AtomicBool::new(false),
         }
     }
 
     /// A book saved in `saved` after every change, starting from what an earlier process
-    /// saved there (a missing, unreadable or foreign record starts empty).
+    /// saved there (read on first use; a missing, unreadable or foreign record starts empty).
     pub fn with_saved(max_steps: usize, saved: SavedTools) -> Self {
-        let inner = saved.load::<Inner>(RECORD).map(Inner::checked);
         Self {
-            inner: Mutex::new(inner.unwrap_or_default()),
             saved: Some(saved),
             ..Self::new(max_steps)
         }
@@ -191,28 +195,41 @@ impl PlanBook {
         self.max_steps
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> Result<T, PlanError>) -> Result<T, PlanError> {
-        // A poisoned lock only means another call panicked mid-update; the data is plain.
-        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut guard)
+    /// The book, locked; a kept session's is first read from its record, once.
+    async fn lock(&self) -> MutexGuard<'_, Inner> {
+        let mut guard = self.inner.lock().await;
+        if let Some(saved) = &self.saved
+            && !self.restored.swap(true, Ordering::AcqRel)
+            && let Some(read) = saved.load::<Inner>(RECORD).await
+        {
+            *guard = read.checked();
+        }
+        guard
     }
 
-    /// `with` for a change: a kept session's book is saved once the change is made. Saving
-    /// under the lock keeps the file in the order of the changes; a book is a few KiB.
-    fn change<T>(
+    async fn with<T>(
         &self,
         f: impl FnOnce(&mut Inner) -> Result<T, PlanError>,
     ) -> Result<T, PlanError> {
-        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut *self.lock().await)
+    }
+
+    /// `with` for a change: a kept session's book is saved once the change is made. Saving
+    /// under the lock keeps the record in the order of the changes; a book is a few KiB.
+    async fn change<T>(
+        &self,
+        f: impl FnOnce(&mut Inner) -> Result<T, PlanError>,
+    ) -> Result<T, PlanError> {
+        let mut guard = self.lock().await;
         let out = f(&mut guard)?;
         if let Some(saved) = &self.saved {
-            saved.save(RECORD, &*guard);
+            saved.save(RECORD, &*guard).await;
         }
         Ok(out)
     }
 
     /// A new plan, made the active one; returns it with its assigned id.
-    pub fn create(&self, title: &str, steps: &[String]) -> Result<Plan, PlanError> {
+    pub async fn create(&self, title: &str, steps: &[String]) -> Result<Plan, PlanError> {
         let title = clean_title(title)?;
         let steps = self.clean_steps(steps)?;
         self.change(|b| {
@@ -236,11 +253,12 @@ impl PlanBook {
             b.plans.push(plan.clone());
             Ok(plan)
         })
+        .await
     }
 
     /// New title and/or steps; a step whose text is unchanged at the same index keeps its
     /// status and notes (OpenManus's rule), every other step starts over.
-    pub fn update(
+    pub async fn update(
         &self,
         id: Option<&str>,
         title: Option<&str>,
@@ -270,29 +288,32 @@ impl PlanBook {
             }
             Ok(plan.clone())
         })
+        .await
     }
 
     /// A plan by id, or the active one.
-    pub fn get(&self, id: Option<&str>) -> Result<Plan, PlanError> {
-        self.with(|b| find_mut(b, id).map(|p| p.clone()))
+    pub async fn get(&self, id: Option<&str>) -> Result<Plan, PlanError> {
+        self.with(|b| find_mut(b, id).map(|p| p.clone())).await
     }
 
     /// Every plan, and the active plan's id.
-    pub fn list(&self) -> (Vec<Plan>, Option<String>) {
+    pub async fn list(&self) -> (Vec<Plan>, Option<String>) {
         self.with(|b| Ok((b.plans.clone(), b.active.clone())))
+            .await
             .unwrap_or_default()
     }
 
-    pub fn set_active(&self, id: &str) -> Result<Plan, PlanError> {
+    pub async fn set_active(&self, id: &str) -> Result<Plan, PlanError> {
         self.change(|b| {
             let plan = find_mut(b, Some(id))?.clone();
             b.active = Some(plan.id.clone());
             Ok(plan)
         })
+        .await
     }
 
     /// Sets a step's status and/or notes (0-based index).
-    pub fn mark_step(
+    pub async fn mark_step(
         &self,
         id: Option<&str>,
         index: usize,
@@ -314,9 +335,10 @@ impl PlanBook {
             }
             Ok(plan.clone())
         })
+        .await
     }
 
-    pub fn delete(&self, id: &str) -> Result<(), PlanError> {
+    pub async fn delete(&self, id: &str) -> Result<(), PlanError> {
         self.change(|b| {
             let id = find_mut(b, Some(id))?.id.clone();
             b.plans.retain(|p| p.id != id);
@@ -325,6 +347,7 @@ impl PlanBook {
             }
             Ok(())
         })
+        .await
     }
 
     fn clean_steps(&self, steps: &[String]) -> Result<Vec<String>, PlanError> {
@@ -441,48 +464,53 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
-    #[test]
-    fn ids_are_assigned_and_unknown_ids_are_refused() {
+    #[tokio::test]
+    async fn ids_are_assigned_and_unknown_ids_are_refused() {
         let b = PlanBook::new(10);
-        let p = b.create("T", &steps(&["a", "b"])).unwrap();
+        let p = b.create("T", &steps(&["a", "b"])).await.unwrap();
         assert_eq!(p.id, "plan-1");
-        assert_eq!(b.create("U", &steps(&["c"])).unwrap().id, "plan-2");
+        assert_eq!(b.create("U", &steps(&["c"])).await.unwrap().id, "plan-2");
         let e = b
             .mark_step(Some("plan_invented"), 0, None, None)
+            .await
             .unwrap_err();
         assert!(e.to_string().contains("plan-1, plan-2"), "{e}");
         assert!(matches!(
-            b.mark_step(None, 5, None, None),
+            b.mark_step(None, 5, None, None).await,
             Err(PlanError::BadStep { index: 5, last: 0 })
         ));
     }
 
-    #[test]
-    fn a_saved_book_carries_on_in_a_later_process_and_a_foreign_one_is_ignored() {
+    #[tokio::test]
+    async fn a_saved_book_carries_on_in_a_later_process_and_a_foreign_one_is_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let records: std::sync::Arc<dyn crate::sandbox::records::SessionRecords> =
             std::sync::Arc::new(crate::sandbox::records::FileRecords::new(dir.path()));
         let saved = || SavedTools::new(records.clone(), "sess-1", "alice").unwrap();
         let first = PlanBook::with_saved(10, saved());
-        first.create("T", &steps(&["a", "b"])).unwrap();
+        first.create("T", &steps(&["a", "b"])).await.unwrap();
         first
             .mark_step(None, 0, Some(StepStatus::Completed), Some("done a"))
+            .await
             .unwrap();
-        first.create("U", &steps(&["c"])).unwrap();
-        first.delete("plan-2").unwrap();
+        first.create("U", &steps(&["c"])).await.unwrap();
+        first.delete("plan-2").await.unwrap();
 
         let later = PlanBook::with_saved(10, saved());
-        let (plans, active) = later.list();
+        let (plans, active) = later.list().await;
         assert_eq!(plans.len(), 1);
         assert_eq!(plans[0].steps[0].status, StepStatus::Completed);
         assert_eq!(plans[0].steps[0].notes, "done a");
         assert_eq!(active, None, "the active plan was deleted");
         // The counter carries on: plan-2 was handed out once already.
-        assert_eq!(later.create("V", &steps(&["d"])).unwrap().id, "plan-3");
+        assert_eq!(
+            later.create("V", &steps(&["d"])).await.unwrap().id,
+            "plan-3"
+        );
 
         // Another owner naming the same session id starts empty.
         let other = SavedTools::new(records.clone(), "sess-1", "mallory").unwrap();
-        assert!(PlanBook::with_saved(10, other).list().0.is_empty());
+        assert!(PlanBook::with_saved(10, other).list().await.0.is_empty());
     }
 
     #[test]
@@ -505,16 +533,19 @@ mod tests {
         assert_eq!(read.next_id, MAX_PLANS as u64);
     }
 
-    #[test]
-    fn update_keeps_unchanged_steps_only() {
+    #[tokio::test]
+    async fn update_keeps_unchanged_steps_only() {
         let b = PlanBook::new(10);
-        b.create("T", &steps(&["a", "b", "c"])).unwrap();
+        b.create("T", &steps(&["a", "b", "c"])).await.unwrap();
         b.mark_step(None, 0, Some(StepStatus::Completed), Some("did a"))
+            .await
             .unwrap();
         b.mark_step(None, 1, Some(StepStatus::Blocked), Some("no"))
+            .await
             .unwrap();
         let p = b
             .update(None, None, Some(&steps(&["a", "b2", "c"])))
+            .await
             .unwrap();
         assert_eq!(p.steps[0].status, StepStatus::Completed);
         assert_eq!(p.steps[0].notes, "did a");
@@ -522,21 +553,22 @@ mod tests {
         assert!(p.render().contains("1. [✓] a\n   Notes: did a"));
     }
 
-    #[test]
-    fn hostile_text_is_cleaned_and_bounded() {
+    #[tokio::test]
+    async fn hostile_text_is_cleaned_and_bounded() {
         let b = PlanBook::new(3);
         let p = b
             .create("x\u{1b}]0;owned\u{7}\ny", &steps(&["  one\r\ntwo  "]))
+            .await
             .unwrap();
         assert_eq!(p.title, "x ]0;owned y");
         assert_eq!(p.steps[0].text, "one two");
-        assert!(b.create("T", &steps(&["a", "b", "c", "d"])).is_err());
-        assert!(b.create(" ", &steps(&["a"])).is_err());
-        assert!(b.create("T", &steps(&["a", "\n"])).is_err());
+        assert!(b.create("T", &steps(&["a", "b", "c", "d"])).await.is_err());
+        assert!(b.create(" ", &steps(&["a"])).await.is_err());
+        assert!(b.create("T", &steps(&["a", "\n"])).await.is_err());
         assert_eq!(clean_line(&"é".repeat(10), 4), "éééé…");
         for _ in 1..MAX_PLANS {
-            b.create("T", &steps(&["a"])).unwrap();
+            b.create("T", &steps(&["a"])).await.unwrap();
         }
-        assert_eq!(b.create("T", &steps(&["a"])), Err(PlanError::Full));
+        assert_eq!(b.create("T", &steps(&["a"])).await, Err(PlanError::Full));
     }
 }

@@ -1,12 +1,16 @@
-//! A kept session's host-side tool records (`<data>/runs/sessions/<id>.browser.json` and
-//! `<id>.undo.json`) end with the session, whichever way it is destroyed: `sandboxd sessions
-//! rm`; `sandboxd sessions gc` of a kept session whose container stopped (the reconciler);
-//! serve's `DELETE /v1/sessions/{id}` of a session a run used the editor in; serve's next
-//! start finding a kept session's container gone. A session whose container was removed
-//! outside sandboxd (`docker rm -f`) loses its records to `sessions rm`, `sessions gc` or
-//! serve's next start, and never to another serve user naming it. Another session's records
-//! stay. The real binary, engine and image; the LLM faked at the HTTP boundary.
+//! A kept session's host-side tool records (the CLI's files `<data>/runs/sessions/<id>.browser.json`
+//! and `<id>.undo.json`; serve's rows of its store) end with the session, whichever way it
+//! is destroyed: `sandboxd sessions rm`; `sandboxd sessions gc` of a kept session whose
+//! container stopped (the reconciler); serve's `DELETE /v1/sessions/{id}` of a session a run
+//! used the editor in; serve's next start finding a kept session's container gone. A session
+//! whose container was removed outside sandboxd (`docker rm -f`) loses its records to
+//! `sessions rm`, `sessions gc` or serve's next start, and never to another serve user naming
+//! it. Another session's records stay. upgrade.rs: serve's start moves an earlier version's
+//! record files into its store. The real binary, engine and image; the LLM faked at the HTTP
+//! boundary.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
+
+mod upgrade;
 
 use crate::serve;
 use crate::support;
@@ -33,8 +37,8 @@ fn ok(dir: &Path, args: &[&str]) -> (String, String) {
     (stdout, stderr)
 }
 
-/// The kinds of tool record `data` holds for session `id` (`<id>.<kind>.json`), sorted.
-fn records(data: &Path, id: &str) -> Vec<String> {
+/// The kinds of tool record file `data` holds for session `id` (`<id>.<kind>.json`), sorted.
+pub(super) fn records(data: &Path, id: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(data.join("runs/sessions")) else {
         return Vec::new();
     };
@@ -52,7 +56,7 @@ fn records(data: &Path, id: &str) -> Vec<String> {
 
 /// Removes session `id`'s container as someone other than sandboxd would: `docker rm -f`
 /// of the container id the engine gives it (found by the session label).
-fn remove_outside_sandboxd(id: &str) {
+pub(super) fn remove_outside_sandboxd(id: &str) {
     let ids = Command::new("docker")
         .args([
             "ps",
@@ -210,9 +214,9 @@ async fn serves_delete_takes_the_records_a_run_left_with_the_session() {
     let key = env.add_user("ann", &[]);
     let serve = env.start();
     let api = Api::new(&serve, &key);
-    let data = env.dir.path().join("data");
 
-    // Two sessions, each with a run that edited a file: each has its undo record.
+    // Two sessions, each with a run that edited a file: each has its undo record (in serve's
+    // store).
     let mut sessions = Vec::new();
     for _ in 0..2 {
         let (s, run) = api
@@ -227,7 +231,7 @@ async fn serves_delete_takes_the_records_a_run_left_with_the_session() {
         assert_eq!(v["state"], "succeeded", "{v}");
         let id = run["session_id"].as_str().unwrap().to_string();
         let runtime_id = env.runtime_id(&id).await;
-        assert_eq!(records(&data, &runtime_id), ["undo"]);
+        assert_eq!(env.stored_records(&runtime_id).await, ["undo"]);
         sessions.push((id, runtime_id));
     }
     let (gone, stays) = (&sessions[0], &sessions[1]);
@@ -236,9 +240,9 @@ async fn serves_delete_takes_the_records_a_run_left_with_the_session() {
         .await;
     assert_eq!(s, 204, "{v}");
     assert!(!container_of(&gone.1, false));
-    assert_eq!(records(&data, &gone.1), Vec::<String>::new());
+    assert_eq!(env.stored_records(&gone.1).await, Vec::<String>::new());
     assert_eq!(
-        records(&data, &stays.1),
+        env.stored_records(&stays.1).await,
         ["undo"],
         "the other session's stays"
     );
@@ -248,7 +252,11 @@ async fn serves_delete_takes_the_records_a_run_left_with_the_session() {
     let mut serve = serve;
     serve.sigterm(Duration::from_secs(30));
     remove_outside_sandboxd(&stays.1);
-    assert_eq!(records(&data, &stays.1), ["undo"], "nothing ran in between");
+    assert_eq!(
+        env.stored_records(&stays.1).await,
+        ["undo"],
+        "nothing ran in between"
+    );
     let serve = env.start();
     let api = Api::new(&serve, &key);
     let (s, v) = api
@@ -256,11 +264,11 @@ async fn serves_delete_takes_the_records_a_run_left_with_the_session() {
         .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["state"], "ended", "{v}");
-    assert_eq!(records(&data, &stays.1), Vec::<String>::new());
+    assert_eq!(env.stored_records(&stays.1).await, Vec::<String>::new());
 }
 
 /// An undo record for API session `id`, made through serve's tool endpoint.
-async fn edit_through_the_api(api: &Api, id: &str) {
+pub(super) async fn edit_through_the_api(api: &Api, id: &str) {
     let create = json!({"command": "create", "path": "/workspace/a.txt", "file_text": "a\n"});
     let (s, v) = api
         .json(
@@ -289,8 +297,8 @@ async fn in_serve_nobody_ends_another_users_vanished_records_and_the_start_sweep
         env.runtime_id(&stays).await,
     );
 
-    // A kept CLI session in the same data directory; its command's start-up sweep leaves
-    // serve's records alone (their containers run).
+    // A kept CLI session in the same data directory (its records are files); its command's
+    // start-up sweep leaves serve's records alone (their containers run).
     let create = json!({"command": "create", "path": "/workspace/c.txt", "file_text": "c\n"});
     let out = env
         .cmd()
@@ -300,9 +308,15 @@ async fn in_serve_nobody_ends_another_users_vanished_records_and_the_start_sweep
     assert!(out.status.success(), "{out:?}");
     let cli = kept_session_id(&String::from_utf8_lossy(&out.stderr));
     let _cleanup = support::Cleanup(cli.clone());
-    for id in [&vanished_rt, &stays_rt, &cli] {
-        assert_eq!(records(&data, id), ["undo"], "{id}");
+    for id in [&vanished_rt, &stays_rt] {
+        assert_eq!(env.stored_records(id).await, ["undo"], "{id}");
     }
+    assert_eq!(records(&data, &cli), ["undo"], "the CLI session's");
+    assert_eq!(
+        records(&data, &stays_rt),
+        Vec::<String>::new(),
+        "serve's are not files"
+    );
     remove_outside_sandboxd(&vanished_rt);
     remove_outside_sandboxd(&cli);
 
@@ -323,14 +337,22 @@ async fn in_serve_nobody_ends_another_users_vanished_records_and_the_start_sweep
     for id in [&vanished, &vanished_rt] {
         assert_eq!(answer(id).await, nobodys, "{id}");
     }
-    assert_eq!(records(&data, &vanished_rt), ["undo"], "bob ended nothing");
+    assert_eq!(
+        env.stored_records(&vanished_rt).await,
+        ["undo"],
+        "bob ended nothing"
+    );
 
     // The next start ends ann's vanished session (with its records) and sweeps the CLI
     // session's, which no row names; the session whose container runs keeps its own.
     let mut serve = serve;
     serve.sigterm(Duration::from_secs(30));
     let _serve = env.start();
-    assert_eq!(records(&data, &vanished_rt), Vec::<String>::new());
+    assert_eq!(env.stored_records(&vanished_rt).await, Vec::<String>::new());
     assert_eq!(records(&data, &cli), Vec::<String>::new(), "the orphan");
-    assert_eq!(records(&data, &stays_rt), ["undo"], "a running session's");
+    assert_eq!(
+        env.stored_records(&stays_rt).await,
+        ["undo"],
+        "a running session's"
+    );
 }
