@@ -1,111 +1,11 @@
-//! `Server` in this process over the fake runtime: keys, 404 isolation on every route that
-//! takes an id, quotas and cursor paging, without Docker. Each test starts its own server on
-//! a loopback port with its own data directory.
-
-use std::sync::Arc;
+//! `Server` in this process over the fake runtime (harness.rs): keys, 404 isolation on every
+//! route that takes an id, quotas and cursor paging, without Docker. Each test starts its own
+//! server on a loopback port with its own data directory.
 
 use reqwest::Method;
-use sandboxd_core::config::Config;
-use sandboxd_core::sandbox::SessionManager;
-use sandboxd_core::sandbox::records::NoRecords;
-use sandboxd_core::store::{QuotaOverride, Store};
-use sandboxd_server::{Server, accounts};
-use sandboxd_sqlite::SqliteStore;
-use sandboxd_testkit::fake_runtime::FakeRuntime;
 use serde_json::{Value, json};
 
-struct Serve {
-    base: String,
-    http: reqwest::Client,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-/// A server with the users `(name, sessions quota)`; their keys, in order.
-async fn start(users: &[(&str, Option<u32>)]) -> (Serve, Vec<String>) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = Config::load_with_env(None, &[]).unwrap();
-    config.data_dir = Some(dir.path().to_path_buf());
-    let store: Arc<dyn Store> =
-        Arc::new(SqliteStore::open(&dir.path().join("s.db")).await.unwrap());
-    let mut keys = Vec::new();
-    for (name, sessions) in users {
-        let quota = QuotaOverride {
-            sessions: *sessions,
-            ..Default::default()
-        };
-        let (_, key) = accounts::add(store.as_ref(), name, false, None, quota)
-            .await
-            .unwrap();
-        keys.push(key);
-    }
-    let manager = SessionManager::new(
-        FakeRuntime::new(),
-        config.limits.clone(),
-        config.sessions.clone(),
-        Arc::new(NoRecords),
-    );
-    let server = Server::start(config, store, manager, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let base = format!("http://{}", server.addr);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.serve(async move {
-        let _ = rx.await;
-    }));
-    let serve = Serve {
-        base,
-        http: reqwest::Client::new(),
-        stop: Some(tx),
-        _dir: dir,
-    };
-    (serve, keys)
-}
-
-impl Serve {
-    async fn call(
-        &self,
-        key: &str,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(key);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn session(&self, key: &str) -> String {
-        let (s, v) = self
-            .call(key, Method::POST, "/v1/sessions", Some(json!({})))
-            .await;
-        assert_eq!(s, 201, "{v}");
-        v["id"].as_str().unwrap().to_string()
-    }
-}
-
-fn code(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or_default()
-}
+use crate::harness::{code, start};
 
 #[tokio::test]
 async fn a_missing_or_wrong_key_is_401_everywhere_but_health() {

@@ -46,6 +46,19 @@ pub enum Reply {
     Raw(Value),
     /// Waits, then answers with the inner reply.
     Delayed(Duration, Box<Reply>),
+    /// Holds the inner reply until the test opens the gate.
+    Gated(Gate, Box<Reply>),
+}
+
+/// Holds `Reply::Gated` answers until `open` (then it stays open): a run that keeps its
+/// LLM request in flight for exactly as long as a test needs, with no timing involved.
+#[derive(Debug, Clone, Default)]
+pub struct Gate(tokio_util::sync::CancellationToken);
+
+impl Gate {
+    pub fn open(&self) {
+        self.0.cancel();
+    }
 }
 
 impl Reply {
@@ -122,6 +135,11 @@ impl Reply {
 
     pub fn delayed(self, by: Duration) -> Reply {
         Reply::Delayed(by, Box::new(self))
+    }
+
+    /// This reply, held until `gate` is opened.
+    pub fn gated(self, gate: &Gate) -> Reply {
+        Reply::Gated(gate.clone(), Box::new(self))
     }
 }
 
@@ -252,17 +270,27 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
         .ok()
         .and_then(|mut s| s.pop_front())
         .or_else(|| shared.fallback.clone());
-    let Some(mut reply) = next else {
+    let Some(held) = next else {
         return (
             StatusCode::BAD_REQUEST,
             axum::Json(json!({"error": {"message": "the fake LLM's script is exhausted"}})),
         )
             .into_response();
     };
-    while let Reply::Delayed(by, inner) = reply {
-        tokio::time::sleep(by).await;
-        reply = *inner;
-    }
+    let mut reply = held;
+    let reply = loop {
+        reply = match reply {
+            Reply::Delayed(by, inner) => {
+                tokio::time::sleep(by).await;
+                *inner
+            }
+            Reply::Gated(gate, inner) => {
+                gate.0.cancelled().await;
+                *inner
+            }
+            ready => break ready,
+        };
+    };
     let n = shared.counter.fetch_add(1, Ordering::Relaxed);
     match reply {
         Reply::Assistant { content, calls } => {
@@ -306,7 +334,7 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
             resp
         }
         Reply::Raw(body) => axum::Json(body).into_response(),
-        Reply::Delayed(..) => unreachable!("unwrapped above"),
+        Reply::Delayed(..) | Reply::Gated(..) => unreachable!("unwrapped above"),
     }
 }
 
