@@ -1,6 +1,6 @@
 //! The Docker backend's runtime: DockerRuntime creates, lists and removes hardened session
 //! containers and implements the `Runtime` seam. The Sandbox on one container is an
-//! `ExecSandbox` over `DockerExec` (docker_exec.rs); these files and docker_image.rs are the
+//! `ExecSandbox` over `DockerExec` (exec.rs); these files and image/ are the
 //! only places that import bollard.
 
 use std::collections::HashMap;
