@@ -96,7 +96,7 @@ async fn sessions_run_under_gvisor_when_runsc_is_registered() {
         )
         .await
         .unwrap();
-    let _guard = support::Cleanup(s.id.clone());
+    let _guard = support::Cleanup(s.handle.clone());
     let sh = |c: &'static str| {
         let sb = s.sandbox.clone();
         async move { sb.shell(c, ShellOptions::default()).await.unwrap() }

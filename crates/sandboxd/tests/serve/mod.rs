@@ -135,17 +135,20 @@ impl Env {
 
     /// The runtime id (the `sandboxd.session` label) the store recorded for an API session.
     pub async fn runtime_id(&self, id: &str) -> String {
+        self.row(id).await.runtime_id.unwrap()
+    }
+
+    /// The container (the backend's handle) the store recorded for an API session.
+    pub async fn container(&self, id: &str) -> String {
+        self.row(id).await.container_id.unwrap()
+    }
+
+    async fn row(&self, id: &str) -> sandboxd_core::store::SessionRow {
         use sandboxd_core::store::Store as _;
         let store = sandboxd_sqlite::SqliteStore::open(&self.db())
             .await
             .unwrap();
-        store
-            .session(id)
-            .await
-            .unwrap()
-            .unwrap()
-            .runtime_id
-            .unwrap()
+        store.session(id).await.unwrap().unwrap()
     }
 }
 
