@@ -72,7 +72,13 @@ fn kept_sessions_are_listed_and_removed() {
     assert!(!String::from_utf8_lossy(&sandboxd(&["sessions", "list"]).stdout).contains(&id));
     let missing = sandboxd(&["sessions", "rm", "nosuchsession"]);
     assert!(!missing.status.success());
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("no session nosuchsession"));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("no session nosuchsession"), "{stderr}");
+    // The library's neutral fix, and the CLI's command for it.
+    assert!(
+        stderr.contains("list the live sessions") && stderr.contains("`sandboxd sessions list`"),
+        "{stderr}"
+    );
 }
 
 #[test]

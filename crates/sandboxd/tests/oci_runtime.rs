@@ -45,7 +45,9 @@ async fn an_unregistered_oci_runtime_is_a_clear_error_and_leaves_nothing() {
         .expect("an unregistered runtime cannot create");
     let text = err.to_string();
     assert!(
-        text.contains("[docker] runtime") && text.contains("sandboxd doctor"),
+        text.contains("[docker] runtime")
+            && text.contains("not registered with Docker; install it")
+            && text.contains("or set [docker] runtime = \"\""),
         "{text}"
     );
     assert!(m.live().await.is_empty());

@@ -64,8 +64,8 @@ pub enum ImageError {
 
     #[error(
         "building the image rootfs failed ({status}); last lines of its output:\n{log_tail}\n\
-         fix the cause shown there (host apt sources, free disk space, running as root) and run \
-         `sandboxd image build` again"
+         fix the cause shown there (host apt sources, free disk space, running as root) and \
+         build the image again"
     )]
     BuildFailed { status: String, log_tail: String },
 
@@ -79,7 +79,7 @@ pub enum ImageError {
 
     #[error(
         "importing the rootfs into Docker as {tag} failed; check the daemon's free disk space \
-         (`docker system df`) and run `sandboxd image build` again"
+         (`docker system df`) and build the image again"
     )]
     ImportFailed {
         tag: String,
