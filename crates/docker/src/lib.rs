@@ -1,6 +1,6 @@
 //! The Docker backend's runtime: DockerRuntime creates, lists and removes hardened session
 //! containers and implements the `Runtime` seam. The Sandbox on one container is an
-//! `ExecSandbox` over `DockerExec` (docker_exec.rs); these files and docker_image.rs are the
+//! `ExecSandbox` over `DockerExec` (exec.rs); these files and image/ are the
 //! only places that import bollard.
 
 use std::collections::HashMap;
@@ -122,7 +122,7 @@ impl DockerRuntime {
                         backend: BACKEND,
                         operation: "create the session container".into(),
                         message: format!(
-                            "{message}: the OCI runtime {:?} set in [docker] runtime is not registered with Docker; install it (gVisor: apt-get install runsc, then add it to \"runtimes\" in /etc/docker/daemon.json and reload dockerd), check with `sandboxd doctor`, or set [docker] runtime = \"\"",
+                            "{message}: the OCI runtime {:?} set in [docker] runtime is not registered with Docker; install it (gVisor: apt-get install runsc, then add it to \"runtimes\" in /etc/docker/daemon.json and reload dockerd), or set [docker] runtime = \"\"",
                             self.oci_runtime.as_deref().unwrap_or_default()
                         ),
                     }
@@ -342,7 +342,7 @@ impl Runtime for DockerRuntime {
         let image = match self.image_present().await {
             Ok(true) => Ok(()),
             Ok(false) => Err(format!(
-                "the sandbox image {} is missing; run `sandboxd image build`",
+                "the sandbox image {} is missing; build the image",
                 self.image()
             )),
             Err(e) => Err(e.to_string()),
@@ -482,8 +482,7 @@ fn container_body(
 }
 
 const ENGINE: &str = "the Docker engine";
-const ENGINE_FIX: &str =
-    "start it (systemctl start docker) or set DOCKER_HOST, then run `sandboxd doctor`";
+const ENGINE_FIX: &str = "start it (systemctl start docker) or point DOCKER_HOST at it, then retry";
 
 pub(crate) fn engine_err(e: bollard::errors::Error) -> SandboxError {
     SandboxError::BackendUnavailable {

@@ -88,6 +88,9 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
+            if let Some(hint) = cli::hint(&e) {
+                eprintln!("hint: {hint}");
+            }
             ExitCode::FAILURE
         }
     }

@@ -155,7 +155,7 @@ async fn a_sandbox_that_dies_under_the_browser_ends_its_action_as_gone() {
     ok(&tool, json!({"action": "go_to_url", "url": url})).await;
 
     let gvisor = support::under_gvisor();
-    let id = s.id.clone();
+    let container = s.handle.clone();
     // Two seconds into the state read of the wait below (the page is busy by then).
     let death = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(7)).await;
@@ -170,7 +170,7 @@ async fn a_sandbox_that_dies_under_the_browser_ends_its_action_as_gone() {
             let _ = sb.exec(bomb).await;
         } else {
             let kill = std::process::Command::new("docker")
-                .args(["kill", &format!("sandboxd-{id}")])
+                .args(["kill", &container])
                 .output()
                 .unwrap();
             assert!(kill.status.success(), "{kill:?}");

@@ -57,7 +57,7 @@ fn kept_sessions_are_listed_and_removed() {
         .nth(1)
         .expect("the session id is printed")
         .to_string();
-    let _guard = Cleanup(id.clone());
+    let _guard = crate::support::cli::cleanup(&id);
     let list = sandboxd(&["sessions", "list"]);
     assert!(String::from_utf8_lossy(&list.stdout).contains(&id));
     // The kept session is still usable by id, with its files.
@@ -72,7 +72,13 @@ fn kept_sessions_are_listed_and_removed() {
     assert!(!String::from_utf8_lossy(&sandboxd(&["sessions", "list"]).stdout).contains(&id));
     let missing = sandboxd(&["sessions", "rm", "nosuchsession"]);
     assert!(!missing.status.success());
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("no session nosuchsession"));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("no session nosuchsession"), "{stderr}");
+    // The library's neutral fix, and the CLI's command for it.
+    assert!(
+        stderr.contains("list the live sessions") && stderr.contains("`sandboxd sessions list`"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -110,14 +116,4 @@ fn a_bad_config_key_is_named() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("SANDBOXD_LIMITS_PIDZ"));
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = Command::new("docker")
-            .args(["rm", "-f", &format!("sandboxd-{}", self.0)])
-            .output();
-    }
 }

@@ -5,6 +5,8 @@
 //! `tool --list` needs no engine at all.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
+use crate::support::{self, Cleanup};
+
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,8 +25,8 @@ fn docker(args: &[&str]) -> Output {
         .expect("docker CLI")
 }
 
-fn container_exists(name: &str) -> bool {
-    docker(&["inspect", name]).status.success()
+fn container_exists(container: &str) -> bool {
+    docker(&["inspect", container]).status.success()
 }
 
 /// The container `child` (a sandboxd process) created, found by its creator label.
@@ -35,33 +37,24 @@ fn container_of(child: &Child) -> String {
         let all = docker(&[
             "ps",
             "--format",
-            "{{.Names}} {{.Label \"sandboxd.creator\"}}",
+            "{{.ID}} {{.Label \"sandboxd.creator\"}}",
             "--filter",
             "label=sandboxd.managed=true",
         ]);
         let text = String::from_utf8_lossy(&all.stdout).to_string();
-        if let Some(name) = text.lines().find_map(|l| {
-            let (name, creator) = l.split_once(' ')?;
+        if let Some(container) = text.lines().find_map(|l| {
+            let (container, creator) = l.split_once(' ')?;
             creator
                 .starts_with(&format!("{pid}:"))
-                .then(|| name.to_string())
+                .then(|| container.to_string())
         }) {
-            return name;
+            return container;
         }
         assert!(
             Instant::now() < deadline,
             "sandboxd never created its container"
         );
         std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Removes the container on drop, whatever the test did.
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = docker(&["rm", "-f", &self.0]);
     }
 }
 
@@ -89,8 +82,8 @@ fn sigterm_and_sighup_of_exec_remove_the_container() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let name = container_of(&child);
-        let _guard = Cleanup(name.clone());
+        let container = container_of(&child);
+        let _guard = Cleanup(container.clone());
         let kill = Command::new("kill")
             .args([signal, &child.id().to_string()])
             .status()
@@ -105,8 +98,8 @@ fn sigterm_and_sighup_of_exec_remove_the_container() {
             "{signal}: {stderr}"
         );
         assert!(
-            !container_exists(&name),
-            "{signal} left the container {name} behind"
+            !container_exists(&container),
+            "{signal} left the container {container} behind"
         );
     }
 }
@@ -170,7 +163,7 @@ fn an_oom_kill_is_named_with_the_memory_limit_also_after_reattaching() {
         .nth(1)
         .expect("the session id is printed")
         .to_string();
-    let _guard = Cleanup(format!("sandboxd-{id}"));
+    let _guard = support::cli::cleanup(&id);
     let again = sandboxd(&["exec", "--session", &id, "--", "python3", "-c", EAT_400_MIB]);
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert_eq!(again.status.code(), Some(137), "{stderr}");

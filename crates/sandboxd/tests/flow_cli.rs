@@ -125,7 +125,7 @@ async fn a_kept_sessions_plans_carry_on_in_the_next_process() {
     assert!(first.status.success(), "{stderr}");
     assert!(stderr.contains("📋 plan plan-1 · First plan"), "{stderr}");
     let id = support::cli::kept_session_id(&stderr);
-    let _cleanup = support::Cleanup(id.clone());
+    let _cleanup = support::cli::cleanup(&id);
     let asked_before = llm.requests().len();
 
     let second = run(vec!["--session".into(), id.clone()]).await.unwrap();

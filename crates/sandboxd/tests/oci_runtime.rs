@@ -45,7 +45,9 @@ async fn an_unregistered_oci_runtime_is_a_clear_error_and_leaves_nothing() {
         .expect("an unregistered runtime cannot create");
     let text = err.to_string();
     assert!(
-        text.contains("[docker] runtime") && text.contains("sandboxd doctor"),
+        text.contains("[docker] runtime")
+            && text.contains("not registered with Docker; install it")
+            && text.contains("or set [docker] runtime = \"\""),
         "{text}"
     );
     assert!(m.live().await.is_empty());
@@ -96,7 +98,7 @@ async fn sessions_run_under_gvisor_when_runsc_is_registered() {
         )
         .await
         .unwrap();
-    let _guard = support::Cleanup(s.id.clone());
+    let _guard = support::Cleanup(s.handle.clone());
     let sh = |c: &'static str| {
         let sb = s.sandbox.clone();
         async move { sb.shell(c, ShellOptions::default()).await.unwrap() }

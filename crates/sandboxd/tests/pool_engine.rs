@@ -9,7 +9,7 @@
 
 use crate::support;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use sandboxd_core::config::{LimitRequest, Limits, PoolConfig, SessionsConfig};
 use sandboxd_core::sandbox::manager::Session;
-use sandboxd_core::sandbox::{CreateOptions, ExecRequest, SessionManager, ShellOptions};
+use sandboxd_core::sandbox::{CreateOptions, ExecRequest, SessionManager, ShellOptions, Viewer};
 use sandboxd_docker::DockerRuntime;
 
 fn pooled(runtime: DockerRuntime, size: usize, max: usize) -> Arc<SessionManager> {
@@ -44,30 +44,47 @@ fn docker(args: &[&str]) -> std::process::Output {
         .expect("docker CLI")
 }
 
-fn exists(session_id: &str) -> bool {
-    docker(&["inspect", &format!("sandboxd-{session_id}")])
-        .status
-        .success()
+fn exists(container: &str) -> bool {
+    docker(&["inspect", container]).status.success()
 }
 
-/// Removes every container the test saw (warm or claimed) on drop, even after a panic.
+/// Every container the test saw (warm or claimed), by session id, with the handle the
+/// manager knows it by; all removed on drop, even after a panic.
 #[derive(Default, Clone)]
-struct Seen(Arc<Mutex<HashSet<String>>>);
+struct Seen(Arc<Mutex<HashMap<String, String>>>);
 
 impl Seen {
-    fn pool(&self, m: &SessionManager) {
-        self.0.lock().unwrap().extend(m.pool_sessions());
+    /// The pool's warm sandboxes, as the manager lists them.
+    async fn pool(&self, m: &SessionManager) {
+        let warm = m.pool_sessions();
+        let listed = m.list(&Viewer::Admin).await.expect("list the sandboxes");
+        let mut seen = self.0.lock().unwrap();
+        for info in listed.into_iter().filter(|i| warm.contains(&i.session_id)) {
+            seen.insert(info.session_id, info.handle);
+        }
     }
     fn session(&self, s: &Session) {
-        self.0.lock().unwrap().insert(s.id.clone());
+        self.0
+            .lock()
+            .unwrap()
+            .insert(s.id.clone(), s.handle.clone());
+    }
+    /// The container of a session seen before.
+    fn container(&self, id: &str) -> String {
+        self.0
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| panic!("session {id} was never seen"))
     }
 }
 
 impl Drop for Seen {
     fn drop(&mut self) {
         if Arc::strong_count(&self.0) == 1 {
-            for id in self.0.lock().unwrap().iter() {
-                let _ = docker(&["rm", "-f", &format!("sandboxd-{id}")]);
+            for container in self.0.lock().unwrap().values() {
+                let _ = docker(&["rm", "-f", container]);
             }
         }
     }
@@ -103,7 +120,7 @@ async fn a_claim_answers_at_once_under_the_limits_asked_for_with_an_empty_worksp
     let m = pooled(support::runtime().await, 2, 16);
     let report = m.refill_pool().await;
     assert_eq!(report.added, 2, "{report:?}");
-    seen.pool(&m);
+    seen.pool(&m).await;
     let warm = m.pool_sessions();
     let req = LimitRequest {
         memory_mb: Some(256),
@@ -134,7 +151,7 @@ async fn a_claim_answers_at_once_under_the_limits_asked_for_with_an_empty_worksp
         "inspect",
         "-f",
         "{{.HostConfig.Memory}} {{.HostConfig.MemorySwap}} {{.HostConfig.NanoCpus}} {{.HostConfig.PidsLimit}}",
-        &format!("sandboxd-{}", s.id),
+        &s.handle,
     ]);
     assert_eq!(
         String::from_utf8_lossy(&inspect.stdout).trim(),
@@ -160,7 +177,7 @@ async fn claims_never_share_a_container_and_an_ended_session_is_gone() {
     let seen = Seen::default();
     let m = pooled(support::runtime().await, 2, 16);
     m.refill_pool().await;
-    seen.pool(&m);
+    seen.pool(&m).await;
     let a = claim(&m, &LimitRequest::default(), &seen).await;
     let b = claim(&m, &LimitRequest::default(), &seen).await;
     assert_ne!(a.id, b.id);
@@ -168,18 +185,21 @@ async fn claims_never_share_a_container_and_an_ended_session_is_gone() {
     let host_b = sh(&b, "cat /proc/sys/kernel/hostname").await;
     assert_ne!(host_a, host_b, "two claims, two containers");
     m.remove(&a.owner, &a.id).await.unwrap();
-    assert!(!exists(&a.id), "an ended session's container is destroyed");
+    assert!(
+        !exists(&a.handle),
+        "an ended session's container is destroyed"
+    );
     m.refill_pool().await;
-    seen.pool(&m);
+    seen.pool(&m).await;
     assert!(!m.pool_sessions().contains(&a.id), "never back in the pool");
     assert_eq!(m.pool_ready(), 2);
     let c = claim(&m, &LimitRequest::default(), &seen).await;
     assert!(c.id != a.id && c.id != b.id);
     m.remove_all().await;
-    for id in [&b.id, &c.id] {
-        assert!(!exists(id));
+    for container in [&b.handle, &c.handle] {
+        assert!(!exists(container));
     }
-    assert!(seen.0.lock().unwrap().iter().all(|id| !exists(id)));
+    assert!(seen.0.lock().unwrap().values().all(|c| !exists(c)));
 }
 
 #[tokio::test]
@@ -187,7 +207,7 @@ async fn nothing_one_session_was_given_reaches_the_next() {
     let seen = Seen::default();
     let m = pooled(support::runtime().await, 1, 16);
     m.refill_pool().await;
-    seen.pool(&m);
+    seen.pool(&m).await;
     let first = claim(&m, &LimitRequest::default(), &seen).await;
     const SECRET: &str = "s3cr3t-value-7f1c";
     sh(
@@ -205,7 +225,7 @@ async fn nothing_one_session_was_given_reaches_the_next() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(SECRET));
     m.remove(&first.owner, &first.id).await.unwrap();
     m.refill_pool().await;
-    seen.pool(&m);
+    seen.pool(&m).await;
     let next = claim(&m, &LimitRequest::default(), &seen).await;
     assert_ne!(next.id, first.id);
     let looked = sh(
@@ -240,7 +260,7 @@ async fn a_rebuilt_image_under_the_same_tag_replaces_the_pool() {
         16,
     );
     m.refill_pool().await;
-    seen.pool(&m);
+    seen.pool(&m).await;
     let old = m.pool_sessions();
     assert_eq!(old.len(), 2);
     // Rebuild under the same tag (a derived image: a new id, no registry needed).
@@ -258,17 +278,20 @@ async fn a_rebuilt_image_under_the_same_tag_replaces_the_pool() {
         .unwrap();
     assert!(build.wait().unwrap().success());
     let report = m.refill_pool().await;
-    seen.pool(&m);
+    seen.pool(&m).await;
     assert_eq!((report.retired, report.added), (2, 2), "{report:?}");
     for id in &old {
-        assert!(!exists(id), "the old-image sandbox {id} must be removed");
+        assert!(
+            !exists(&seen.container(id)),
+            "the old-image sandbox {id} must be removed"
+        );
     }
     let new_id =
         String::from_utf8_lossy(&docker(&["image", "inspect", "-f", "{{.Id}}", &tag]).stdout)
             .trim()
             .to_string();
     for id in m.pool_sessions() {
-        let image = docker(&["inspect", "-f", "{{.Image}}", &format!("sandboxd-{id}")]);
+        let image = docker(&["inspect", "-f", "{{.Image}}", &seen.container(&id)]);
         assert_eq!(String::from_utf8_lossy(&image.stdout).trim(), new_id);
     }
     m.remove_all().await;
@@ -461,7 +484,7 @@ async fn thirty_concurrent_cold_creates_and_thirty_concurrent_claims_all_succeed
     );
     let sessions = concurrently(&cold, 30, &seen).await;
     cold.remove_all().await;
-    assert!(sessions.iter().all(|s| !exists(&s.id)));
+    assert!(sessions.iter().all(|s| !exists(&s.handle)));
 
     let warm = SessionManager::with_pool(
         Arc::new(support::runtime().await),
@@ -478,7 +501,7 @@ async fn thirty_concurrent_cold_creates_and_thirty_concurrent_claims_all_succeed
         std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
     let report = warm.refill_pool().await;
-    seen.pool(&warm);
+    seen.pool(&warm).await;
     assert_eq!(report.added, 30, "{report:?}");
     let pool: HashSet<String> = warm.pool_sessions().into_iter().collect();
     let claimed = concurrently(&warm, 30, &seen).await;
@@ -487,5 +510,5 @@ async fn thirty_concurrent_cold_creates_and_thirty_concurrent_claims_all_succeed
         "all thirty claimed from the pool"
     );
     warm.remove_all().await;
-    assert!(claimed.iter().all(|s| !exists(&s.id)));
+    assert!(claimed.iter().all(|s| !exists(&s.handle)));
 }

@@ -36,12 +36,7 @@ async fn a_fork_bomb_stops_at_the_pids_limit_and_others_still_answer() {
     });
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pids = std::process::Command::new("docker")
-        .args([
-            "inspect",
-            "--format",
-            "{{.Id}}",
-            &format!("sandboxd-{}", bomb.id),
-        ])
+        .args(["inspect", "--format", "{{.Id}}", &bomb.handle])
         .output()
         .unwrap();
     assert!(pids.status.success());
@@ -77,7 +72,7 @@ async fn a_fork_bomb_stops_at_the_pids_limit_and_others_still_answer() {
             "--no-stream",
             "--format",
             "{{.PIDs}}",
-            &format!("sandboxd-{}", bomb.id),
+            &bomb.handle,
         ])
         .output()
         .unwrap();

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use sandboxd_core::sandbox::{ExecRequest, ShellOptions};
 
-fn docker_inspect(name: &str, format: &str) -> String {
+fn docker_inspect(container: &str, format: &str) -> String {
     let out = std::process::Command::new("docker")
-        .args(["inspect", "--format", format, name])
+        .args(["inspect", "--format", format, container])
         .output()
         .expect("docker CLI");
     assert!(
@@ -25,8 +25,8 @@ fn docker_inspect(name: &str, format: &str) -> String {
 async fn the_engine_reports_every_hardening_setting() {
     let m = support::manager().await;
     let (s, _g) = support::session(&m).await;
-    let name = format!("sandboxd-{}", s.id);
-    let hc = |f: &str| docker_inspect(&name, &format!("{{{{json .HostConfig.{f}}}}}"));
+    let container = s.handle.clone();
+    let hc = |f: &str| docker_inspect(&container, &format!("{{{{json .HostConfig.{f}}}}}"));
     assert_eq!(hc("NetworkMode"), "\"none\"");
     assert_eq!(hc("ReadonlyRootfs"), "true");
     assert_eq!(hc("CapDrop"), "[\"ALL\"]");
@@ -63,8 +63,8 @@ async fn the_engine_reports_every_hardening_setting() {
     for u in ["nofile", "fsize", "core"] {
         assert!(ulimits.contains(u), "{ulimits}");
     }
-    assert_eq!(docker_inspect(&name, "{{.Config.User}}"), "1000:1000");
-    let labels = docker_inspect(&name, "{{json .Config.Labels}}");
+    assert_eq!(docker_inspect(&container, "{{.Config.User}}"), "1000:1000");
+    let labels = docker_inspect(&container, "{{json .Config.Labels}}");
     assert!(labels.contains("\"sandboxd.managed\":\"true\""), "{labels}");
     assert!(
         labels.contains(&format!("\"sandboxd.session\":\"{}\"", s.id)),

@@ -47,15 +47,15 @@ async fn the_reconciler_removes_orphans_and_touches_nothing_else() {
     // so what is asserted stays "this reconciler removed it".
     let mut lost = Vec::new();
     for _round in 0..3 {
-        let (orphan, _orphan_guard) = orphan_of_a_dead_process();
+        let (orphan, container, _orphan_guard) = orphan_of_a_dead_process();
         let removed = m.reconcile().await.unwrap();
         assert!(
             !removed.contains(&mine.id),
             "a live session of this process was removed"
         );
-        let gone = docker(&["inspect", &orphan]);
+        let gone = docker(&["inspect", &container]);
         assert!(!gone.status.success(), "the orphan {orphan} is still there");
-        if removed.iter().any(|r| orphan.ends_with(r.as_str())) {
+        if removed.contains(&orphan) {
             let alive = docker(&["inspect", "--format", "{{.State.Running}}", &bystander]);
             assert_eq!(String::from_utf8_lossy(&alive.stdout).trim(), "true");
             assert!(mine.sandbox.is_alive().await);
@@ -75,33 +75,30 @@ impl Drop for Removed {
     }
 }
 
-/// A sandboxd process that holds a session and is killed without cleanup: its container's
-/// name, and a guard that removes it whatever happens.
-fn orphan_of_a_dead_process() -> (String, support::Cleanup) {
+/// A sandboxd process that holds a session and is killed without cleanup: its session id and
+/// container (as `sessions list --json` shows them), and a guard that removes it whatever
+/// happens.
+fn orphan_of_a_dead_process() -> (String, String, support::Cleanup) {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
         .args(["exec", "--", "sleep", "600"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let pid = child.id().to_string();
+    let pid = child.id();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let orphan = loop {
-        // The creator label is pid:start-time; match on the pid.
-        let all = docker(&[
-            "ps",
-            "--format",
-            "{{.Names}} {{.Label \"sandboxd.creator\"}}",
-            "--filter",
-            "label=sandboxd.managed=true",
-        ]);
-        let text = String::from_utf8_lossy(&all.stdout).to_string();
-        if let Some(line) = text.lines().find(|l| {
-            l.split_whitespace()
-                .nth(1)
-                .is_some_and(|c| c.starts_with(&format!("{pid}:")))
+    let (session, container) = loop {
+        // The creator is pid:start-time; match on the pid. A running one: the engine is
+        // done starting it when its creator dies.
+        let listed = support::cli::sessions_listed();
+        if let Some(s) = listed.iter().find(|s| {
+            s["state"] == "running"
+                && s["creator"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with(&format!("{pid}:")))
         }) {
-            break line.split_whitespace().next().unwrap().to_string();
+            let field = |k: &str| s[k].as_str().unwrap().to_string();
+            break (field("session_id"), field("handle"));
         }
         assert!(
             Instant::now() < deadline,
@@ -111,8 +108,8 @@ fn orphan_of_a_dead_process() -> (String, support::Cleanup) {
     };
     child.kill().unwrap();
     child.wait().unwrap();
-    let guard = support::Cleanup(orphan.trim_start_matches("sandboxd-").to_string());
-    (orphan, guard)
+    let guard = support::Cleanup(container.clone());
+    (session, container, guard)
 }
 
 #[tokio::test]
@@ -123,11 +120,7 @@ async fn a_container_killed_from_outside_fails_fast_with_a_clear_error() {
         .shell("true", ShellOptions::default())
         .await
         .unwrap();
-    assert!(
-        docker(&["kill", &format!("sandboxd-{}", s.id)])
-            .status
-            .success()
-    );
+    assert!(docker(&["kill", &s.handle]).status.success());
     let t = Instant::now();
     let shell = s.sandbox.shell("echo hi", ShellOptions::default()).await;
     let file = s.sandbox.read_file("/workspace/x").await;
@@ -194,7 +187,7 @@ async fn idle_sessions_are_reaped() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let reaped = m.reap_idle().await;
     assert_eq!(reaped, vec![s.id.clone()]);
-    let gone = docker(&["inspect", &format!("sandboxd-{}", s.id)]);
+    let gone = docker(&["inspect", &s.handle]);
     assert!(!gone.status.success());
 }
 
@@ -211,7 +204,7 @@ async fn owners_and_limits_survive_the_labels_of_a_real_container() {
         .create(&alice, &req, CreateOptions { keep: true })
         .await
         .unwrap();
-    let _g = support::Cleanup(s.id.clone());
+    let _g = support::Cleanup(s.handle.clone());
     // A later process: a new manager that knows nothing but the engine's labels.
     let later = support::manager().await;
     let err = later
@@ -232,12 +225,7 @@ async fn owners_and_limits_survive_the_labels_of_a_real_container() {
         "re-attached with the recorded limit"
     );
     assert!(again.keep);
-    let inspect = docker(&[
-        "inspect",
-        "--format",
-        "{{.HostConfig.Memory}}",
-        &format!("sandboxd-{}", s.id),
-    ]);
+    let inspect = docker(&["inspect", "--format", "{{.HostConfig.Memory}}", &s.handle]);
     assert_eq!(
         String::from_utf8_lossy(&inspect.stdout).trim(),
         (256u64 << 20).to_string()
@@ -246,9 +234,5 @@ async fn owners_and_limits_survive_the_labels_of_a_real_container() {
     let info = all.iter().find(|i| i.session_id == s.id).unwrap();
     assert_eq!((info.owner.as_str(), info.kept), ("alice", true));
     later.admin_remove(&s.id).await.unwrap();
-    assert!(
-        !docker(&["inspect", &format!("sandboxd-{}", s.id)])
-            .status
-            .success()
-    );
+    assert!(!docker(&["inspect", &s.handle]).status.success());
 }

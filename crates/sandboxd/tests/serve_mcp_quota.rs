@@ -17,7 +17,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use client::{Cleanup, Mcp, gone, inspect, mcp_owner, mcp_runtime_ids, me, sessions, wait_until};
+use client::{Cleanup, Mcp, gone, inspect, mcp_containers, mcp_owner, me, sessions, wait_until};
 use serve::{Api, Env, code};
 
 #[tokio::test]
@@ -52,12 +52,16 @@ async fn an_mcp_sandbox_is_a_session_of_its_user_with_their_quota_and_ceilings()
             .starts_with("hello-from-python"),
         "{sdk}"
     );
-    let rts = mcp_runtime_ids(&env, &api).await;
-    cleanup.0.extend(rts.clone());
-    assert_eq!(rts.len(), 1, "the SDK's sandbox is one session of ann's");
+    let containers = mcp_containers(&env, &api).await;
+    cleanup.0.extend(containers.clone());
+    assert_eq!(
+        containers.len(),
+        1,
+        "the SDK's sandbox is one session of ann's"
+    );
 
     // Her ceiling, not the admin's default of 1 GiB.
-    let memory = inspect(&rts[0], "{{.HostConfig.Memory}}");
+    let memory = inspect(&containers[0], "{{.HostConfig.Memory}}");
     assert_eq!(
         memory,
         (256u64 << 20).to_string(),
@@ -103,25 +107,25 @@ async fn an_mcp_sandbox_is_a_session_of_its_user_with_their_quota_and_ceilings()
     wait_until(
         "the deleted MCP sandbox's container goes",
         Duration::from_secs(30),
-        async || gone(&rts).await,
+        async || gone(&containers).await,
     )
     .await;
     assert_eq!(me(&api).await["usage"]["active_sessions"], 0);
 
     // Now the waiting MCP session gets its sandbox, with the same ceiling.
     second.bash("echo second", None).await;
-    let rts = mcp_runtime_ids(&env, &api).await;
-    cleanup.0.extend(rts.clone());
-    assert_eq!(rts.len(), 1);
+    let containers = mcp_containers(&env, &api).await;
+    cleanup.0.extend(containers.clone());
+    assert_eq!(containers.len(), 1);
     assert_eq!(
-        inspect(&rts[0], "{{.HostConfig.Memory}}"),
+        inspect(&containers[0], "{{.HostConfig.Memory}}"),
         (256u64 << 20).to_string()
     );
     assert_eq!(second.delete(None).await, 202);
     wait_until(
         "the closed session's container goes",
         Duration::from_secs(30),
-        async || gone(&rts).await,
+        async || gone(&containers).await,
     )
     .await;
     wait_until(
@@ -149,13 +153,13 @@ async fn stateless_sandboxes_are_owned_by_their_user_and_one_users_cap_leaves_th
     let mut cleanup = Cleanup(Vec::new());
 
     let bo_id = bo_mcp.create().await;
-    cleanup.0.extend(mcp_runtime_ids(&env, &bo).await);
+    cleanup.0.extend(mcp_containers(&env, &bo).await);
     // Bo's cap of one sandbox is full...
     let (err, text) = bo_mcp.call("sandbox_create", json!({})).await;
     assert!(err && text.contains("already hold 1"), "{text}");
     // ...which is Bo's alone: Cy still gets one.
     let cy_id = cy_mcp.create().await;
-    cleanup.0.extend(mcp_runtime_ids(&env, &cy).await);
+    cleanup.0.extend(mcp_containers(&env, &cy).await);
     assert!(cy_mcp.bash("echo cy", Some(&cy_id)).await.contains("cy"));
     assert!(bo_mcp.bash("echo bo", Some(&bo_id)).await.contains("bo"));
     // Neither can use the other's id.
@@ -167,7 +171,7 @@ async fn stateless_sandboxes_are_owned_by_their_user_and_one_users_cap_leaves_th
     let owners: Vec<String> = cleanup
         .0
         .iter()
-        .map(|rt| inspect(rt, "{{index .Config.Labels \"sandboxd.owner\"}}"))
+        .map(|c| inspect(c, "{{index .Config.Labels \"sandboxd.owner\"}}"))
         .collect();
     assert_eq!(owners.len(), 2, "{owners:?}");
     assert_ne!(owners[0], owners[1], "each user owns their own sandboxes");
@@ -205,9 +209,9 @@ async fn stateless_sandboxes_are_owned_by_their_user_and_one_users_cap_leaves_th
         .call("sandbox_close", json!({"sandbox_id": cy_id}))
         .await;
     assert!(!err, "{text}");
-    let rts = cleanup.0.clone();
+    let containers = cleanup.0.clone();
     wait_until("closed sandboxes go", Duration::from_secs(30), async || {
-        gone(&rts).await
+        gone(&containers).await
     })
     .await;
     assert_eq!(me(&bo).await["usage"]["active_sessions"], 0);
@@ -231,12 +235,12 @@ async fn removing_a_user_removes_their_mcp_sessions_and_sandboxes_at_once() {
     session.bash("true", None).await;
     Mcp::stateless(&serve, &dee_key).create().await;
     let dee_owner = mcp_owner(dee_id);
-    let dee_rts = serve::containers_of(&dee_owner);
-    cleanup.0.extend(dee_rts.clone());
+    let dee_containers = serve::containers_of(&dee_owner);
+    cleanup.0.extend(dee_containers.clone());
     cleanup
         .0
-        .extend(mcp_runtime_ids(&env, &Api::new(&serve, &dee_key)).await);
-    assert!(!dee_rts.is_empty(), "dee's MCP containers");
+        .extend(mcp_containers(&env, &Api::new(&serve, &dee_key)).await);
+    assert!(!dee_containers.is_empty(), "dee's MCP containers");
 
     let (s, v) = admin.json(Method::DELETE, "/v1/users/dee", None).await;
     assert_eq!(s, 204, "{v}");
@@ -252,7 +256,7 @@ async fn removing_a_user_removes_their_mcp_sessions_and_sandboxes_at_once() {
     let eve_owner = mcp_owner(eve_id);
     cleanup
         .0
-        .extend(mcp_runtime_ids(&env, &Api::new(&serve, &eve_key)).await);
+        .extend(mcp_containers(&env, &Api::new(&serve, &eve_key)).await);
     let eve_containers = serve::containers_of(&eve_owner);
     cleanup.0.extend(eve_containers.clone());
     assert_eq!(eve_containers.len(), 1);
@@ -281,7 +285,7 @@ async fn delete_mcp_with_another_users_or_an_unknown_session_id_is_404() {
     let host = fay.bash("hostname", None).await;
     cleanup
         .0
-        .extend(mcp_runtime_ids(&env, &Api::new(&serve, &fay_key)).await);
+        .extend(mcp_containers(&env, &Api::new(&serve, &fay_key)).await);
 
     let gus = Mcp::open(&serve, &gus_key).await;
     assert_eq!(
@@ -312,14 +316,14 @@ async fn mcp_rows_end_with_their_sandbox_when_idle_and_at_a_restart() {
 
     let m = Mcp::open(&serve, &key).await;
     m.bash("true", None).await;
-    let rts = mcp_runtime_ids(&env, &api).await;
-    cleanup.0.extend(rts.clone());
-    assert_eq!(rts.len(), 1);
+    let containers = mcp_containers(&env, &api).await;
+    cleanup.0.extend(containers.clone());
+    assert_eq!(containers.len(), 1);
     // The reaper takes the idle sandbox; its row ends with it and the place is free.
     wait_until(
         "the idle MCP sandbox goes",
         Duration::from_secs(60),
-        async || gone(&rts).await,
+        async || gone(&containers).await,
     )
     .await;
     wait_until("its row ends", Duration::from_secs(30), async || {
@@ -340,9 +344,9 @@ async fn mcp_rows_end_with_their_sandbox_when_idle_and_at_a_restart() {
 
     // The next call gets a new sandbox; a kill -9 leaves its row, which the next start ends.
     m.bash("true", None).await;
-    let rts = mcp_runtime_ids(&env, &api).await;
-    cleanup.0.extend(rts.clone());
-    assert_eq!(rts.len(), 1);
+    let containers = mcp_containers(&env, &api).await;
+    cleanup.0.extend(containers.clone());
+    assert_eq!(containers.len(), 1);
     serve.kill9();
     let serve = env.start();
     let api = Api::new(&serve, &key);
@@ -351,7 +355,7 @@ async fn mcp_rows_end_with_their_sandbox_when_idle_and_at_a_restart() {
     wait_until(
         "the dead serve's MCP container goes",
         Duration::from_secs(30),
-        async || gone(&rts).await,
+        async || gone(&containers).await,
     )
     .await;
 }

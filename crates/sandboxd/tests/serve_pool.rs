@@ -38,9 +38,9 @@ fn pooled_running(scope: &str) -> Vec<String> {
         .collect()
 }
 
-fn inspect(runtime_id: &str) -> Value {
+fn inspect(container: &str) -> Value {
     let out = Command::new("docker")
-        .args(["inspect", &format!("sandboxd-{runtime_id}")])
+        .args(["inspect", container])
         .output()
         .unwrap();
     assert!(
@@ -73,11 +73,12 @@ async fn api_sessions_claim_from_the_pool_and_a_crash_leaves_no_pooled_container
     assert_eq!(s, 201, "{v}");
     let id = v["id"].as_str().unwrap().to_string();
     let rt = env.runtime_id(&id).await;
+    let container = env.container(&id).await;
     assert!(
         warm.contains(&rt),
         "the session's container {rt} is one the pool made before the request ({warm:?})"
     );
-    let c = inspect(&rt);
+    let c = inspect(&container);
     assert_eq!(c["Config"]["Labels"]["sandboxd.pool"], "true");
     assert!(
         c["Config"]["Labels"].get("sandboxd.owner").unwrap() == &json!(scope),
@@ -120,7 +121,7 @@ async fn api_sessions_claim_from_the_pool_and_a_crash_leaves_no_pooled_container
         .json(Method::GET, &format!("/v1/sessions/{id}"), None)
         .await;
     assert_eq!(v["limits"]["memory_mb"], 256, "{v}");
-    assert_eq!(inspect(&rt)["HostConfig"]["Memory"], 256u64 << 20);
+    assert_eq!(inspect(&container)["HostConfig"]["Memory"], 256u64 << 20);
     let user = env.user_ids()[0].clone();
     let owners = [scope.clone(), format!("serve:{user}")];
     serve::wait_for_leftovers(&owners, first, std::slice::from_ref(&rt)).await;

@@ -38,10 +38,10 @@ async fn kill_9_then_restart_reattaches_ends_and_removes_orphans() {
     let vanished = api.session().await;
     api.exec(&kept, "echo before the crash > /workspace/note.txt")
         .await;
-    let (kept_rt, orphan_rt, vanished_rt) = (
+    let (kept_rt, orphan_rt, vanished_container) = (
         runtime_id(&env, &kept).await,
         runtime_id(&env, &orphan).await,
-        runtime_id(&env, &vanished).await,
+        env.container(&vanished).await,
     );
     let first_pid = serve.pid();
     serve.kill9();
@@ -51,7 +51,7 @@ async fn kill_9_then_restart_reattaches_ends_and_removes_orphans() {
     assert!(store.delete_session(&orphan).await.unwrap());
     drop(store);
     let _ = std::process::Command::new("docker")
-        .args(["rm", "-f", &format!("sandboxd-{vanished_rt}")])
+        .args(["rm", "-f", &vanished_container])
         .output();
 
     let serve = env.start();

@@ -93,7 +93,7 @@ fn undo_edit_reverts_an_edit_made_by_an_earlier_process() {
     );
     assert!(ok, "{out}{err}");
     let id = kept_session_id(&err);
-    let _cleanup = support::Cleanup(id.clone());
+    let _cleanup = support::cli::cleanup(&id);
 
     let edit = json!({"command": "str_replace", "path": "/workspace/notes.txt", "old_str": "first", "new_str": "second"});
     let (ok, out, err) = tool(

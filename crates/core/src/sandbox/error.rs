@@ -24,10 +24,10 @@ pub enum SandboxError {
     )]
     SandboxGone { session: String, message: String },
 
-    #[error("the sandbox image {tag} is missing; build it with `sandboxd image build`")]
+    #[error("the sandbox image {tag} is missing; build the image, then create the session again")]
     ImageMissing { tag: String },
 
-    #[error("no session {id}; list the live ones with `sandboxd sessions list`")]
+    #[error("no session {id}; list the live sessions for the right id")]
     SessionNotFound { id: String },
 
     #[error(

@@ -2,7 +2,8 @@
 //! the owner of the CLI's sessions, and the two ways to get a SessionManager: one that may
 //! create sessions (the image is built if missing; orphans, and the tool records of sessions
 //! whose container is gone, are reconciled first) and one
-//! for commands that only look or remove (never builds anything).
+//! for commands that only look or remove (never builds anything). The libraries name a fix
+//! in words any front end can act on; `hint` adds the command that does it here.
 
 pub(crate) mod bench;
 pub(crate) mod bench_pool;
@@ -27,7 +28,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use sandboxd_core::config::Config;
 use sandboxd_core::sandbox::records::SessionRecords;
-use sandboxd_core::sandbox::{Owner, Runtime, SessionManager};
+use sandboxd_core::sandbox::{Owner, Runtime, SandboxError, SessionManager};
+use sandboxd_docker::image::ImageError;
 
 pub(crate) struct Ctx {
     pub config: Config,
@@ -107,4 +109,29 @@ pub(crate) fn init_tracing(default: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// The command line's way to the fix an error names, if it has one: the backends and the
+/// manager say "build the image" or "list the live sessions" to every front end alike.
+pub(crate) fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    e.chain().find_map(|cause| {
+        if let Some(e) = cause.downcast_ref::<SandboxError>() {
+            return match e {
+                SandboxError::ImageMissing { .. } => Some("build it with `sandboxd image build`"),
+                SandboxError::SessionNotFound { .. } => {
+                    Some("`sandboxd sessions list` lists the live sessions")
+                }
+                SandboxError::BackendUnavailable { .. } => {
+                    Some("`sandboxd doctor` checks the engine and the image")
+                }
+                _ => None,
+            };
+        }
+        match cause.downcast_ref::<ImageError>()? {
+            ImageError::BuildFailed { .. } | ImageError::ImportFailed { .. } => {
+                Some("run `sandboxd image build` again")
+            }
+            _ => None,
+        }
+    })
 }

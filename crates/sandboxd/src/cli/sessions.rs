@@ -12,7 +12,9 @@ use super::Ctx;
 pub(crate) enum SessionsCommand {
     /// List every sandboxd-managed container.
     List {
-        /// Print JSON instead of a table.
+        /// Print JSON instead of a table: one object per sandbox with its `session_id`,
+        /// `owner`, `handle` (the backend's name for it: the Docker container id), `state`,
+        /// `kept`, `creator` and `pooled`.
         #[arg(long)]
         json: bool,
     },

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::serve::{self, Api, Env, Serve};
+use crate::serve::{Api, Env, Serve};
 
 /// The body of an MCP answer: plain JSON, or the last `data:` line of an SSE stream.
 pub fn parse(text: &str) -> Value {
@@ -156,34 +156,24 @@ pub async fn sessions(api: &Api) -> Vec<Value> {
     v["sessions"].as_array().unwrap().clone()
 }
 
-/// The runtime ids of the caller's running sessions of kind `mcp`.
-pub async fn mcp_runtime_ids(env: &Env, api: &Api) -> Vec<String> {
+/// The containers (as the store records them) of the caller's running sessions of kind `mcp`.
+pub async fn mcp_containers(env: &Env, api: &Api) -> Vec<String> {
     let mut out = Vec::new();
     for s in sessions(api).await {
         if s["kind"] == "mcp" && s["state"] == "running" {
-            out.push(env.runtime_id(s["id"].as_str().unwrap()).await);
+            out.push(env.container(s["id"].as_str().unwrap()).await);
         }
     }
     out
 }
 
-/// `docker inspect` of the container of runtime session `rt`.
-pub fn inspect(rt: &str, format: &str) -> String {
-    let ps = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=sandboxd.session={rt}"),
-        ])
-        .output()
-        .unwrap();
-    let id = String::from_utf8_lossy(&ps.stdout).trim().to_string();
-    assert!(!id.is_empty(), "no container for session {rt}");
+/// `docker inspect -f FORMAT` of a container, which must be there.
+pub fn inspect(container: &str, format: &str) -> String {
     let out = std::process::Command::new("docker")
-        .args(["inspect", "-f", format, &id])
+        .args(["inspect", "-f", format, container])
         .output()
         .unwrap();
+    assert!(out.status.success(), "no container {container}: {out:?}");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -196,19 +186,26 @@ pub async fn wait_until<F: AsyncFnMut() -> bool>(what: &str, limit: Duration, mu
     }
 }
 
-pub async fn gone(rts: &[String]) -> bool {
-    rts.iter().all(|rt| !serve::container_of(rt, false))
+/// Whether none of `containers` exists any more (running or not).
+pub async fn gone(containers: &[String]) -> bool {
+    containers.iter().all(|c| {
+        !std::process::Command::new("docker")
+            .args(["inspect", c])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    })
 }
 
-/// Removes leftover containers (a failed test must not leak them): by runtime session id,
-/// or by container id.
+/// Removes leftover containers (a failed test must not leak them), by container id.
 pub struct Cleanup(pub Vec<String>);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        for x in &self.0 {
+        for container in &self.0 {
             let _ = std::process::Command::new("docker")
-                .args(["rm", "-f", &format!("sandboxd-{x}"), x])
+                .args(["rm", "-f", container])
                 .output();
         }
     }

@@ -1,16 +1,17 @@
 //! Test plumbing for `sandboxd serve`: a data directory and config per test, users made with
-//! the real `sandboxd users` command, and the server as a real process on a loopback port.
-//! Dropping the environment removes every container its users' sessions and its serve's warm
-//! pool made. A session's container is found through the store (its runtime id): one that
-//! came from the pool carries the pool's scope as owner label, not the user.
+//! the real `sandboxd users` command, and the server as a real process on a loopback port
+//! (the process and the API client are testkit's `serve` module; what is here knows this
+//! binary, its image, its store and the engine's containers). Dropping the environment
+//! removes every container its users' sessions and its serve's warm pool made. A session's
+//! container is found through the store (its runtime id): one that came from the pool carries
+//! the pool's scope as owner label, not the user.
 #![allow(dead_code)]
 
-pub mod runs;
+pub use sandboxd_testkit::serve::{Api, Serve, code, runs};
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandboxd");
@@ -89,37 +90,10 @@ impl Env {
 
     /// `start` with another SANDBOXD_LOG filter (what `Serve::log` collects).
     pub fn start_logging(&self, filter: &str) -> Serve {
-        let mut child = self
-            .cmd()
-            .env("SANDBOXD_LOG", filter)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn serve");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("listening on http://").nth(1) {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = tx.send(addr);
-                }
-                let mut l = sink.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("serve did not start: {}", log.lock().unwrap()));
-        Serve {
-            child,
-            base: format!("http://{addr}"),
-            log,
-        }
+        let mut cmd = self.cmd();
+        cmd.env("SANDBOXD_LOG", filter)
+            .args(["serve", "--listen", "127.0.0.1:0"]);
+        Serve::spawn(cmd)
     }
 
     pub fn user_ids(&self) -> Vec<String> {
@@ -135,17 +109,20 @@ impl Env {
 
     /// The runtime id (the `sandboxd.session` label) the store recorded for an API session.
     pub async fn runtime_id(&self, id: &str) -> String {
+        self.row(id).await.runtime_id.unwrap()
+    }
+
+    /// The container (the backend's handle) the store recorded for an API session.
+    pub async fn container(&self, id: &str) -> String {
+        self.row(id).await.container_id.unwrap()
+    }
+
+    async fn row(&self, id: &str) -> sandboxd_core::store::SessionRow {
         use sandboxd_core::store::Store as _;
         let store = sandboxd_sqlite::SqliteStore::open(&self.db())
             .await
             .unwrap();
-        store
-            .session(id)
-            .await
-            .unwrap()
-            .unwrap()
-            .runtime_id
-            .unwrap()
+        store.session(id).await.unwrap().unwrap()
     }
 
     /// The store serve keeps its data in, opened beside it (as `users` does).
@@ -290,137 +267,4 @@ pub fn describe_containers(owner: &str) -> String {
         owner,
         "{{.Names}} {{.Status}} created {{.CreatedAt}} creator {{.Label \"sandboxd.creator\"}}",
     )
-}
-
-pub struct Serve {
-    child: Child,
-    pub base: String,
-    pub log: Arc<Mutex<String>>,
-}
-
-impl Serve {
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// Waits until the log has a line containing `text` (bounded, so a bug cannot hang).
-    pub fn wait_for_log(&self, text: &str) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !self.log.lock().unwrap().contains(text) {
-            assert!(
-                Instant::now() < deadline,
-                "serve never logged {text:?}: {}",
-                self.log.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Sends SIGTERM and returns how long the process took to exit.
-    pub fn sigterm(&mut self, limit: Duration) -> Duration {
-        let start = Instant::now();
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        loop {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return start.elapsed();
-            }
-            if start.elapsed() > limit {
-                let _ = self.child.kill();
-                panic!(
-                    "serve did not exit within {limit:?} of SIGTERM: {}",
-                    self.log.lock().unwrap()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A client for one user's key.
-#[derive(Clone)]
-pub struct Api {
-    pub http: reqwest::Client,
-    pub base: String,
-    pub key: String,
-}
-
-impl Api {
-    pub fn new(serve: &Serve, key: &str) -> Api {
-        Api {
-            http: reqwest::Client::new(),
-            base: serve.base.clone(),
-            key: key.to_string(),
-        }
-    }
-
-    pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.key)
-    }
-
-    pub async fn json(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<serde_json::Value>,
-    ) -> (u16, serde_json::Value) {
-        let mut r = self.req(method, path);
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r.send().await.expect("request");
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap_or_default();
-        let v = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
-        (status, v)
-    }
-
-    /// Creates a session and returns its id.
-    pub async fn session(&self) -> String {
-        let (s, v) = self
-            .json(
-                reqwest::Method::POST,
-                "/v1/sessions",
-                Some(serde_json::json!({})),
-            )
-            .await;
-        assert_eq!(s, 201, "create session: {v}");
-        v["id"].as_str().unwrap().to_string()
-    }
-
-    pub async fn exec(&self, id: &str, command: &str) -> serde_json::Value {
-        let (s, v) = self
-            .json(
-                reqwest::Method::POST,
-                &format!("/v1/sessions/{id}/exec"),
-                Some(serde_json::json!({ "command": command })),
-            )
-            .await;
-        assert_eq!(s, 200, "exec: {v}");
-        v
-    }
-}
-
-/// The error code of an error body.
-pub fn code(v: &serde_json::Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("")
 }

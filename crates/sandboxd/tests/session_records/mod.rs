@@ -95,7 +95,7 @@ fn sessions_rm_and_gc_take_a_kept_sessions_tool_records_with_it() {
     let data = dir.path().join("data");
 
     let a = kept_session_with_an_edit(dir.path());
-    let _cleanup_a = support::Cleanup(a.clone());
+    let _cleanup_a = support::cli::cleanup(&a);
     let open = json!({"action": "go_to_url", "url": "data:text/html,<title>kept</title>"});
     ok(
         dir.path(),
@@ -103,7 +103,7 @@ fn sessions_rm_and_gc_take_a_kept_sessions_tool_records_with_it() {
     );
     assert_eq!(records(&data, &a), ["browser", "undo"]);
     let b = kept_session_with_an_edit(dir.path());
-    let _cleanup_b = support::Cleanup(b.clone());
+    let cleanup_b = support::cli::cleanup(&b);
     assert_eq!(records(&data, &b), ["undo"]);
 
     // `sessions rm`: the container and both of its records go; b's stay.
@@ -119,7 +119,7 @@ fn sessions_rm_and_gc_take_a_kept_sessions_tool_records_with_it() {
 
     // A kept session whose container stopped is garbage to `sessions gc`; so are its records.
     let stop = Command::new("docker")
-        .args(["stop", "-t", "1", &format!("sandboxd-{b}")])
+        .args(["stop", "-t", "1", &cleanup_b.0])
         .output()
         .unwrap();
     assert!(stop.status.success(), "{stop:?}");
@@ -133,11 +133,13 @@ fn sessions_rm_and_gc_take_a_kept_sessions_tool_records_with_it() {
 fn records_of_a_session_whose_container_vanished_go_with_sessions_rm_or_gc() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut cleanup = Vec::new();
+    let (mut ids, mut cleanup) = (Vec::new(), Vec::new());
     for _ in 0..3 {
-        cleanup.push(support::Cleanup(kept_session_with_an_edit(dir.path())));
+        let id = kept_session_with_an_edit(dir.path());
+        cleanup.push(support::cli::cleanup(&id));
+        ids.push(id);
     }
-    let [a, b, c] = [0, 1, 2].map(|i| cleanup[i].0.clone());
+    let [a, b, c] = [0, 1, 2].map(|i| ids[i].clone());
     remove_outside_sandboxd(&a);
     remove_outside_sandboxd(&c);
     assert_eq!(records(&data, &a), ["undo"], "nothing ran in between");
@@ -307,7 +309,7 @@ async fn in_serve_nobody_ends_another_users_vanished_records_and_the_start_sweep
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let cli = kept_session_id(&String::from_utf8_lossy(&out.stderr));
-    let _cleanup = support::Cleanup(cli.clone());
+    let _cleanup = support::cli::cleanup(&cli);
     for id in [&vanished_rt, &stays_rt] {
         assert_eq!(env.stored_records(id).await, ["undo"], "{id}");
     }

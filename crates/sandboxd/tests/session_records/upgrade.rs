@@ -60,7 +60,7 @@ async fn serves_start_moves_an_earlier_versions_record_files_into_its_store_once
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let cli = kept_session_id(&String::from_utf8_lossy(&out.stderr));
-    let _cleanup = support::Cleanup(cli.clone());
+    let _cleanup = support::cli::cleanup(&cli);
     write_record_file(&env, "0123456789ab", "plans", b"{}");
 
     let mut serve = env.start();

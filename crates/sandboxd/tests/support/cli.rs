@@ -34,6 +34,38 @@ pub fn kept_session_id(stderr: &str) -> String {
         .unwrap_or_else(|| panic!("no kept session id in:\n{stderr}"))
 }
 
+/// Every sandbox on the engine as `sandboxd sessions list --json` shows it (the admin's view:
+/// `session_id`, `owner`, `handle`, `state`, `kept`, `creator`, `pooled`).
+pub fn sessions_listed() -> Vec<serde_json::Value> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = sandboxd(dir.path())
+        .args(["sessions", "list", "--json"])
+        .output()
+        .expect("run sandboxd sessions list");
+    assert!(
+        out.status.success(),
+        "sessions list: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("sessions list --json is a JSON array")
+}
+
+/// The backend's handle of session `id` (its container), as `sessions list --json` shows it
+/// to anyone who can run the CLI: tests never derive a container name from an id.
+pub fn handle_of(id: &str) -> String {
+    let list = sessions_listed();
+    list.iter()
+        .find(|s| s["session_id"] == id)
+        .and_then(|s| s["handle"].as_str())
+        .unwrap_or_else(|| panic!("session {id} is not in `sessions list --json`: {list:?}"))
+        .to_string()
+}
+
+/// The guard that removes the CLI-made session `id` (its container, by `handle_of`).
+pub fn cleanup(id: &str) -> super::Cleanup {
+    super::Cleanup(handle_of(id))
+}
+
 /// `sandboxd run --keep` with `first`, then `sandboxd run --session ID` with `second` (two
 /// processes, the LLM at `llm`, outputs under `dir/out1` and `dir/out2`), each asserted to
 /// succeed. Returns the kept session's id, the guard that removes it, and the second run.
@@ -63,7 +95,7 @@ pub async fn keep_then_continue(
     let stderr = String::from_utf8_lossy(&kept.stderr);
     assert!(kept.status.success(), "{stderr}");
     let id = kept_session_id(&stderr);
-    let cleanup = super::Cleanup(id.clone());
+    let cleanup = cleanup(&id);
     let out = dir.join("out2").display().to_string();
     let next = run(vec![
         "--session".into(),

@@ -81,13 +81,15 @@ pub fn owner() -> Owner {
     Owner::new("test").expect("a valid owner")
 }
 
-/// Removes the session's container on drop, through the docker CLI (Drop cannot await).
+/// Removes a session's container on drop, through the docker CLI (Drop cannot await). It
+/// holds the backend's handle of the session (`Session::handle`, or what `sessions list
+/// --json` shows for a CLI-made one: `cli::cleanup`), never a name derived from the id.
 pub struct Cleanup(pub String);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = std::process::Command::new("docker")
-            .args(["rm", "-f", &format!("sandboxd-{}", self.0)])
+            .args(["rm", "-f", &self.0])
             .output();
     }
 }
@@ -102,6 +104,6 @@ pub async fn session_with(manager: &SessionManager, req: &LimitRequest) -> (Arc<
         .create(&owner(), req, CreateOptions::default())
         .await
         .expect("create a session");
-    let guard = Cleanup(s.id.clone());
+    let guard = Cleanup(s.handle.clone());
     (s, guard)
 }

@@ -8,7 +8,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::Api;
-use crate::support::fake_llm::FakeLlm;
+use crate::fake_llm::FakeLlm;
 
 pub fn llm_config(llm: &FakeLlm) -> String {
     format!(
