@@ -213,28 +213,6 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn redacted_hides_every_password() {
-        for (url, shown) in [
-            (
-                "postgres://u:p%40ss@db:5432/x",
-                "postgres://u:***@db:5432/x",
-            ),
-            ("postgres://u:p@ss@db/x", "postgres://u:***@db/x"),
-            (
-                "postgresql://db/x?user=u&password=secret&sslmode=disable",
-                "postgresql://db/x?user=u&password=***&sslmode=disable",
-            ),
-            ("postgres://u@db/x", "postgres://u@db/x"),
-            ("secret", "(a value that is not a URL)"),
-        ] {
-            assert_eq!(super::redacted(url), shown);
-        }
-    }
-}
-
 /// A pool of connections to `url`; it connects on first use.
 fn pool(url: &str, size: usize) -> Result<Pool, StoreError> {
     let manager = Manager::from_config(
@@ -295,4 +273,26 @@ pub async fn probe(url: &str) -> Result<Probe, StoreError> {
         schema_version: migrate::version(&client).await?,
         known_version: migrate::MIGRATIONS.len() as i64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redacted_hides_every_password() {
+        for (url, shown) in [
+            (
+                "postgres://u:p%40ss@db:5432/x",
+                "postgres://u:***@db:5432/x",
+            ),
+            ("postgres://u:p@ss@db/x", "postgres://u:***@db/x"),
+            (
+                "postgresql://db/x?user=u&password=secret&sslmode=disable",
+                "postgresql://db/x?user=u&password=***&sslmode=disable",
+            ),
+            ("postgres://u@db/x", "postgres://u@db/x"),
+            ("secret", "(a value that is not a URL)"),
+        ] {
+            assert_eq!(super::redacted(url), shown);
+        }
+    }
 }

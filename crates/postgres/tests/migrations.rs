@@ -111,7 +111,7 @@ async fn bad_urls_and_unreachable_servers_are_errors_without_the_password() {
         err.contains("127.0.0.1:1"),
         "the error names the store: {err}"
     );
-    let err = probe(url).await.err().expect("refused").to_string();
+    let err = probe(url).await.expect_err("refused").to_string();
     assert!(!err.contains("hunter2"), "{err}");
     assert_eq!(
         sandboxd_postgres::redacted(url),
