@@ -58,14 +58,22 @@ pub struct Probe {
 
 /// The error of a failed statement or connection, with its causes (the server's message).
 pub(crate) fn sql(e: impl std::error::Error) -> StoreError {
+    StoreError::Sql(chain(&e))
+}
+
+/// An error's message and its causes', each once (pool errors repeat their cause's text).
+fn chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        message.push_str(": ");
-        message.push_str(&s.to_string());
+        let text = s.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
         source = s.source();
     }
-    StoreError::Sql(message)
+    message
 }
 
 pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
@@ -172,8 +180,7 @@ fn parse_url(url: &str) -> Result<tokio_postgres::Config, StoreError> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(open_err("not a postgres:// URL".into()));
     }
-    let mut config: tokio_postgres::Config =
-        url.parse().map_err(|e| open_err(sql(e).to_string()))?;
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| open_err(chain(&e)))?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
@@ -241,9 +248,9 @@ impl PgStore {
         let store = Self {
             pool: pool(url, POOL_SIZE)?,
         };
-        let mut client = store.client().await.map_err(|e| StoreError::Open {
+        let mut client = store.pool.get().await.map_err(|e| StoreError::Open {
             path: redacted(url),
-            message: e.to_string(),
+            message: chain(&e),
         })?;
         migrate::migrate(&mut client).await?;
         Ok(store)
@@ -251,10 +258,9 @@ impl PgStore {
 
     /// A connection from the pool.
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| StoreError::Sql(format!("the postgres store is unreachable: {}", sql(e))))
+        self.pool.get().await.map_err(|e| {
+            StoreError::Sql(format!("the postgres store is unreachable: {}", chain(&e)))
+        })
     }
 }
 
@@ -262,7 +268,7 @@ impl PgStore {
 pub async fn probe(url: &str) -> Result<Probe, StoreError> {
     let client = pool(url, 1)?.get().await.map_err(|e| StoreError::Open {
         path: redacted(url),
-        message: sql(e).to_string(),
+        message: chain(&e),
     })?;
     let row = client
         .query_one("SHOW server_version", &[])
