@@ -1,19 +1,20 @@
 //! The one place that turns config into a runtime and a store: the only code of the binary's
-//! commands that names a backend (`DockerRuntime`) or a store (`SqliteStore`). Everything
+//! commands that names a backend (`DockerRuntime`) or a store (`SqliteStore`, `PgStore`,
+//! chosen by `[store] url`). Everything
 //! above takes `Arc<dyn Runtime>` and `Arc<dyn Store>`; a new backend or store is a new crate
 //! plus a branch here. (The Docker-only commands — `image`, `doctor`'s engine checks and the
 //! docker-CLI baselines of `bench` — talk to the Docker crate directly by design.)
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sandboxd_core::config::Config;
+use sandboxd_core::config::{Config, StoreKind};
 use sandboxd_core::sandbox::Runtime;
 use sandboxd_core::sandbox::records::{FileRecords, SessionRecords};
 use sandboxd_core::store::{Store, StoreRecords};
 use sandboxd_docker::image as docker_image;
 use sandboxd_docker::{self as docker, DockerRuntime};
+use sandboxd_postgres::PgStore;
 use sandboxd_sqlite::SqliteStore;
 
 /// The runtime sessions are made on, ready to create them: for Docker, the engine connected
@@ -61,16 +62,79 @@ fn oci_runtime(config: &Config) -> Option<String> {
     Some(config.docker.runtime.clone()).filter(|r| !r.is_empty())
 }
 
-/// Where the store lives, for messages: the SQLite file in the data directory.
-pub(crate) fn store_location(config: &Config) -> PathBuf {
+/// Where the store lives, for messages: the SQLite file in the data directory, or the
+/// Postgres URL without its password.
+pub(crate) fn store_location(config: &Config) -> String {
+    match config.store.kind() {
+        StoreKind::Sqlite => sqlite_path(config).display().to_string(),
+        StoreKind::Postgres(url) => sandboxd_postgres::redacted(url),
+    }
+}
+
+fn sqlite_path(config: &Config) -> std::path::PathBuf {
     config.data_dir().join("sandboxd.db")
 }
 
-/// The store `serve` and `users` share.
+/// The store `serve` and `users` share: the one `[store] url` names, its migrations applied.
 pub(crate) async fn store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    let path = store_location(config);
-    let store = SqliteStore::open(&path)
-        .await
-        .with_context(|| format!("cannot open the store {}", path.display()))?;
-    Ok(Arc::new(store))
+    let location = store_location(config);
+    Ok(match config.store.kind() {
+        StoreKind::Sqlite => Arc::new(
+            SqliteStore::open(&sqlite_path(config))
+                .await
+                .with_context(|| format!("cannot open the store {location}"))?,
+        ),
+        StoreKind::Postgres(url) => Arc::new(
+            PgStore::open(url)
+                .await
+                .with_context(|| format!("cannot open the store {location}"))?,
+        ),
+    })
+}
+
+/// `sandboxd doctor`'s look at the configured store: what it is and whether it answers,
+/// making nothing: a missing SQLite file is not made and a Postgres schema is not migrated
+/// (an existing SQLite file is opened as every command opens it, which migrates it).
+pub(crate) async fn check_store(config: &Config) -> Result<String, String> {
+    let location = store_location(config);
+    match config.store.kind() {
+        StoreKind::Sqlite => {
+            let path = sqlite_path(config);
+            if !path.exists() {
+                return Ok(format!(
+                    "store: SQLite {location} (made on first use by `serve` or `users`)"
+                ));
+            }
+            let store = SqliteStore::open(&path)
+                .await
+                .map_err(|e| format!("store: SQLite {location}: {e}"))?;
+            store
+                .ping()
+                .await
+                .map_err(|e| format!("store: SQLite {location} is not writable: {e}"))?;
+            Ok(format!("store: SQLite {location}, writable"))
+        }
+        StoreKind::Postgres(url) => {
+            let p = sandboxd_postgres::probe(url)
+                .await
+                .map_err(|e| format!("store: PostgreSQL {location}: {e}"))?;
+            if p.schema_version > p.known_version {
+                return Err(format!(
+                    "store: PostgreSQL {location} has schema version {}, newer than this sandboxd knows ({})",
+                    p.schema_version, p.known_version
+                ));
+            }
+            Ok(format!(
+                "store: PostgreSQL {} at {location}, schema version {} of {}{}",
+                p.server_version,
+                p.schema_version,
+                p.known_version,
+                if p.schema_version < p.known_version {
+                    " (the rest is applied at the next start)"
+                } else {
+                    ""
+                }
+            ))
+        }
+    }
 }

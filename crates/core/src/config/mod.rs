@@ -10,10 +10,12 @@ pub mod flow;
 pub mod proxies;
 
 pub mod server;
+pub mod store;
 
 pub use crate::research::ResearchConfig;
 pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
 pub use server::{QuotasConfig, ServerConfig};
+pub use store::{StoreConfig, StoreKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -52,6 +54,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// Per-user quota defaults of `sandboxd serve`.
     pub quotas: QuotasConfig,
+    /// Which store keeps the service's state: SQLite (default) or a PostgreSQL URL.
+    pub store: StoreConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
 }
@@ -405,6 +409,7 @@ impl Config {
         config.limits.validate()?;
         config.flow.validate()?;
         config.server.validate()?;
+        config.store.validate()?;
         config
             .research
             .validate()
@@ -429,7 +434,7 @@ impl Config {
 
 const SECTIONS: &[&str] = &[
     "docker", "limits", "sessions", "pool", "llm", "agent", "mcp", "flow", "research", "server",
-    "quotas",
+    "quotas", "store",
 ];
 
 fn apply_env(

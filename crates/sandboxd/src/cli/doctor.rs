@@ -41,6 +41,14 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         Err(e) => check(false, "LLM not configured".into(), &format!("{e}")),
     }
     research(&ctx.config.research, &mut check).await;
+    match crate::backends::check_store(&ctx.config).await {
+        Ok(what) => check(true, what, ""),
+        Err(what) => check(
+            false,
+            what,
+            "start the database or correct [store] url (SANDBOXD_STORE_URL); empty means the SQLite file in the data directory",
+        ),
+    }
     Ok(if failures == 0 {
         ExitCode::SUCCESS
     } else {

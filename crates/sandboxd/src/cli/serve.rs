@@ -61,7 +61,7 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
     eprintln!(
         "sandboxd serve: listening on http://{} (API /v1, MCP /mcp); store {}; {} session(s) re-attached, {} ended, {} stray container(s) removed",
         server.addr,
-        crate::backends::store_location(&ctx.config).display(),
+        crate::backends::store_location(&ctx.config),
         r.reattached.len(),
         r.ended.len(),
         r.removed_containers.len()

@@ -1,0 +1,157 @@
+//! The `events` and `images` tables, and the conversation and token counters of the runs
+//! API. An event is committed with its run's patch in one transaction that holds the run's
+//! row lock, so each seq is committed once, in order, and a reader that sees `last_seq = n`
+//! finds events 1..n.
+
+use deadpool_postgres::GenericClient;
+
+use crate::{col, execute, query, query_opt, runs, unsigned, utc_day};
+use sandboxd_core::store::{RunPatch, StoreError, StoredEvent};
+
+/// Commits the event and the patch; the seq must follow the run's last one. Runs in a
+/// transaction: the run's row stays locked until it commits, so a racing writer waits and
+/// then sees the new `last_seq`.
+pub(crate) async fn append(
+    c: &impl GenericClient,
+    run_id: &str,
+    ev: &StoredEvent,
+    p: &RunPatch,
+) -> Result<(), StoreError> {
+    let row = query_opt(
+        c,
+        "SELECT last_seq FROM runs WHERE id = $1 FOR UPDATE",
+        &[&run_id],
+    )
+    .await?;
+    let Some(row) = row else {
+        return Err(StoreError::Sql(format!("no run {run_id} to append to")));
+    };
+    let last: i64 = col(&row, 0)?;
+    if ev.seq != unsigned(last) + 1 {
+        return Err(StoreError::Corrupt {
+            what: "event sequence",
+            message: format!("run {run_id}: seq {} after {last}", ev.seq),
+        });
+    }
+    let seq = last + 1;
+    execute(
+        c,
+        "INSERT INTO events (run_id, seq, time, kind, payload) VALUES ($1, $2, $3, $4, $5)",
+        &[&run_id, &seq, &ev.time, &ev.kind, &ev.payload],
+    )
+    .await?;
+    runs::patch(c, run_id, Some(ev.seq), p).await
+}
+
+pub(crate) async fn after(
+    c: &impl GenericClient,
+    run_id: &str,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let rows = query(
+        c,
+        "SELECT seq, time, kind, payload FROM events WHERE run_id = $1 AND seq > $2
+         ORDER BY seq LIMIT $3",
+        &[
+            &run_id,
+            &(after.min(i64::MAX as u64) as i64),
+            &i64::from(limit),
+        ],
+    )
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(StoredEvent {
+                seq: unsigned(col(r, 0)?),
+                time: col(r, 1)?,
+                kind: col(r, 2)?,
+                payload: col(r, 3)?,
+            })
+        })
+        .collect()
+}
+
+/// Keeps the image once per run and id: a second put of the same id changes nothing.
+pub(crate) async fn put_image(
+    c: &impl GenericClient,
+    run_id: &str,
+    id: &str,
+    media_type: &str,
+    data: &[u8],
+) -> Result<(), StoreError> {
+    execute(
+        c,
+        "INSERT INTO images (run_id, id, media_type, data) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (run_id, id) DO NOTHING",
+        &[&run_id, &id, &media_type, &data],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn image(
+    c: &impl GenericClient,
+    run_id: &str,
+    id: &str,
+) -> Result<Option<(String, Vec<u8>)>, StoreError> {
+    let row = query_opt(
+        c,
+        "SELECT media_type, data FROM images WHERE run_id = $1 AND id = $2",
+        &[&run_id, &id],
+    )
+    .await?;
+    row.map(|r| Ok((col(&r, 0)?, col(&r, 1)?))).transpose()
+}
+
+pub(crate) async fn conversation(
+    c: &impl GenericClient,
+    session_id: &str,
+) -> Result<Option<String>, StoreError> {
+    let row = query_opt(
+        c,
+        "SELECT messages FROM conversations WHERE session_id = $1",
+        &[&session_id],
+    )
+    .await?;
+    row.map(|r| col(&r, 0)).transpose()
+}
+
+pub(crate) async fn set_conversation(
+    c: &impl GenericClient,
+    session_id: &str,
+    messages: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    execute(
+        c,
+        "INSERT INTO conversations (session_id, messages, updated_at) VALUES ($1, $2, $3)
+         ON CONFLICT (session_id) DO UPDATE SET messages = excluded.messages, updated_at = excluded.updated_at",
+        &[&session_id, &messages, &now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Adds to the owner's input tokens of the UTC day of `now`; the day's new total. One
+/// statement: concurrent adds serialise on the row and lose nothing.
+pub(crate) async fn add_input_tokens(
+    c: &impl GenericClient,
+    owner: &str,
+    tokens: u64,
+    now: i64,
+) -> Result<u64, StoreError> {
+    let row = query_opt(
+        c,
+        "INSERT INTO token_usage (owner, day, input_tokens) VALUES ($1, $2, $3)
+         ON CONFLICT (owner, day) DO UPDATE SET input_tokens = token_usage.input_tokens + excluded.input_tokens
+         RETURNING input_tokens",
+        &[&owner, &utc_day(now), &(tokens.min(i64::MAX as u64) as i64)],
+    )
+    .await?;
+    let total: i64 = match row {
+        Some(r) => col(&r, 0)?,
+        None => 0,
+    };
+    Ok(unsigned(total))
+}

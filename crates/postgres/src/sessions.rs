@@ -1,0 +1,213 @@
+//! The `sessions` table: one row-mapping helper (`select`), the quota-checked reservation and
+//! the statements of the other session methods.
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use crate::{
+    Args, arg_refs, col, corrupt, execute, page_split, page_tail, query, to_json, unsigned,
+};
+use sandboxd_core::store::{
+    SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
+};
+
+const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind";
+
+/// The advisory-lock class of an owner's session cap (the second key is the owner's hash).
+const SESSION_CAP_LOCK: i32 = 1;
+
+fn from_row(r: &Row) -> Result<(i64, SessionRow), StoreError> {
+    let state: String = col(r, 3)?;
+    let limits: String = col(r, 4)?;
+    let metadata: String = col(r, 5)?;
+    let kind: String = col(r, 13)?;
+    let row = SessionRow {
+        id: col(r, 1)?,
+        owner: col(r, 2)?,
+        state: SessionState::parse(&state).ok_or_else(|| corrupt("session state", &state))?,
+        kind: SessionKind::parse(&kind).ok_or_else(|| corrupt("session kind", &kind))?,
+        limits: serde_json::from_str(&limits).map_err(|e| corrupt("session limits", e))?,
+        metadata: serde_json::from_str(&metadata).map_err(|e| corrupt("session metadata", e))?,
+        idle_timeout_secs: unsigned(col(r, 6)?),
+        runtime_id: col(r, 7)?,
+        container_id: col(r, 8)?,
+        created_at: col(r, 9)?,
+        last_used_at: col(r, 10)?,
+        ended_at: col(r, 11)?,
+        end_reason: col(r, 12)?,
+    };
+    Ok((col(r, 0)?, row))
+}
+
+/// The sessions matching `tail` with their rowids (the paging cursor), JSON decoded.
+pub(crate) async fn select(
+    c: &impl GenericClient,
+    tail: &str,
+    args: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<(i64, SessionRow)>, StoreError> {
+    let rows = query(c, &format!("SELECT {COLS} FROM sessions {tail}"), args).await?;
+    rows.iter().map(from_row).collect()
+}
+
+pub(crate) async fn one(
+    c: &impl GenericClient,
+    id: &str,
+) -> Result<Option<SessionRow>, StoreError> {
+    Ok(select(c, "WHERE id = $1", &[&id])
+        .await?
+        .into_iter()
+        .next()
+        .map(|(_, r)| r))
+}
+
+/// Takes the transaction-scoped lock of one owner's cap of class `class`: writers of that
+/// owner's cap on every connection (and every replica) count and insert one at a time.
+pub(crate) async fn lock_owner(
+    c: &impl GenericClient,
+    class: i32,
+    owner: &str,
+) -> Result<(), StoreError> {
+    query(
+        c,
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&class, &owner],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Inserts a `creating` session unless its owner has `max_active` that have not ended; runs
+/// in a transaction, under the owner's cap lock.
+pub(crate) async fn reserve(
+    c: &impl GenericClient,
+    row: &SessionRow,
+    max_active: u32,
+) -> Result<(), StoreError> {
+    lock_owner(c, SESSION_CAP_LOCK, &row.owner).await?;
+    let active = query(
+        c,
+        "SELECT COUNT(*) FROM sessions WHERE owner = $1 AND state != 'ended'",
+        &[&row.owner],
+    )
+    .await?;
+    let active: i64 = match active.first() {
+        Some(r) => col(r, 0)?,
+        None => 0,
+    };
+    if active >= i64::from(max_active) {
+        return Err(StoreError::SessionQuota {
+            limit: max_active,
+            active: active.min(i64::from(u32::MAX)) as u32,
+        });
+    }
+    execute(
+        c,
+        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $6, $7)",
+        &[
+            &row.id,
+            &row.owner,
+            &to_json(&row.limits)?,
+            &to_json(&row.metadata)?,
+            &(row.idle_timeout_secs.min(i64::MAX as u64) as i64),
+            &row.created_at,
+            &row.kind.as_str(),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn started(
+    c: &impl GenericClient,
+    id: &str,
+    runtime_id: &str,
+    container_id: &str,
+) -> Result<(), StoreError> {
+    execute(
+        c,
+        "UPDATE sessions SET state = 'running', runtime_id = $2, container_id = $3
+         WHERE id = $1 AND state = 'creating'",
+        &[&id, &runtime_id, &container_id],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn list(
+    c: &impl GenericClient,
+    q: &SessionQuery,
+) -> Result<SessionPage, StoreError> {
+    let mut where_ = vec!["TRUE".to_string()];
+    let mut args: Args = Vec::new();
+    if let Some(owner) = &q.owner {
+        args.push(Box::new(owner.clone()));
+        where_.push(format!("owner = ${}", args.len()));
+    }
+    if !q.include_ended {
+        where_.push("state != 'ended'".into());
+    }
+    if let Some(before) = q.before {
+        args.push(Box::new(before));
+        where_.push(format!("rowid < ${}", args.len()));
+    }
+    for (k, v) in &q.metadata {
+        // The key is a bound parameter, never part of the statement.
+        args.push(Box::new(k.clone()));
+        let key = args.len();
+        args.push(Box::new(v.clone()));
+        where_.push(format!("(metadata::jsonb ->> ${key}) = ${}", args.len()));
+    }
+    let (tail, limit) = page_tail(&where_, &mut args, q.limit);
+    let rows = select(c, &tail, &arg_refs(&args)).await?;
+    let (sessions, next) = page_split(rows, limit);
+    Ok(SessionPage { sessions, next })
+}
+
+/// Every session that has not ended, every owner, oldest first.
+pub(crate) async fn active(c: &impl GenericClient) -> Result<Vec<SessionRow>, StoreError> {
+    let rows = select(c, "WHERE state != 'ended' ORDER BY rowid", &[]).await?;
+    Ok(rows.into_iter().map(|(_, r)| r).collect())
+}
+
+pub(crate) async fn touch(c: &impl GenericClient, id: &str, now: i64) -> Result<(), StoreError> {
+    execute(
+        c,
+        "UPDATE sessions SET last_used_at = $2 WHERE id = $1 AND last_used_at < $2",
+        &[&id, &now],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn end(
+    c: &impl GenericClient,
+    id: &str,
+    reason: &str,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let n = execute(
+        c,
+        "UPDATE sessions SET state = 'ended', ended_at = $2, end_reason = $3
+         WHERE id = $1 AND state != 'ended'",
+        &[&id, &now, &reason],
+    )
+    .await?;
+    Ok(n > 0)
+}
+
+/// Deletes the row; its runs, their events and images, and its conversation cascade.
+pub(crate) async fn delete(c: &impl GenericClient, id: &str) -> Result<bool, StoreError> {
+    Ok(execute(c, "DELETE FROM sessions WHERE id = $1", &[&id]).await? > 0)
+}
+
+pub(crate) async fn owner_ids(c: &impl GenericClient) -> Result<Vec<String>, StoreError> {
+    let rows = query(
+        c,
+        "SELECT id FROM users UNION SELECT owner FROM sessions",
+        &[],
+    )
+    .await?;
+    rows.iter().map(|r| col(r, 0)).collect()
+}
