@@ -29,6 +29,7 @@ use tokio_postgres::types::ToSql;
 mod events;
 mod logins;
 mod migrate;
+mod records;
 mod runs;
 mod sessions;
 mod store;
