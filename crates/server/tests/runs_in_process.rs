@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use sandboxd_testkit::fake_llm::{FakeLlm, Gate, Reply};
+use sandboxd_testkit::serve::runs::read_sse_on;
 use serde_json::{Value, json};
 
 use crate::harness::{Serve, Setup, code, start_crashable, start_on};
@@ -61,37 +62,14 @@ async fn open_events(
     req.send().await.unwrap()
 }
 
-/// Reads events until the stream ends or `max` came; each must come within 30 s.
+/// Reads events until the stream ends or `max` came (testkit's SSE reader, as tuples).
 async fn read_events(resp: &mut reqwest::Response, max: Option<usize>) -> Vec<Ev> {
     assert_eq!(resp.status(), 200);
-    let (mut buf, mut out) = (String::new(), Vec::new());
-    loop {
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
-            let (mut id, mut event, mut data) = (None, String::new(), String::new());
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id: ") {
-                    id = v.parse::<u64>().ok();
-                } else if let Some(v) = line.strip_prefix("event: ") {
-                    event = v.to_string();
-                } else if let Some(v) = line.strip_prefix("data: ") {
-                    data.push_str(v);
-                }
-            }
-            if let Some(id) = id {
-                out.push((id, event, serde_json::from_str(&data).unwrap()));
-                if max == Some(out.len()) {
-                    return out;
-                }
-            }
-        }
-        match tokio::time::timeout(Duration::from_secs(30), resp.chunk()).await {
-            Ok(Ok(Some(c))) => buf.push_str(&String::from_utf8_lossy(&c)),
-            Ok(Ok(None)) => return out,
-            Ok(Err(e)) => panic!("the stream failed: {e}"),
-            Err(_) => panic!("no event within 30 s; got {out:?}"),
-        }
-    }
+    read_sse_on(resp, &mut String::new(), max)
+        .await
+        .into_iter()
+        .map(|e| (e.id, e.event, e.data))
+        .collect()
 }
 
 /// Every stored event of an ended run, from a stream that does not follow.
