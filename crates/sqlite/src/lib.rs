@@ -33,8 +33,8 @@ mod usage;
 mod users;
 
 use sandboxd_core::store::{
-    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, SessionPage, SessionQuery,
-    SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User,
+    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, RunWakes, SessionPage,
+    SessionQuery, SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User,
 };
 
 /// Migrations in order; the index + 1 is the schema version it produces.
@@ -54,6 +54,10 @@ pub struct SqliteStore {
     writer: tokio_rusqlite::Connection,
     reader: tokio_rusqlite::Connection,
     permits: Arc<Semaphore>,
+    /// Wake-ups about runs, in this process only: SQLite is the one-process store (another
+    /// process on the same file, or a second `open` of it, is not woken and finds new events
+    /// on its waiters' re-read timeout).
+    wakes: RunWakes,
 }
 
 fn sql(e: impl std::fmt::Display) -> StoreError {
@@ -134,6 +138,7 @@ impl SqliteStore {
             writer,
             reader,
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            wakes: RunWakes::new(),
         })
     }
 
@@ -373,9 +378,21 @@ impl Store for SqliteStore {
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError> {
-        let run_id = run_id.to_string();
-        self.write(move |tx| events::append(tx, &run_id, &event, &patch))
-            .await
+        let id = run_id.to_string();
+        self.write(move |tx| events::append(tx, &id, &event, &patch))
+            .await?;
+        // After the commit: a woken reader finds the event.
+        self.wakes.send(run_id);
+        Ok(())
+    }
+
+    fn run_wakes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.wakes.subscribe()
+    }
+
+    async fn wake_run(&self, run_id: &str) -> Result<(), StoreError> {
+        self.wakes.send(run_id);
+        Ok(())
     }
 
     async fn events_after(

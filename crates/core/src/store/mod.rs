@@ -10,6 +10,7 @@ pub mod conversation;
 mod replicas;
 mod runs;
 mod tool_records;
+pub mod wakes;
 
 use std::collections::BTreeMap;
 
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use replicas::{Replicas, new_replica_id};
 pub use runs::{RunPage, RunPatch, RunQuery, RunRow, RunState, StoredEvent, StoredQuestion};
 pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
+pub use wakes::{RunWakes, WAKE_ALL, Woken, wait_for_run};
 
 use crate::config::Limits;
 
@@ -349,13 +351,23 @@ pub trait Store: Logins + ToolRecords + Replicas + Send + Sync {
     /// Applies a patch to a run without an event.
     async fn patch_run(&self, id: &str, patch: RunPatch) -> Result<(), StoreError>;
     /// Commits one event (its seq follows the run's `last_seq`) and the patch it brings, in
-    /// one transaction: a reader that sees the new `last_seq` sees the event.
+    /// one transaction: a reader that sees the new `last_seq` sees the event. Once it has
+    /// committed, the run's id is sent to `run_wakes` (never before: a woken reader finds it).
     async fn append_event(
         &self,
         run_id: &str,
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError>;
+    /// Wake-ups about runs (wakes.rs): after an event of a run commits (and on `wake_run`)
+    /// the run's id is sent, to the receivers of every process on this store (SQLite: this
+    /// process; Postgres: every replica, by NOTIFY). Lossy and only a hint: a receiver that
+    /// lags, or a store whose listener reconnected, gets `WAKE_ALL` ("re-read everything");
+    /// the table is the truth, so waiters also re-read on a timeout.
+    fn run_wakes(&self) -> tokio::sync::broadcast::Receiver<String>;
+    /// Sends a wake-up for `run_id` to every process on this store (a control change of the
+    /// run that is not an event: a cancel requested, an answer posted).
+    async fn wake_run(&self, run_id: &str) -> Result<(), StoreError>;
     /// Events with seq > `after`, in order, at most `limit`.
     async fn events_after(
         &self,

@@ -1,45 +1,32 @@
-//! A run's journal: numbers its events, commits each to the store (with the change it brings
-//! to the run's row, in one transaction) and only then broadcasts it to followers. One lock
-//! around number-commit-broadcast keeps the store's order and the broadcast's order the same.
-//!
-//! The broadcast is bounded: a follower that falls behind gets `Lagged` and re-reads from the
-//! store (src/server/runs/stream.rs), so it never loses or duplicates an event, and a slow
-//! follower never slows the run.
+//! A run's journal: numbers its events and commits each to the store (with the change it
+//! brings to the run's row, in one transaction). One lock around number-and-commit keeps the
+//! seqs of one run gap-free and in order. Followers read the store, woken by the store's own
+//! wake-up after each commit (stream.rs), so a follower on any replica sees the same log.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{Mutex, broadcast};
+use tokio::sync::Mutex;
 
 use sandboxd_core::agent::{Event, EventKind};
 use sandboxd_core::store::{RunPatch, Store, StoreError, StoredEvent, now_ms};
-
-/// Events a follower may be behind the run before it re-reads from the store.
-const BROADCAST_CAPACITY: usize = 256;
 
 pub struct Journal {
     store: Arc<dyn Store>,
     run_id: String,
     started: Instant,
     last: Mutex<u64>,
-    tx: broadcast::Sender<Arc<StoredEvent>>,
 }
 
 impl Journal {
     /// `last` is the run's last committed seq (0 for a new run).
     pub fn new(store: Arc<dyn Store>, run_id: String, last: u64) -> Self {
-        let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
         Self {
             store,
             run_id,
             started: Instant::now(),
             last: Mutex::new(last),
-            tx,
         }
-    }
-
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
-        self.tx.subscribe()
     }
 
     /// A new event of the service's own (run_state, question_asked …).
@@ -63,12 +50,8 @@ impl Journal {
         event.at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         event.elapsed_ms = self.started.elapsed().as_millis() as u64;
         let stored = stored_event(&event)?;
-        self.store
-            .append_event(&self.run_id, stored.clone(), patch)
-            .await?;
+        self.store.append_event(&self.run_id, stored, patch).await?;
         *last = event.seq;
-        // No follower is not an error.
-        let _ = self.tx.send(Arc::new(stored));
         Ok(event.seq)
     }
 }

@@ -4,9 +4,9 @@
 //! routes.rs are a thin shell over it), so another front end can reuse it.
 //!
 //! Runs of one session are serialized: each waits, `queued`, for the session's lock. A run
-//! is `LiveRun` in this process while it is in flight; its journal (journal.rs) numbers,
-//! commits and broadcasts its events, its sink and asker (sink.rs) are what the engine gets
-//! (engine.rs drives the agent or the flow).
+//! is `LiveRun` in this process while it is in flight; its journal (journal.rs) numbers and
+//! commits its events, which followers on any replica read from the store (stream.rs); its
+//! sink and asker (sink.rs) are what the engine gets (engine.rs drives the agent or the flow).
 //! Tasks do not own the service and the service owns no task handle: no Arc cycle.
 
 mod engine;
@@ -215,7 +215,7 @@ impl RunService {
             question: tokio::sync::Mutex::new(None),
             tokens_per_day: req.tokens_per_day,
         });
-        // Registered before the row exists, so a follower that finds the row finds it live.
+        // Registered before the row exists, so a cancel that finds the row finds it live.
         if let Ok(mut m) = self.live.lock() {
             m.insert(id.clone(), live.clone());
         }

@@ -8,8 +8,8 @@
 //! append (a seq that does not follow the run's last is refused and changes nothing),
 //! quotas and appends under concurrent writers, history deletion and retention, and restart
 //! recovery: the same database opened again holds everything. Kept sessions' tool records
-//! (`ToolRecords`) have their cases in store_records.rs, the replica registry (`Replicas`)
-//! in store_replicas.rs.
+//! (`ToolRecords`) have their cases in store_records.rs, run wake-ups in store_wakes.rs,
+//! the replica registry (`Replicas`) in store_replicas.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
 //! see each other's rows), and a way to open the same database again for the restart case.
@@ -29,6 +29,7 @@ use sandboxd_core::store::{
 use super::run_case;
 use super::store_records as records;
 use super::store_replicas as replicas;
+use super::store_wakes as wakes;
 
 /// How the suite gets stores of one backend.
 #[async_trait]
@@ -77,6 +78,7 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     .await?;
     run_case(S, "case_delete_and_purge", case_delete_and_purge(factory)).await?;
     run_case(S, "case_restart_recovery", case_restart_recovery(factory)).await?;
+    run_case(S, "case_run_wakes", wakes::case_run_wakes(factory)).await?;
     run_case(S, "case_tool_records", records::case_tool_records(factory)).await?;
     run_case(
         S,
@@ -127,7 +129,7 @@ fn new_user(name: &str, b: u8) -> NewUser {
     }
 }
 
-async fn add_user(store: &dyn Store, name: &str, b: u8) -> Result<String> {
+pub(super) async fn add_user(store: &dyn Store, name: &str, b: u8) -> Result<String> {
     Ok(store
         .add_user(new_user(name, b))
         .await
@@ -146,18 +148,18 @@ fn session_row(id: &str, owner: &str, now: i64) -> SessionRow {
     )
 }
 
-async fn reserve(store: &dyn Store, id: &str, owner: &str) -> Result<()> {
+pub(super) async fn reserve(store: &dyn Store, id: &str, owner: &str) -> Result<()> {
     store
         .reserve_session(session_row(id, owner, now_ms()), 100)
         .await
         .with_context(|| format!("reserve session {id}"))
 }
 
-fn run_row(id: &str, session: &str, owner: &str) -> RunRow {
+pub(super) fn run_row(id: &str, session: &str, owner: &str) -> RunRow {
     RunRow::queued(id, session, owner, "a task", "agent", Some(5), now_ms())
 }
 
-fn event(seq: u64, kind: &str) -> StoredEvent {
+pub(super) fn event(seq: u64, kind: &str) -> StoredEvent {
     StoredEvent {
         seq,
         time: now_ms(),
