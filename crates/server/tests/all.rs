@@ -6,4 +6,5 @@
 mod harness;
 mod in_process;
 mod reaper;
+mod replicas;
 mod runs_in_process;
