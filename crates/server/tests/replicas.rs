@@ -243,3 +243,46 @@ async fn the_global_session_cap_holds_across_replicas() {
     assert_eq!(s, 503, "on either replica: {v}");
     assert_eq!(setup.runtime.creates(), 2, "no sandbox was made for them");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_whose_replica_stopped_is_taken_over_and_reaped_by_another() {
+    let setup = Setup::new().reaping_every(1);
+    let (a, keys) = start_on(&setup, &[("ann", None)]).await;
+    let ann = keys[0].clone();
+    let (b, _) = start_on(&setup, &[]).await;
+    let (s, v) = a
+        .call(
+            &ann,
+            Method::POST,
+            "/v1/sessions",
+            Some(json!({"idle_timeout": 2})),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let a_id = holders(&setup, &id).await.remove(0);
+    a.stop().await;
+
+    // Nobody uses it: B's upkeep attaches the orphan (killing A's shell), and B's reaper,
+    // the only one left, ends it after its timeout.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let row = loop {
+        let row = listed(&b, &ann, &id).await;
+        if row["state"] == "ended" {
+            break row;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the orphan was never reaped: {row}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(row["end_reason"], "idle for more than 2 s", "{row}");
+    let tags: Vec<String> = setup.runtime.kills().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(tags, vec![format!("sandboxd-shell-{a_id}")]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !setup.runtime.sessions().is_empty() {
+        assert!(Instant::now() < deadline, "its sandbox was never removed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
