@@ -43,7 +43,7 @@ use sandboxd_core::sandbox::ends::EndReason;
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::sandbox::shared::{ReapVerdict, SharedSessions, shell_tag_of};
 use sandboxd_core::sandbox::shell::SHELL_TAG;
-use sandboxd_core::sandbox::{SandboxState, SessionInfo};
+use sandboxd_core::sandbox::{SandboxError, SandboxState, SessionInfo};
 use sandboxd_core::store::{SessionKind, SessionRow, SessionState, Store, now_ms};
 
 /// How often one session's use is written to its row at most.
@@ -152,8 +152,8 @@ pub async fn live_replicas(st: &AppState) -> Option<HashSet<String>> {
 
 /// Attaches the session of `row` here: kills the shells of its dead holders (an older
 /// sandboxd's untagged shell if none is recorded), then records this replica as a holder.
-/// A kill that cannot be confirmed ends the session and removes its container: nothing is
-/// left unsupervised. None when it cannot be attached.
+/// A kill that cannot be confirmed (or a sandbox found gone) ends the session and removes
+/// its container: nothing is left unsupervised. None when it cannot be attached.
 async fn attach(
     st: &AppState,
     row: &SessionRow,
@@ -182,11 +182,16 @@ async fn attach(
             }
             Some(live)
         }
-        Err(sandboxd_core::sandbox::SandboxError::SessionNotFound { .. }) => None,
-        Err(e) => {
+        // Only a kill that could not be confirmed, or a sandbox found gone, ends the session;
+        // a lookup that failed (the engine busy, say) leaves it for the next try.
+        Err(e @ (SandboxError::KillUnconfirmed { .. } | SandboxError::SandboxGone { .. })) => {
             let reason = format!("its container could not be re-attached: {e}");
             tracing::info!(session = %row.id, %reason, "ending a stored session");
             end_and_remove(st, row, &reason).await;
+            None
+        }
+        Err(e) => {
+            tracing::warn!(session = %row.id, error = %e, "could not attach a session");
             None
         }
     }
@@ -311,6 +316,12 @@ async fn held_or_orphan(
         .cloned()
         .collect();
     if let Some(held) = st.backend.get_quiet(row) {
+        // Recorded, so that whoever finds this replica gone kills its shell there.
+        if !holders.iter().any(|r| r == me)
+            && let Err(e) = st.store.add_session_holder(&row.id, me).await
+        {
+            tracing::warn!(session = %row.id, error = %e, "could not record a session's holder");
+        }
         if !dead.is_empty() {
             let tags: Vec<String> = dead.iter().map(|r| shell_tag_of(r)).collect();
             match st.backend.kill_tags(&held, &tags).await {

@@ -739,9 +739,11 @@ impl SessionManager {
     /// Removes managed sandboxes no live process owns: their creator is gone and they were
     /// not kept on purpose, or they stopped. Touches nothing unlabelled. One listing.
     ///
-    /// A sandbox that recorded its replica (one of several sharing sessions, see `share`)
-    /// is judged by that replica's lease, not its creator: a creator is a process of one host,
-    /// and replicas may run on several. While the live replicas cannot be told, such a
+    /// A sandbox that recorded a replica with a live lease (one of several sharing sessions,
+    /// see `share`) is in use even if its creator looks gone: a creator is a process of one
+    /// host, and replicas may run on several. A lease can only spare a sandbox, never condemn
+    /// it: a replica this store does not know may be another service's, so without a live
+    /// lease the creator decides, as before. While the live replicas cannot be told, such a
     /// sandbox is left alone.
     pub async fn reconcile(&self) -> Result<Vec<String>, SandboxError> {
         let mut removed = Vec::new();
@@ -755,7 +757,7 @@ impl SessionManager {
                     continue;
                 }
             }
-            let creator_alive = match (f.replica.as_deref(), self.shared.get()) {
+            let replica_alive = match (f.replica.as_deref(), self.shared.get()) {
                 (Some(replica), Some(books)) => {
                     if live.is_none() {
                         live = Some(books.live_replicas().await);
@@ -765,11 +767,13 @@ impl SessionManager {
                         None => true,
                     }
                 }
-                _ => match f.creator.as_deref() {
+                _ => false,
+            };
+            let creator_alive = replica_alive
+                || match f.creator.as_deref() {
                     Some(c) => self.runtime.creator_alive(c).await,
                     None => false,
-                },
-            };
+                };
             // A stopped sandbox is garbage; a live creator may still be starting one, so
             // only a dead creator makes a not-yet-running sandbox an orphan.
             let stopped = f.state == SandboxState::Stopped;
