@@ -43,6 +43,14 @@ impl Setup {
         }
     }
 
+    /// Another service (its own data directory and store) on the same engine.
+    pub fn beside(other: &Setup) -> Setup {
+        Setup {
+            runtime: other.runtime.clone(),
+            ..Setup::new()
+        }
+    }
+
     /// The managers' reapers and the upkeep look every `secs`.
     pub fn reaping_every(mut self, secs: u64) -> Setup {
         self.reap_secs = Some(secs);

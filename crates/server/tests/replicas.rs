@@ -286,3 +286,23 @@ async fn a_session_whose_replica_stopped_is_taken_over_and_reaped_by_another() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_services_replicas_and_their_sandboxes_are_not_this_ones_to_judge() {
+    let setup = Setup::new();
+    // An /mcp sandbox (not kept) of a replica of another service on this engine, whose
+    // process lives: this store knows nothing of its replica.
+    setup.runtime.insert_by_replica_kept(
+        "0000000000cc",
+        "serve-mcp:usr-other",
+        "r-0123456789ab",
+        false,
+    );
+    let (_x, _) = start_on(&Setup::beside(&setup), &[]).await;
+    let (_y, _) = start_on(&setup, &[]).await;
+    assert_eq!(
+        setup.runtime.sessions(),
+        vec!["0000000000cc".to_string()],
+        "a replica unknown here is no proof its sandbox is an orphan"
+    );
+}

@@ -156,7 +156,12 @@ impl FakeRuntime {
 
     /// A running, kept sandbox of `owner` that replica `replica` made (another serve).
     pub fn insert_by_replica(&self, session_id: &str, owner: &str, replica: &str) {
-        self.insert(session_id, owner, SandboxState::Running, true, ME);
+        self.insert_by_replica_kept(session_id, owner, replica, true);
+    }
+
+    /// A running sandbox of `owner` that replica `replica` made, kept or not.
+    pub fn insert_by_replica_kept(&self, session_id: &str, owner: &str, replica: &str, keep: bool) {
+        self.insert(session_id, owner, SandboxState::Running, keep, ME);
         let mut st = self.state.lock().unwrap();
         if let Some(f) = st
             .sandboxes
