@@ -54,6 +54,7 @@ mod tests {
             pooled: true,
             limits: limits.clone(),
             keep: true,
+            replica: None,
         };
         let labels = encode(&spec.meta("1234:5678"));
         let expected: HashMap<String, String> = [

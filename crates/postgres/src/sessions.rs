@@ -9,13 +9,16 @@ use crate::{
     Args, arg_refs, col, corrupt, execute, page_split, page_tail, query, to_json, unsigned,
 };
 use sandboxd_core::store::{
-    SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
+    SessionCaps, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
 };
 
 const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind";
 
 /// The advisory-lock class of an owner's session cap (the second key is the owner's hash).
 const SESSION_CAP_LOCK: i32 = 1;
+/// The advisory-lock class of the global session cap (one key, 0): taken before any owner's,
+/// so every reservation takes the two in the same order.
+const SESSION_TOTAL_LOCK: i32 = 3;
 
 fn from_row(r: &Row) -> Result<(i64, SessionRow), StoreError> {
     let state: String = col(r, 3)?;
@@ -77,24 +80,44 @@ pub(crate) async fn lock_owner(
     Ok(())
 }
 
-/// Inserts a `creating` session unless its owner has `max_active` that have not ended; runs
-/// in a transaction, under the owner's cap lock.
+/// Counts the sessions that have not ended (those of `owner` only, if given).
+async fn count_active(c: &impl GenericClient, owner: Option<&str>) -> Result<i64, StoreError> {
+    let rows = query(
+        c,
+        "SELECT COUNT(*) FROM sessions WHERE state != 'ended' AND ($1::TEXT IS NULL OR owner = $1)",
+        &[&owner],
+    )
+    .await?;
+    match rows.first() {
+        Some(r) => col(r, 0),
+        None => Ok(0),
+    }
+}
+
+/// Inserts a `creating` session unless every owner's together reach `caps.total` or its
+/// owner's reach `caps.per_owner`, and records its first holder; runs in a transaction, under
+/// the global cap lock and then the owner's.
 pub(crate) async fn reserve(
     c: &impl GenericClient,
     row: &SessionRow,
-    max_active: u32,
+    caps: &SessionCaps,
 ) -> Result<(), StoreError> {
-    lock_owner(c, SESSION_CAP_LOCK, &row.owner).await?;
-    let active = query(
+    query(
         c,
-        "SELECT COUNT(*) FROM sessions WHERE owner = $1 AND state != 'ended'",
-        &[&row.owner],
+        "SELECT pg_advisory_xact_lock($1, 0)",
+        &[&SESSION_TOTAL_LOCK],
     )
     .await?;
-    let active: i64 = match active.first() {
-        Some(r) => col(r, 0)?,
-        None => 0,
-    };
+    let all = count_active(c, None).await?;
+    if all >= i64::from(caps.total) {
+        return Err(StoreError::SessionsFull {
+            limit: caps.total,
+            active: all.min(i64::from(u32::MAX)) as u32,
+        });
+    }
+    let max_active = caps.per_owner;
+    lock_owner(c, SESSION_CAP_LOCK, &row.owner).await?;
+    let active = count_active(c, Some(&row.owner)).await?;
     if active >= i64::from(max_active) {
         return Err(StoreError::SessionQuota {
             limit: max_active,
@@ -116,7 +139,73 @@ pub(crate) async fn reserve(
         ],
     )
     .await?;
+    if let Some(holder) = &caps.holder {
+        add_holder(c, &row.id, holder).await?;
+    }
     Ok(())
+}
+
+/// Ends the running session of `runtime_id` if it idled past its own timeout with no run in
+/// flight: one statement, so of replicas reaping at once exactly one changes the row.
+pub(crate) async fn end_idle(
+    c: &impl GenericClient,
+    runtime_id: &str,
+    reason: &str,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let n = execute(
+        c,
+        "UPDATE sessions SET state = 'ended', ended_at = $2, end_reason = $3
+         WHERE runtime_id = $1 AND state = 'running'
+           AND last_used_at + idle_timeout_secs * 1000 <= $2
+           AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.session_id = sessions.id
+               AND runs.state IN ('queued', 'running', 'waiting_for_human'))",
+        &[&runtime_id, &now, &reason],
+    )
+    .await?;
+    Ok(n > 0)
+}
+
+pub(crate) async fn add_holder(
+    c: &impl GenericClient,
+    session_id: &str,
+    replica_id: &str,
+) -> Result<(), StoreError> {
+    execute(
+        c,
+        "INSERT INTO session_holders (session_id, replica_id)
+         SELECT id, $2 FROM sessions WHERE id = $1
+         ON CONFLICT (session_id, replica_id) DO NOTHING",
+        &[&session_id, &replica_id],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn remove_holders(
+    c: &impl GenericClient,
+    session_id: &str,
+    replica_ids: &[String],
+) -> Result<(), StoreError> {
+    execute(
+        c,
+        "DELETE FROM session_holders WHERE session_id = $1 AND replica_id = ANY($2)",
+        &[&session_id, &replica_ids],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn holders(c: &impl GenericClient) -> Result<Vec<(String, String)>, StoreError> {
+    let rows = query(
+        c,
+        "SELECT h.session_id, h.replica_id FROM session_holders h
+         JOIN sessions s ON s.id = h.session_id
+         WHERE s.state != 'ended' ORDER BY h.session_id, h.replica_id",
+        &[],
+    )
+    .await?;
+    rows.iter().map(|r| Ok((col(r, 0)?, col(r, 1)?))).collect()
 }
 
 pub(crate) async fn started(

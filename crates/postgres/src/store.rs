@@ -6,8 +6,8 @@ use async_trait::async_trait;
 
 use crate::{PgStore, events, runs, sessions, sql, usage, users};
 use sandboxd_core::store::{
-    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, SessionPage, SessionQuery,
-    SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User, now_ms,
+    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, SessionCaps, SessionPage,
+    SessionQuery, SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User, now_ms,
 };
 
 /// Runs `$body` (which uses the transaction `$tx`) in one transaction on a pooled connection
@@ -81,8 +81,41 @@ impl Store for PgStore {
         users::touch(&self.client().await?, id, now).await
     }
 
-    async fn reserve_session(&self, row: SessionRow, max_active: u32) -> Result<(), StoreError> {
-        in_tx!(self, |tx| sessions::reserve(&tx, &row, max_active).await?)
+    async fn reserve_session_within(
+        &self,
+        row: SessionRow,
+        caps: SessionCaps,
+    ) -> Result<(), StoreError> {
+        in_tx!(self, |tx| sessions::reserve(&tx, &row, &caps).await?)
+    }
+
+    async fn end_idle_session(
+        &self,
+        runtime_id: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        sessions::end_idle(&self.client().await?, runtime_id, reason, now).await
+    }
+
+    async fn add_session_holder(
+        &self,
+        session_id: &str,
+        replica_id: &str,
+    ) -> Result<(), StoreError> {
+        sessions::add_holder(&self.client().await?, session_id, replica_id).await
+    }
+
+    async fn remove_session_holders(
+        &self,
+        session_id: &str,
+        replica_ids: &[String],
+    ) -> Result<(), StoreError> {
+        sessions::remove_holders(&self.client().await?, session_id, replica_ids).await
+    }
+
+    async fn session_holders(&self) -> Result<Vec<(String, String)>, StoreError> {
+        sessions::holders(&self.client().await?).await
     }
 
     async fn session_started(

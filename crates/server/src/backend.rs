@@ -3,8 +3,9 @@
 //!
 //! It keeps no table of its own: the manager is the one registry of sessions (an API
 //! session is the manager's session its store row names, `runtime_id`, looked up per
-//! request as a `Live` view) and its reaper the one that ends idle ones, each after the
-//! timeout its row recorded (`Session::set_idle_timeout`, set on create and re-attach).
+//! request as a `Live` view, attached on demand by attach.rs when this replica does not
+//! hold it yet) and its reaper the one that ends idle ones, each after the timeout its row
+//! recorded (`Session::set_idle_timeout`, set on create and attach).
 //!
 //! API sessions are created with `keep`, so their containers outlive this process (a
 //! restart re-attaches them, with the limits the manager recorded on them); their manager
@@ -18,7 +19,6 @@ use std::time::Duration;
 use sandboxd_core::config::{Config, LimitRequest, Limits};
 use sandboxd_core::sandbox::in_use::InUse;
 use sandboxd_core::sandbox::manager::Session;
-use sandboxd_core::sandbox::shell::SHELL_TAG;
 use sandboxd_core::sandbox::{
     CreateOptions, Owner, Sandbox, SandboxError, SessionInfo, SessionManager, Viewer,
 };
@@ -97,11 +97,33 @@ pub fn last_used_ms(session: &Session) -> i64 {
 
 pub struct Backend {
     manager: Arc<SessionManager>,
+    /// When each session's use was last written to its row (`use_due`).
+    use_written: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 impl Backend {
     pub fn new(manager: Arc<SessionManager>) -> Self {
-        Self { manager }
+        Self {
+            manager,
+            use_written: Default::default(),
+        }
+    }
+
+    /// Whether a use of session `runtime_id` is due to be written to its row (none was in
+    /// the last `every`); if so, it counts as written now. Forgets sessions no longer held.
+    pub fn use_due(&self, runtime_id: &str, every: Duration) -> bool {
+        let now = std::time::Instant::now();
+        let mut written = self.use_written.lock().unwrap_or_else(|p| p.into_inner());
+        if written.len() > 4096 {
+            written.retain(|_, at| now.duration_since(*at) < every);
+        }
+        match written.get(runtime_id) {
+            Some(at) if now.duration_since(*at) < every => false,
+            _ => {
+                written.insert(runtime_id.to_string(), now);
+                true
+            }
+        }
     }
 
     pub fn manager(&self) -> &Arc<SessionManager> {
@@ -130,31 +152,54 @@ impl Backend {
         Ok(Arc::new(Live::new(row, session)))
     }
 
-    /// Re-attaches a stored session whose container is still running, with the limits the
-    /// manager recorded on it and the row's idle timeout, after killing what the previous
-    /// process left running in it.
-    pub async fn reattach(
+    /// Attaches a stored session whose container runs (one this replica does not hold, or
+    /// holds already) with the limits the manager recorded on it and the row's idle timeout,
+    /// after killing the processes tagged `kill_tags` in it (the shells of replicas that are
+    /// gone). A claimed warm sandbox (labelled with the pool scope, not the user) is
+    /// adopted for the row's owner. A kill that cannot be confirmed fails the attach: the
+    /// caller then ends the session and removes its container.
+    pub async fn attach(
         &self,
         row: &SessionRow,
         runtime_id: &str,
+        kill_tags: &[String],
     ) -> Result<Arc<Live>, SandboxError> {
         let owner = Self::owner_of(&row.owner)?;
-        let session = self.manager.get(&owner, runtime_id).await?;
+        let session = match self.manager.get(&owner, runtime_id).await {
+            Err(SandboxError::SessionNotFound { .. }) => {
+                self.manager.adopt(&owner, runtime_id, &row.limits).await?
+            }
+            other => other?,
+        };
         session.set_idle_timeout(idle_timeout(row));
-        // Whatever the process that held it left running in its shell (a run's command, an
-        // exec) has lost its timeout and kill-tree with that process: nobody would ever stop
-        // it. Kill the old shell and everything it started before this process runs anything
-        // there. A kill that cannot be confirmed fails the re-attach, and the caller then
-        // ends the session and removes its container: nothing is left unsupervised.
-        session.sandbox.kill_tagged(SHELL_TAG).await?;
-        // Its idle time goes on from the last use the store recorded, not from this start.
-        let ago = now_ms().saturating_sub(row.last_used_at).max(0);
-        session.used_ago(Duration::from_millis(ago as u64));
-        Ok(Arc::new(Live::new(row, session)))
+        let live = Arc::new(Live::new(row, session.clone()));
+        self.kill_tags(&live, kill_tags).await?;
+        // Its idle time goes on from the last use the store recorded, not from now (unless
+        // it was used here since).
+        let ago = Duration::from_millis(now_ms().saturating_sub(row.last_used_at).max(0) as u64);
+        session.used_ago(ago.min(session.idle_for()));
+        Ok(live)
     }
 
-    /// The live session the row names, marked as used: only one the manager holds now
-    /// (never one re-attached behind the start-up reconcile's back), of the row's owner.
+    /// Kills the processes tagged with each of `tags` in the session: whatever a shell
+    /// whose replica is gone left running has lost its timeout and kill-tree with it.
+    pub async fn kill_tags(&self, live: &Live, tags: &[String]) -> Result<(), SandboxError> {
+        for tag in tags {
+            live.sandbox.kill_tagged(tag).await?;
+        }
+        Ok(())
+    }
+
+    /// The session the row names if this replica holds it, not marked as used.
+    pub fn get_quiet(&self, row: &SessionRow) -> Option<Arc<Live>> {
+        let runtime_id = row.runtime_id.as_deref()?;
+        let owner = Self::owner_of(&row.owner).ok()?;
+        let session = self.manager.held(&owner, runtime_id)?;
+        Some(Arc::new(Live::new(row, session)))
+    }
+
+    /// The live session the row names, marked as used, if this replica holds it (else
+    /// `attach::live` attaches it on demand), of the row's owner.
     pub async fn get(&self, row: &SessionRow) -> Option<Arc<Live>> {
         let runtime_id = row.runtime_id.as_deref()?;
         let owner = Self::owner_of(&row.owner).ok()?;

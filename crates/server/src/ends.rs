@@ -11,7 +11,9 @@
 //! its reason.
 //!
 //! A listener that lags behind the events has lost some: it then ends the running API rows
-//! whose session the manager no longer holds, and the ledger sweeps its own.
+//! whose container is gone from the engine, and the ledger sweeps its own. An idle end is
+//! written by the reaper's conditional update itself (attach.rs), so its row is no longer
+//! active when its event comes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,20 +79,24 @@ async fn api_ended(st: &AppState, ended: &Ended) {
     end_row(st, row, &ended.reason.to_string()).await;
 }
 
-/// After missed events: a running API row whose session the manager no longer holds lost
-/// it unheard. (A row is running only once its session is in the manager's table, and serve
-/// ends a row itself before it removes the session.)
+/// After missed events: a running API row whose container is gone from the engine lost it
+/// unheard. Not "not held here": with several replicas, another may hold it. The rows are
+/// read before the engine is listed, so a session started meanwhile is not taken for gone.
 async fn api_sweep(st: &AppState) {
-    let held: Vec<String> = st
-        .backend
-        .all()
-        .await
-        .iter()
-        .map(|s| s.id.clone())
-        .collect();
-    for row in active_api_rows(st).await {
+    let rows = active_api_rows(st).await;
+    let containers: std::collections::HashSet<String> = match st.backend.containers().await {
+        Ok(c) => c.into_iter().map(|c| c.session_id).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the engine's containers after missed end events");
+            return;
+        }
+    };
+    for row in rows {
         let gone = row.state == SessionState::Running
-            && row.runtime_id.as_ref().is_some_and(|rt| !held.contains(rt));
+            && row
+                .runtime_id
+                .as_ref()
+                .is_some_and(|rt| !containers.contains(rt));
         if gone {
             end_row(st, &row, "its sandbox was removed").await;
         }

@@ -19,7 +19,7 @@
 //! API sessions' containers are kept for the next start to re-attach; /mcp sandboxes go,
 //! and their session rows end (mcp_quota.rs).
 //!
-//! The warm pool: `serve`'s manager has a pool scoped to its data directory (`pool_owner`),
+//! The warm pool: `serve`'s manager has a pool scoped to its service (`pool_owner_for`),
 //! so API sessions (kept) claim from it as /mcp sessions do; the claim is recorded in the
 //! store (the session's runtime id), which is how the next start re-adopts a claimed
 //! sandbox and removes the rest of the scope (reconcile.rs). The pool fills while serving
@@ -27,6 +27,7 @@
 
 pub mod accounts;
 pub mod admin;
+pub mod attach;
 pub mod auth;
 pub mod backend;
 pub mod ends;
@@ -86,6 +87,20 @@ pub fn pool_owner(data_dir: &Path) -> Result<Owner, SandboxError> {
         .canonicalize()
         .unwrap_or_else(|_| data_dir.to_path_buf());
     let digest = Sha256::digest(path.as_os_str().as_encoded_bytes());
+    Owner::new(format!("{POOL_OWNER_PREFIX}{}", &hex::encode(digest)[..16]))
+}
+
+/// The owner label of the warm sandboxes of the service configured by `config`: with a
+/// shared store (`[store] url`), a digest of its URL, so every replica of the service knows
+/// the scope (a session that claimed a warm sandbox is attached by whichever replica serves
+/// it); with the embedded store, `pool_owner` of the data directory, as before.
+pub fn pool_owner_for(config: &Config) -> Result<Owner, SandboxError> {
+    use sha2::{Digest, Sha256};
+    let url = config.store.url.trim();
+    if url.is_empty() {
+        return pool_owner(&config.data_dir());
+    }
+    let digest = Sha256::digest(url.as_bytes());
     Owner::new(format!("{POOL_OWNER_PREFIX}{}", &hex::encode(digest)[..16]))
 }
 
@@ -314,6 +329,10 @@ impl Server {
             Duration::from_secs(config.server.lease_secs),
         )
         .await?;
+        // Sessions shared with the other replicas (attach.rs): gone neighbours on this host
+        // buried, the manager's reaper and reconciler on the store's books, this process's
+        // shells tagged with its replica id.
+        attach::join(&store, &manager, &config.data_dir(), replica.id()).await;
         let interrupted = runs::RunService::interrupt_stale(&store).await?;
         if !interrupted.is_empty() {
             tracing::info!(runs = ?interrupted, "runs in flight at the last stop are marked interrupted");
@@ -444,6 +463,7 @@ impl Server {
         // Last: the runs' endings above were written under the lease.
         beats.abort();
         state.replica.leave(state.store.as_ref()).await;
+        attach::forget_local(&state.config.data_dir(), state.replica.id());
         Ok(())
     }
 }

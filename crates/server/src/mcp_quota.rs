@@ -21,7 +21,7 @@ use sandboxd_core::mcp::admission::{Admission, Ticket};
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::sandbox::{SandboxError, SessionManager};
 use sandboxd_core::store::{
-    SessionKind, SessionRow, SessionState, Store, StoreError, User, now_ms,
+    SessionCaps, SessionKind, SessionRow, SessionState, Store, StoreError, User, now_ms,
 };
 
 /// A row still `creating` after this long belongs to a create that never finished.
@@ -179,13 +179,22 @@ impl Admission for UserAdmission {
             now_ms(),
         )
         .with_kind(SessionKind::Mcp);
-        match self.ledger.store.reserve_session(row, quota.sessions).await {
+        // The global cap too, counted in the store across replicas with the owner's.
+        let caps = SessionCaps {
+            per_owner: quota.sessions,
+            total: u32::try_from(config.sessions.max).unwrap_or(u32::MAX),
+            holder: None,
+        };
+        match self.ledger.store.reserve_session_within(row, caps).await {
             Ok(()) => Ok(Ticket {
                 record: Some(id),
                 limits: filled,
             }),
             Err(StoreError::SessionQuota { limit, active }) => Err(SandboxError::Refused {
                 message: quota_refusal(limit, active),
+            }),
+            Err(StoreError::SessionsFull { limit, .. }) => Err(SandboxError::TooManySessions {
+                limit: limit as usize,
             }),
             Err(e) => Err(SandboxError::Refused {
                 message: format!("sandboxd could not record the new sandbox ({e}); try again"),

@@ -1,38 +1,37 @@
 //! Keeping the store and the engine in agreement: at start (also after `kill -9`) and then
-//! every `[sessions] reap_interval_secs`.
+//! every `[sessions] reap_interval_secs`, on every replica.
 //!
-//! At start: a stored session whose container still runs is re-attached with its stored
-//! limits, after what the dead process left running in its shell is killed (a kill that
-//! cannot be confirmed ends the session instead); one whose container is gone, or that was still being created, is marked ended;
-//! containers of API sessions that no active stored session owns are removed, and so are
-//! unkept containers whose creating process is gone (the manager's own reconcile); last,
-//! the tool records of every session without a container go (`forget_orphan_records`). Only the
-//! containers of this store's users are considered (the owner label carries the user id,
-//! which is random per store), so several `serve`s with their own data directories can share
-//! an engine without taking each other's sessions for orphans.
+//! At start: unkept sandboxes whose replica (or creator) is gone are removed (the manager's
+//! reconcile: /mcp sandboxes of a stopped serve); then the sweep of attach.rs: a running
+//! session no live replica holds is re-attached (by one replica), after what the gone
+//! replica left running in its shell is killed (a kill that cannot be confirmed ends the
+//! session instead); a row whose container is gone, or still `creating` or an /mcp
+//! sandbox's with its replica gone, is ended; containers of this store's users or warm pool
+//! that no active row names are removed once the replica that made them is gone (before
+//! replicas recorded theirs: at start). A live replica's containers are never touched, and
+//! no row ends because this replica does not hold its session. Last, the tool records of
+//! every session without a container go (`forget_orphan_records`). Only the containers of
+//! this store's users and pool scope are considered (the owner label carries the user id,
+//! which is random per store), so several services with their own stores can share an engine.
 //!
-//! The warm pool's sandboxes carry this serve's pool scope as owner (see `pool_owner`), and
-//! a session that claimed one is known only by its row: a running one that an active row
-//! names is adopted for the row's owner with the row's limits, every other one of the scope
-//! (warm sandboxes of a process that died, a claim whose row ended) is removed.
+//! The warm pool's sandboxes carry the service's pool scope as owner (see `pool_owner_for`)
+//! and the replica that made them; a session that claimed one is known only by its row, and
+//! is adopted for the row's owner with the row's limits when attached.
 //!
-//! Then periodically: orphans whose creator is gone are removed (the manager's reconcile),
-//! live sessions whose row ended elsewhere (`sandboxd users rm`) are removed, last-use times
-//! are persisted, the rows of /mcp sandboxes that went are ended and the MCP sessions of
-//! removed users closed (mcp_quota.rs), and old rows past the retention are purged. Idle
-//! sessions are not this upkeep's: the manager's one reaper ends them, each after its row's
-//! timeout, and ends.rs writes why into the row.
-//!
-//! /mcp sandboxes are never kept: at start their containers are the manager's orphans and
-//! their rows, still active, are ended.
+//! Then periodically: orphans whose replica or creator is gone are removed (the manager's
+//! reconcile), live sessions whose row ended elsewhere (`sandboxd users rm`, another
+//! replica's DELETE or reaper) are removed, last-use times are persisted, the same sweep
+//! runs, the rows of /mcp sandboxes that went are ended and the MCP sessions of removed
+//! users closed (mcp_quota.rs), and old rows past the retention are purged. Idle sessions
+//! are not this upkeep's: the manager's one reaper ends them, each after its row's timeout,
+//! by the store's conditional update (attach.rs), and ends.rs writes why into the row.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::AppState;
-use crate::backend::{Backend, OWNER_PREFIX, last_used_ms};
-use sandboxd_core::sandbox::{SandboxState, SessionInfo};
+use crate::backend::{OWNER_PREFIX, last_used_ms};
+use crate::{AppState, attach};
 use sandboxd_core::store::{SessionKind, SessionState, now_ms};
 
 /// What the start-up reconcile did.
@@ -47,82 +46,18 @@ pub struct Reconciled {
 
 pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
     let mut out = Reconciled::default();
+    // Unkept sandboxes whose replica (or, before replicas, creator) is gone: /mcp sandboxes
+    // of a stopped serve, and creates that finished after their process died.
     let unkept = st.backend.reconcile_unkept().await?;
     out.removed_containers.extend(unkept);
-    let containers = st.backend.containers().await?;
-    let manager = st.backend.manager();
-    let scope = manager.pool_scope().map(|o| o.to_string());
-    let of_scope = |c: &SessionInfo| c.pooled && scope.as_deref() == Some(c.owner.as_str());
-    let mut kept: HashSet<String> = HashSet::new();
-    for row in st.store.active_sessions().await? {
-        // An /mcp sandbox never outlives the process that made it (its container is not
-        // kept; the manager's reconcile above removed it): its row ends here.
-        if row.kind == SessionKind::Mcp {
-            st.store
-                .end_session(
-                    &row.id,
-                    "sandboxd stopped (MCP sandboxes do not outlive the service)",
-                    now_ms(),
-                )
-                .await?;
-            out.ended.push(row.id);
-            continue;
-        }
-        let found = row.runtime_id.as_deref().and_then(|r| {
-            containers.iter().find(|c| {
-                c.session_id == r
-                    && (c.owner == format!("{OWNER_PREFIX}{}", row.owner) || of_scope(c))
-            })
-        });
-        let reason = match (row.state, found) {
-            (SessionState::Running, Some(c)) if c.state == SandboxState::Running => {
-                // A claimed warm sandbox is bound to the row's owner first (its labels
-                // name only the scope), then re-attached like any other.
-                let attached = async {
-                    if of_scope(c) {
-                        let owner = Backend::owner_of(&row.owner)?;
-                        manager.adopt(&owner, &c.session_id, &row.limits).await?;
-                    }
-                    st.backend.reattach(&row, &c.session_id).await
-                }
-                .await;
-                match attached {
-                    Ok(_) => {
-                        kept.insert(c.session_id.clone());
-                        out.reattached.push(row.id.clone());
-                        continue;
-                    }
-                    Err(e) => format!("its container could not be re-attached: {e}"),
-                }
-            }
-            (SessionState::Running, Some(c)) => format!("its container is {}", c.state),
-            (SessionState::Running, None) => "its container is gone".to_string(),
-            _ => "sandboxd stopped while its container was being created".to_string(),
-        };
-        tracing::info!(session = %row.id, %reason, "ending a stored session");
-        st.store.end_session(&row.id, &reason, now_ms()).await?;
-        // A container still there is removed below (and the manager tells its end hook);
-        // for one already gone, the hook is told here.
-        if found.is_none()
-            && let Some(rt) = &row.runtime_id
-        {
-            manager.session_ended(rt).await;
-        }
-        out.ended.push(row.id);
-    }
-    let ours: HashSet<String> = st.store.owner_ids().await?.into_iter().collect();
-    for c in containers {
-        let owner = c.owner.strip_prefix(OWNER_PREFIX);
-        let ours = owner.is_some_and(|o| ours.contains(o)) || of_scope(&c);
-        if ours && !kept.contains(&c.session_id) {
-            st.backend.remove_runtime(&c.session_id).await?;
-            out.removed_containers.push(c.session_id);
-        }
-    }
+    let swept = attach::sweep(st, true).await?;
+    out.reattached = swept.attached;
+    out.ended = swept.ended.into_iter().map(|(id, _)| id).collect();
+    out.removed_containers.extend(swept.removed);
     // Tool records whose session has no container (removed outside sandboxd, or a record a
     // tool wrote as its session was being removed): no row or hook would ever end them.
     // Trusted: this sweeps serve's own data directory and no client names anything here.
-    match manager.forget_orphan_records().await {
+    match st.backend.manager().forget_orphan_records().await {
         Ok(ids) => out.forgotten_records = ids,
         Err(e) => tracing::warn!(error = %e, "could not look for orphaned tool records"),
     }
@@ -141,6 +76,16 @@ pub async fn tick(st: &AppState) {
         Err(e) => tracing::warn!(error = %e, "could not look for orphaned containers"),
     }
     api_upkeep(st).await;
+    // What must happen once across replicas: orphaned sessions attached, the shells of gone
+    // replicas killed, rows of gone containers and of creates whose replica died ended, the
+    // containers of gone replicas that no row names removed (attach.rs).
+    match attach::sweep(st, false).await {
+        Ok(s) if !(s.attached.is_empty() && s.ended.is_empty() && s.removed.is_empty()) => {
+            tracing::info!(attached = ?s.attached, ended = ?s.ended, removed = ?s.removed, "swept the sessions of gone replicas")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not sweep the sessions of gone replicas"),
+    }
     // /mcp sandboxes: rows whose sandbox went unnoticed end, and the MCP sessions of users
     // removed by `sandboxd users rm` close.
     st.mcp.ledger().sweep(st.backend.manager()).await;

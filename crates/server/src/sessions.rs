@@ -22,7 +22,9 @@ use crate::streams::Kind;
 use crate::types::*;
 use sandboxd_core::config::LimitRequest;
 use sandboxd_core::sandbox::{SandboxError, ShellOptions};
-use sandboxd_core::store::{SessionKind, SessionQuery, SessionRow, SessionState, now_ms};
+use sandboxd_core::store::{
+    SessionCaps, SessionKind, SessionQuery, SessionRow, SessionState, StoreError, now_ms,
+};
 use sandboxd_core::tools::ToolContext;
 
 const MAX_METADATA: usize = 32;
@@ -93,7 +95,7 @@ pub async fn live_session(st: &AppState, caller: &Caller, id: &str) -> Result<Ar
         }
         SessionState::Ended => return Err(ended(&row)),
     }
-    st.backend.get(&row).await.ok_or_else(|| {
+    crate::attach::live(st, &row).await.ok_or_else(|| {
         ApiError::new(
             ErrorCode::Conflict,
             format!("session {id} has no attached sandbox; delete it and create a new one"),
@@ -184,9 +186,23 @@ pub async fn create(
         idle,
         now_ms(),
     );
-    st.store
-        .reserve_session(row.clone(), quota.sessions)
-        .await?;
+    // The global cap is counted in the store with the owner's, across every replica; the
+    // row records this replica as its first holder (a create it does not finish is ended
+    // by another once its lease is out).
+    let caps = SessionCaps {
+        per_owner: quota.sessions,
+        total: u32::try_from(st.config.sessions.max).unwrap_or(u32::MAX),
+        holder: Some(st.replica.id().to_string()),
+    };
+    match st.store.reserve_session_within(row.clone(), caps).await {
+        Err(StoreError::SessionsFull { limit, .. }) => {
+            return Err(SandboxError::TooManySessions {
+                limit: limit as usize,
+            }
+            .into());
+        }
+        other => other?,
+    }
     // Made on its own task: a client that disconnects must not leave a half-made session.
     let task_state = st.clone();
     let task_row = row.clone();

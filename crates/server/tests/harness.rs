@@ -27,6 +27,10 @@ pub struct Setup {
     dir: Arc<tempfile::TempDir>,
     pub runtime: Arc<FakeRuntime>,
     llm: Option<String>,
+    /// `[sessions] reap_interval_secs`, if not the default.
+    reap_secs: Option<u64>,
+    /// `[sessions] max`, if not the default.
+    max_sessions: Option<usize>,
 }
 
 impl Setup {
@@ -35,7 +39,38 @@ impl Setup {
             dir: Arc::new(tempfile::tempdir().unwrap()),
             runtime: FakeRuntime::new(),
             llm: None,
+            reap_secs: None,
+            max_sessions: None,
         }
+    }
+
+    /// Another service (its own data directory and store) on the same engine.
+    pub fn beside(other: &Setup) -> Setup {
+        Setup {
+            runtime: other.runtime.clone(),
+            ..Setup::new()
+        }
+    }
+
+    /// The managers' reapers and the upkeep look every `secs`.
+    pub fn reaping_every(mut self, secs: u64) -> Setup {
+        self.reap_secs = Some(secs);
+        self
+    }
+
+    /// `[sessions] max`: the global cap.
+    pub fn with_max_sessions(mut self, max: usize) -> Setup {
+        self.max_sessions = Some(max);
+        self
+    }
+
+    /// The store every server of this setup shares, opened once more.
+    pub async fn store(&self) -> Arc<dyn Store> {
+        Arc::new(
+            SqliteStore::open(&self.dir.path().join("s.db"))
+                .await
+                .unwrap(),
+        )
     }
 
     /// Runs ask `llm`.
@@ -59,6 +94,12 @@ impl Setup {
         let mut config = Config::load_with_env(None, &[]).unwrap();
         config.data_dir = Some(self.dir.path().to_path_buf());
         config.server.drain_secs = 2;
+        if let Some(secs) = self.reap_secs {
+            config.sessions.reap_interval_secs = secs;
+        }
+        if let Some(max) = self.max_sessions {
+            config.sessions.max = max;
+        }
         if let Some(url) = &self.llm {
             config.llm.base_url = url.clone();
             config.llm.model = "fake-model".into();
@@ -74,6 +115,10 @@ impl Setup {
 pub struct Serve {
     pub base: String,
     pub http: reqwest::Client,
+    /// What the start-up reconcile did.
+    pub reconciled: sandboxd_server::reconcile::Reconciled,
+    /// This server's manager.
+    pub manager: Arc<SessionManager>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     _setup: Setup,
@@ -123,10 +168,16 @@ pub async fn start_with(
         config.sessions.clone(),
         Arc::new(NoRecords),
     );
-    let server = Server::start(config, store, manager, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let server = Server::start(
+        config,
+        store,
+        manager.clone(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
     let base = format!("http://{}", server.addr);
+    let reconciled = server.reconciled.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(server.serve(async move {
         let _ = rx.await;
@@ -134,6 +185,8 @@ pub async fn start_with(
     let serve = Serve {
         base,
         http: reqwest::Client::new(),
+        reconciled,
+        manager,
         stop: Some(tx),
         served: Some(served),
         _setup: setup.clone(),
@@ -195,6 +248,11 @@ pub async fn start_crashable(setup: &Setup, users: &[&str]) -> (Crashable, Vec<S
 }
 
 impl Serve {
+    /// Stops the server as SIGTERM does and waits until it has drained.
+    pub async fn stop(mut self) {
+        self.drain().await;
+    }
+
     /// Stops the server as SIGTERM does and waits until it has drained.
     async fn drain(&mut self) {
         if let Some(tx) = self.stop.take() {

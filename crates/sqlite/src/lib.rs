@@ -33,8 +33,8 @@ mod usage;
 mod users;
 
 use sandboxd_core::store::{
-    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, RunWakes, SessionPage,
-    SessionQuery, SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User,
+    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, RunWakes, SessionCaps,
+    SessionPage, SessionQuery, SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User,
 };
 
 /// Migrations in order; the index + 1 is the schema version it produces.
@@ -45,6 +45,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v4.sql"),
     include_str!("schema_v5.sql"),
     include_str!("schema_v6.sql"),
+    // Numbered for issue 22's plan (v6 replicas, v7 runs); renumbered when they merge.
+    include_str!("schema_v8.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.
@@ -280,9 +282,50 @@ impl Store for SqliteStore {
         self.write(move |tx| users::touch(tx, &id, now)).await
     }
 
-    async fn reserve_session(&self, row: SessionRow, max_active: u32) -> Result<(), StoreError> {
-        self.write(move |tx| sessions::reserve(tx, &row, max_active))
+    async fn reserve_session_within(
+        &self,
+        row: SessionRow,
+        caps: SessionCaps,
+    ) -> Result<(), StoreError> {
+        // One writer connection and BEGIN IMMEDIATE: the counts and the insert are one
+        // transaction no other writer (of any process on this file) interleaves with.
+        self.write(move |tx| sessions::reserve(tx, &row, &caps))
             .await
+    }
+
+    async fn end_idle_session(
+        &self,
+        runtime_id: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let (runtime_id, reason) = (runtime_id.to_string(), reason.to_string());
+        self.write(move |tx| sessions::end_idle(tx, &runtime_id, &reason, now))
+            .await
+    }
+
+    async fn add_session_holder(
+        &self,
+        session_id: &str,
+        replica_id: &str,
+    ) -> Result<(), StoreError> {
+        let (session_id, replica_id) = (session_id.to_string(), replica_id.to_string());
+        self.write(move |tx| sessions::add_holder(tx, &session_id, &replica_id))
+            .await
+    }
+
+    async fn remove_session_holders(
+        &self,
+        session_id: &str,
+        replica_ids: &[String],
+    ) -> Result<(), StoreError> {
+        let (session_id, replica_ids) = (session_id.to_string(), replica_ids.to_vec());
+        self.write(move |tx| sessions::remove_holders(tx, &session_id, &replica_ids))
+            .await
+    }
+
+    async fn session_holders(&self) -> Result<Vec<(String, String)>, StoreError> {
+        self.read(sessions::holders).await
     }
 
     async fn session_started(

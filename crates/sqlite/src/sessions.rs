@@ -5,7 +5,7 @@ use rusqlite::{Connection, Params, Transaction, params};
 
 use crate::{page, sql, to_json};
 use sandboxd_core::store::{
-    SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
+    SessionCaps, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
 };
 
 const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind";
@@ -68,11 +68,27 @@ pub(super) fn one(c: &Connection, id: &str) -> Result<Option<SessionRow>, StoreE
         .map(|(_, r)| r))
 }
 
+/// Counts and inserts in the caller's write transaction (the global cap first, then the
+/// owner's), and records the first holder.
 pub(super) fn reserve(
     tx: &Transaction<'_>,
     row: &SessionRow,
-    max_active: u32,
+    caps: &SessionCaps,
 ) -> Result<(), StoreError> {
+    let all: i64 = tx
+        .query_row(
+            "SELECT COUNT(*) FROM sessions WHERE state != 'ended'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sql)?;
+    if all >= i64::from(caps.total) {
+        return Err(StoreError::SessionsFull {
+            limit: caps.total,
+            active: all.min(i64::from(u32::MAX)) as u32,
+        });
+    }
+    let max_active = caps.per_owner;
     let active: i64 = tx
         .query_row(
             "SELECT COUNT(*) FROM sessions WHERE owner = ?1 AND state != 'ended'",
@@ -100,7 +116,77 @@ pub(super) fn reserve(
         ],
     )
     .map_err(sql)?;
+    if let Some(holder) = &caps.holder {
+        add_holder(tx, &row.id, holder)?;
+    }
     Ok(())
+}
+
+/// The runs that keep a session from idling out (every state but the ended ones).
+const RUN_IN_FLIGHT: &str = "EXISTS (SELECT 1 FROM runs WHERE runs.session_id = sessions.id
+     AND runs.state IN ('queued', 'running', 'waiting_for_human'))";
+
+pub(super) fn end_idle(
+    tx: &Transaction<'_>,
+    runtime_id: &str,
+    reason: &str,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let n = tx
+        .execute(
+            &format!(
+                "UPDATE sessions SET state = 'ended', ended_at = ?2, end_reason = ?3
+                 WHERE runtime_id = ?1 AND state = 'running'
+                   AND last_used_at + idle_timeout_secs * 1000 <= ?2 AND NOT {RUN_IN_FLIGHT}"
+            ),
+            params![runtime_id, now, reason],
+        )
+        .map_err(sql)?;
+    Ok(n > 0)
+}
+
+pub(super) fn add_holder(
+    tx: &Transaction<'_>,
+    session_id: &str,
+    replica_id: &str,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO session_holders (session_id, replica_id)
+         SELECT id, ?2 FROM sessions WHERE id = ?1
+         ON CONFLICT (session_id, replica_id) DO NOTHING",
+        params![session_id, replica_id],
+    )
+    .map_err(sql)?;
+    Ok(())
+}
+
+pub(super) fn remove_holders(
+    tx: &Transaction<'_>,
+    session_id: &str,
+    replica_ids: &[String],
+) -> Result<(), StoreError> {
+    for replica in replica_ids {
+        tx.execute(
+            "DELETE FROM session_holders WHERE session_id = ?1 AND replica_id = ?2",
+            params![session_id, replica],
+        )
+        .map_err(sql)?;
+    }
+    Ok(())
+}
+
+pub(super) fn holders(c: &Connection) -> Result<Vec<(String, String)>, StoreError> {
+    let mut st = c
+        .prepare(
+            "SELECT h.session_id, h.replica_id FROM session_holders h
+             JOIN sessions s ON s.id = h.session_id
+             WHERE s.state != 'ended' ORDER BY h.session_id, h.replica_id",
+        )
+        .map_err(sql)?;
+    let rows = st
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .map_err(sql)?;
+    rows.collect::<Result<_, _>>().map_err(sql)
 }
 
 pub(super) fn started(

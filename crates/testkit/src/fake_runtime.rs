@@ -37,6 +37,8 @@ struct State {
     /// Limits updates applied, by handle.
     updates: Vec<(String, Limits)>,
     warm_ups: usize,
+    /// Every `kill_tagged` asked of a sandbox: (handle, tag).
+    kills: Vec<(String, String)>,
 }
 
 #[derive(Default)]
@@ -140,6 +142,36 @@ impl FakeRuntime {
         }
     }
 
+    /// Every `kill_tagged` asked of a sandbox so far: (session id, tag).
+    pub fn kills(&self) -> Vec<(String, String)> {
+        let st = self.state.lock().unwrap();
+        st.kills
+            .iter()
+            .map(|(h, tag)| {
+                let session = st.sandboxes.get(h).map(|f| f.session_id.clone());
+                (session.unwrap_or_else(|| h.clone()), tag.clone())
+            })
+            .collect()
+    }
+
+    /// A running, kept sandbox of `owner` that replica `replica` made (another serve).
+    pub fn insert_by_replica(&self, session_id: &str, owner: &str, replica: &str) {
+        self.insert_by_replica_kept(session_id, owner, replica, true);
+    }
+
+    /// A running sandbox of `owner` that replica `replica` made, kept or not.
+    pub fn insert_by_replica_kept(&self, session_id: &str, owner: &str, replica: &str, keep: bool) {
+        self.insert(session_id, owner, SandboxState::Running, keep, ME);
+        let mut st = self.state.lock().unwrap();
+        if let Some(f) = st
+            .sandboxes
+            .values_mut()
+            .find(|f| f.session_id == session_id)
+        {
+            f.replica = Some(replica.into());
+        }
+    }
+
     /// A sandbox made by someone else (another process, an older crash).
     pub fn insert(
         &self,
@@ -163,6 +195,7 @@ impl FakeRuntime {
                 creator: Some(creator.into()),
                 limits: None,
                 pooled: false,
+                replica: None,
             },
         );
     }
@@ -194,6 +227,7 @@ impl FakeRuntime {
         Arc::new(FakeSandbox {
             inner: ExecSandbox::new(exec, session_id.into(), limits.clone()),
             state: self.state.clone(),
+            handle: handle.into(),
         })
     }
 }
@@ -332,6 +366,7 @@ impl ExecBackend for FakeExec {
 pub struct FakeSandbox {
     inner: ExecSandbox<FakeExec>,
     state: Arc<Mutex<State>>,
+    handle: String,
 }
 
 #[async_trait]
@@ -384,6 +419,11 @@ impl Sandbox for FakeSandbox {
         self.inner.download_tar(dir).await
     }
     async fn kill_tagged(&self, tag: &str) -> Result<(), SandboxError> {
+        self.state
+            .lock()
+            .unwrap()
+            .kills
+            .push((self.handle.clone(), tag.to_string()));
         self.inner.kill_tagged(tag).await
     }
     async fn is_alive(&self) -> bool {

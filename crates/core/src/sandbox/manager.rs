@@ -142,6 +142,8 @@ pub struct SessionInfo {
     pub creator: Option<String>,
     /// Made for a warm pool: unclaimed, or claimed by a session of its creator.
     pub pooled: bool,
+    /// The replica that made it, if it recorded one.
+    pub replica: Option<String>,
 }
 
 /// The sessions of this process and the creations under way, under one lock so that
@@ -203,6 +205,10 @@ pub struct SessionManager {
     /// Ended sessions and why, for whoever keeps its own books on them (`serve`'s rows);
     /// a subscriber that lags must look again itself.
     ends: tokio::sync::broadcast::Sender<Ended>,
+    /// The replica this manager's process is, recorded on every sandbox it makes (`share`).
+    replica: std::sync::OnceLock<String>,
+    /// The books shared with other replicas, consulted before reaping and reconciling.
+    shared: std::sync::OnceLock<Arc<dyn super::shared::SharedSessions>>,
 }
 
 /// Releases a creation's place in the caps however the creation ends (even cancelled).
@@ -312,7 +318,24 @@ impl SessionManager {
             records,
             on_end: std::sync::OnceLock::new(),
             ends: tokio::sync::broadcast::channel(ENDS_BUFFERED).0,
+            replica: std::sync::OnceLock::new(),
+            shared: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Makes this manager one replica of several sharing sessions: every sandbox it makes
+    /// from now on records `replica`, its reaper ends a session only as `books` agree, and
+    /// its reconciler leaves live replicas' sandboxes alone (see shared.rs). Set once,
+    /// before the reaper and the pool start; a second call is ignored.
+    pub fn share(&self, replica: &str, books: Arc<dyn super::shared::SharedSessions>) {
+        if self.replica.set(replica.to_string()).is_err() || self.shared.set(books).is_err() {
+            tracing::warn!("the session manager was made a replica twice; the first one stays");
+        }
+    }
+
+    /// The replica this manager is, if it shares sessions (`share`).
+    pub fn replica(&self) -> Option<&str> {
+        self.replica.get().map(String::as_str)
     }
 
     /// The sessions that end from now on, with why: every one this manager destroys (its
@@ -416,6 +439,7 @@ impl SessionManager {
             limits,
             keep: options.keep,
             pooled: false,
+            replica: self.replica().map(str::to_string),
         };
         // The creation runs as its own task, so a caller that gives up (a client that
         // disconnects, a cancelled future) cannot leave a sandbox nobody knows about: the
@@ -638,31 +662,50 @@ impl SessionManager {
                 kept: f.keep,
                 creator: f.creator,
                 pooled: f.pooled,
+                replica: f.replica,
             })
             .collect())
     }
 
     /// Removes the sessions of this process unused for longer than their own idle timeout
-    /// (the configured one unless set), and tells why. A session held in use is never idle;
-    /// each is taken out of the table in the same look that finds it idle, so a session
-    /// used meanwhile is not taken.
+    /// (the configured one unless set), and tells why. A session held in use is never idle.
+    /// With shared books (`share`) each is first vetted there: one used by another replica
+    /// meanwhile stays, its idle time dated from that use. A session is taken out of the
+    /// table only if it is still the one found idle, and (unless the books ended it) still
+    /// idle, so a session used meanwhile is not taken.
     pub async fn reap_idle(&self) -> Vec<String> {
         let configured = Duration::from_secs(self.config.idle_timeout_secs);
-        let idle: Vec<(Arc<Session>, Duration)> = {
-            let mut t = lock(&self.table);
-            let over: Vec<(String, Duration)> = t
-                .sessions
-                .values()
-                .map(|s| (s, s.idle_timeout().unwrap_or(configured)))
-                .filter(|(s, timeout)| s.idle_for() > *timeout)
-                .map(|(s, timeout)| (s.id.clone(), timeout))
-                .collect();
-            over.into_iter()
-                .filter_map(|(id, timeout)| t.sessions.remove(&id).map(|s| (s, timeout)))
-                .collect()
-        };
+        let over: Vec<(Arc<Session>, Duration)> = lock(&self.table)
+            .sessions
+            .values()
+            .map(|s| (s.clone(), s.idle_timeout().unwrap_or(configured)))
+            .filter(|(s, timeout)| s.idle_for() > *timeout)
+            .collect();
         let mut reaped = Vec::new();
-        for (s, timeout) in idle {
+        for (s, timeout) in over {
+            let vetted = match self.shared.get() {
+                None => false,
+                Some(books) => match books.vet_idle(&s, timeout).await {
+                    super::shared::ReapVerdict::Reap => true,
+                    super::shared::ReapVerdict::UsedAgo(ago) => {
+                        s.used_ago(ago.min(s.idle_for()));
+                        continue;
+                    }
+                    super::shared::ReapVerdict::Unknown => continue,
+                },
+            };
+            let taken = {
+                let mut t = lock(&self.table);
+                let same = t.sessions.get(&s.id).is_some_and(|c| Arc::ptr_eq(c, &s));
+                if same && (vetted || s.idle_for() > timeout) {
+                    t.sessions.remove(&s.id)
+                } else {
+                    None
+                }
+            };
+            if taken.is_none() {
+                continue;
+            }
             tracing::info!(session = %s.id, "removing idle session");
             match self
                 .destroy(&s.id, &s.handle, EndReason::Idle(timeout))
@@ -695,8 +738,16 @@ impl SessionManager {
 
     /// Removes managed sandboxes no live process owns: their creator is gone and they were
     /// not kept on purpose, or they stopped. Touches nothing unlabelled. One listing.
+    ///
+    /// A sandbox that recorded a replica with a live lease (one of several sharing sessions,
+    /// see `share`) is in use even if its creator looks gone: a creator is a process of one
+    /// host, and replicas may run on several. A lease can only spare a sandbox, never condemn
+    /// it: a replica this store does not know may be another service's, so without a live
+    /// lease the creator decides, as before. While the live replicas cannot be told, such a
+    /// sandbox is left alone.
     pub async fn reconcile(&self) -> Result<Vec<String>, SandboxError> {
         let mut removed = Vec::new();
+        let mut live: Option<Option<Vec<String>>> = None;
         for f in self.runtime.list().await? {
             {
                 let t = lock(&self.table);
@@ -706,10 +757,23 @@ impl SessionManager {
                     continue;
                 }
             }
-            let creator_alive = match f.creator.as_deref() {
-                Some(c) => self.runtime.creator_alive(c).await,
-                None => false,
+            let replica_alive = match (f.replica.as_deref(), self.shared.get()) {
+                (Some(replica), Some(books)) => {
+                    if live.is_none() {
+                        live = Some(books.live_replicas().await);
+                    }
+                    match live.as_ref().and_then(Option::as_ref) {
+                        Some(ids) => ids.iter().any(|id| id == replica),
+                        None => true,
+                    }
+                }
+                _ => false,
             };
+            let creator_alive = replica_alive
+                || match f.creator.as_deref() {
+                    Some(c) => self.runtime.creator_alive(c).await,
+                    None => false,
+                };
             // A stopped sandbox is garbage; a live creator may still be starting one, so
             // only a dead creator makes a not-yet-running sandbox an orphan.
             let stopped = f.state == SandboxState::Stopped;

@@ -24,6 +24,7 @@ mod owner;
 mod pool;
 pub mod records;
 pub mod runtime;
+pub mod shared;
 pub mod shell;
 mod shell_scan;
 pub mod slots;

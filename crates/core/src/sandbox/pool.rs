@@ -286,6 +286,7 @@ impl SessionManager {
                     limits: self.limits.clone(),
                     keep: self.pool_scope.is_some(),
                     pooled: true,
+                    replica: self.replica().map(str::to_string),
                 };
                 let revision = revision.clone();
                 self.fills.spawn(async move {

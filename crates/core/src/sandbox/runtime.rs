@@ -29,6 +29,7 @@ pub mod meta_key {
     pub const CREATOR: &str = "creator";
     pub const LIMITS: &str = "limits";
     pub const POOL: &str = "pool";
+    pub const REPLICA: &str = "replica";
 }
 
 /// What a sandbox records about its session, in the seam's words. The seam guarantees it is
@@ -56,6 +57,10 @@ pub struct SandboxMeta {
     /// creation, so a re-attached session must know them. None for a sandbox made before
     /// they were recorded.
     pub limits: Option<Limits>,
+    /// The replica (one `serve` of several on a shared store) that made it, if any: an
+    /// unclaimed warm sandbox is its replica's until that replica's lease ends, whatever
+    /// host the replica runs on (a creator is a process of one host only).
+    pub replica: Option<String>,
 }
 
 impl SandboxMeta {
@@ -90,6 +95,9 @@ impl SandboxMeta {
         if self.pooled {
             entries.push((meta_key::POOL, "true".to_string()));
         }
+        if let Some(replica) = &self.replica {
+            entries.push((meta_key::REPLICA, replica.clone()));
+        }
         entries
     }
 
@@ -108,6 +116,14 @@ impl SandboxMeta {
             pooled: get(meta_key::POOL) == Some("true"),
             creator: get(meta_key::CREATOR).map(str::to_string),
             limits: get(meta_key::LIMITS).and_then(|v| serde_json::from_str(v).ok()),
+            // Compared with the store's replica ids only, never shown raw: a bounded token.
+            replica: get(meta_key::REPLICA)
+                .filter(|r| {
+                    r.len() <= 64
+                        && r.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                })
+                .map(str::to_string),
         }
     }
 }
@@ -124,6 +140,8 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// Kept sessions outlive the process that made them (`--keep`).
     pub keep: bool,
+    /// The replica making it (see `SandboxMeta::replica`).
+    pub replica: Option<String>,
 }
 
 impl SandboxSpec {
@@ -137,6 +155,7 @@ impl SandboxSpec {
             pooled: self.pooled,
             creator: Some(creator.to_string()),
             limits: Some(self.limits.clone()),
+            replica: self.replica.clone(),
         }
     }
 }
@@ -184,6 +203,8 @@ pub struct FoundSandbox {
     pub creator: Option<String>,
     /// The limits it was created with; None for a sandbox made before they were recorded.
     pub limits: Option<Limits>,
+    /// The replica that made it, if it recorded one (see `SandboxMeta::replica`).
+    pub replica: Option<String>,
 }
 
 impl FoundSandbox {
@@ -196,6 +217,7 @@ impl FoundSandbox {
             pooled,
             creator,
             limits,
+            replica,
         } = meta;
         FoundSandbox {
             handle,
@@ -206,6 +228,7 @@ impl FoundSandbox {
             pooled,
             creator,
             limits,
+            replica,
         }
     }
 
@@ -301,6 +324,7 @@ mod tests {
             pooled: true,
             limits: Limits::default(),
             keep: true,
+            replica: None,
         }
     }
 

@@ -48,6 +48,26 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 /// shell of its own in the sandbox, whose commands carry the same tag.
 pub const SHELL_TAG: &str = "sandboxd-shell";
 
+/// The tag this process's shells carry instead of `SHELL_TAG`, once set (`tag_shells`).
+static PROCESS_TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Makes every shell this process starts from now on carry `tag` (a replica of serve:
+/// `shared::shell_tag_of(its id)`), so that another replica that finds this one dead kills
+/// what its shells left running without touching a live replica's shells in the same
+/// session. Per process, not per sandbox: a process is one replica, and shells are started
+/// deep inside every backend's sandbox. Set once, before any shell starts; a second call
+/// is ignored.
+pub fn tag_shells(tag: String) {
+    if PROCESS_TAG.set(tag).is_err() {
+        tracing::debug!("this process's shell tag was already set; the first one stays");
+    }
+}
+
+/// The tag this process's shells carry.
+pub fn shell_tag() -> &'static str {
+    PROCESS_TAG.get().map(String::as_str).unwrap_or(SHELL_TAG)
+}
+
 struct Running {
     process: AttachedProcess,
     pid: u32,
@@ -403,7 +423,7 @@ async fn start(host: &dyn Sandbox) -> Result<Running, SandboxError> {
             SpawnRequest::new(["bash", "--noprofile", "--norc"])
                 .cwd(super::WORKSPACE)
                 .env("SANDBOXD_SHELL", "1")
-                .env("SANDBOXD_TAG", SHELL_TAG),
+                .env("SANDBOXD_TAG", shell_tag()),
         )
         .await?;
     process

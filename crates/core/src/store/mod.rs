@@ -36,6 +36,9 @@ pub enum StoreError {
     UserExists { name: String },
     #[error("the concurrent-sessions quota of {limit} is reached ({active} active)")]
     SessionQuota { limit: u32, active: u32 },
+    /// The global cap (`[sessions] max`): every owner's sessions together.
+    #[error("the service's cap of {limit} concurrent sessions is reached ({active} active)")]
+    SessionsFull { limit: u32, active: u32 },
     #[error("the concurrent-runs quota of {limit} is reached ({active} in flight)")]
     RunQuota { limit: u32, active: u32 },
     #[error("the store failed: {0}")]
@@ -230,6 +233,29 @@ impl SessionRow {
     }
 }
 
+/// The caps `reserve_session_within` checks, and the replica it records as the new
+/// session's first holder.
+#[derive(Debug, Clone)]
+pub struct SessionCaps {
+    /// The owner's sessions that have not ended, the new one included, at most.
+    pub per_owner: u32,
+    /// Every owner's sessions that have not ended, at most (the global cap).
+    pub total: u32,
+    /// The replica making the session (see `add_session_holder`).
+    pub holder: Option<String>,
+}
+
+impl SessionCaps {
+    /// Only a per-owner cap, no holder.
+    pub fn per_owner(max_active: u32) -> Self {
+        Self {
+            per_owner: max_active,
+            total: u32::MAX,
+            holder: None,
+        }
+    }
+}
+
 /// What `list_sessions` returns: newest first, after an opaque cursor.
 #[derive(Debug, Clone, Default)]
 pub struct SessionQuery {
@@ -313,7 +339,19 @@ pub trait Store: Logins + ToolRecords + Replicas + Send + Sync {
     /// ended (`StoreError::SessionQuota`). Atomic: the count and the insert happen as one
     /// transaction, so concurrent callers (other tasks, other processes on the same store)
     /// never both pass the cap: of two racing for the last place, one gets the error.
-    async fn reserve_session(&self, row: SessionRow, max_active: u32) -> Result<(), StoreError>;
+    async fn reserve_session(&self, row: SessionRow, max_active: u32) -> Result<(), StoreError> {
+        self.reserve_session_within(row, SessionCaps::per_owner(max_active))
+            .await
+    }
+    /// `reserve_session` with the global cap too (`StoreError::SessionsFull`, checked before
+    /// the owner's), counted in the same transaction under one lock shared by every owner,
+    /// so replicas racing for the last place never both pass; `caps.holder`, if any, is
+    /// recorded as the session's first holder in that transaction.
+    async fn reserve_session_within(
+        &self,
+        row: SessionRow,
+        caps: SessionCaps,
+    ) -> Result<(), StoreError>;
     /// The container exists: record it and mark the session running.
     async fn session_started(
         &self,
@@ -328,6 +366,33 @@ pub trait Store: Logins + ToolRecords + Replicas + Send + Sync {
     async fn touch_session(&self, id: &str, now: i64) -> Result<(), StoreError>;
     /// Marks a session ended (idempotent); returns whether it was still active.
     async fn end_session(&self, id: &str, reason: &str, now: i64) -> Result<bool, StoreError>;
+
+    /// Ends the running session whose runtime id is `runtime_id` as idle, only if its
+    /// `last_used_at` is at least its `idle_timeout_secs` before `now` and none of its runs is
+    /// in flight; returns whether this call ended it. One conditional update: of replicas
+    /// reaping at once exactly one ends it, and a use recorded meanwhile keeps it.
+    async fn end_idle_session(
+        &self,
+        runtime_id: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<bool, StoreError>;
+    /// Records that replica `replica_id` attached session `session_id` (idempotent): its
+    /// persistent shell there carries the replica's tag, which whoever finds the replica dead
+    /// kills. A missing session is not an error (nothing is recorded).
+    async fn add_session_holder(
+        &self,
+        session_id: &str,
+        replica_id: &str,
+    ) -> Result<(), StoreError>;
+    /// Forgets the holders `replica_ids` of the session (their shells were killed).
+    async fn remove_session_holders(
+        &self,
+        session_id: &str,
+        replica_ids: &[String],
+    ) -> Result<(), StoreError>;
+    /// (session id, replica id) of every holder of a session that has not ended.
+    async fn session_holders(&self) -> Result<Vec<(String, String)>, StoreError>;
 
     /// Deletes a session row with its history: its runs, their events and images, and its
     /// conversation go with it (`DELETE /v1/sessions/{id}/history`, and a session whose

@@ -43,9 +43,10 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
         .runtime()
         .await
         .context("cannot prepare the sandbox runtime")?;
-    // The pool is scoped to this data directory: API sessions are kept across restarts, and
-    // the store's records say which warm sandboxes they claimed (see src/server/mod.rs).
-    let scope = sandboxd_server::pool_owner(&ctx.config.data_dir())?;
+    // The pool is scoped to the service (its store): API sessions are kept across restarts
+    // and attached by any replica, and the store's records say which warm sandboxes they
+    // claimed (see crates/server/src/lib.rs).
+    let scope = sandboxd_server::pool_owner_for(&ctx.config)?;
     let manager = SessionManager::with_scoped_pool(
         runtime,
         ctx.config.limits.clone(),

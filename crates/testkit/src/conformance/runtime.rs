@@ -151,6 +151,7 @@ fn spec(what: &str, limits: Limits) -> Result<SandboxSpec> {
         pooled: false,
         limits,
         keep: false,
+        replica: None,
     })
 }
 
@@ -235,6 +236,7 @@ async fn case_create_labels_find_list(cx: &Cx, made: Made) -> Result<()> {
         pooled: true,
         limits: Limits::default(),
         keep: false,
+        replica: None,
     };
     let (pool_handle, _) = create(cx, &made, &pool).await?;
     let p = found(cx, &pool.session_id).await?;

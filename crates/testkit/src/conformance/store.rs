@@ -29,6 +29,7 @@ use sandboxd_core::store::{
 use super::run_case;
 use super::store_records as records;
 use super::store_replicas as replicas;
+use super::store_sessions as shared;
 use super::store_wakes as wakes;
 
 /// How the suite gets stores of one backend.
@@ -79,6 +80,19 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     run_case(S, "case_delete_and_purge", case_delete_and_purge(factory)).await?;
     run_case(S, "case_restart_recovery", case_restart_recovery(factory)).await?;
     run_case(S, "case_run_wakes", wakes::case_run_wakes(factory)).await?;
+    run_case(
+        S,
+        "case_global_session_cap",
+        shared::case_global_session_cap(factory),
+    )
+    .await?;
+    run_case(S, "case_idle_end_once", shared::case_idle_end_once(factory)).await?;
+    run_case(
+        S,
+        "case_session_holders",
+        shared::case_session_holders(factory),
+    )
+    .await?;
     run_case(S, "case_tool_records", records::case_tool_records(factory)).await?;
     run_case(
         S,
