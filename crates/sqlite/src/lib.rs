@@ -45,8 +45,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v4.sql"),
     include_str!("schema_v5.sql"),
     include_str!("schema_v6.sql"),
-    // Numbered for issue 22's plan (v6 replicas, v7 runs); renumbered when they merge.
-    include_str!("schema_v8.sql"),
+    include_str!("schema_v7.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

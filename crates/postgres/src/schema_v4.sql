@@ -1,5 +1,4 @@
--- sandboxd store on PostgreSQL, schema version 5 (issue 22, sessions across replicas; numbered
--- for the plan: v3 replicas, v4 runs): which replicas hold each session. A replica that
+-- sandboxd store on PostgreSQL, schema version 4 (issue 22, sessions across replicas): which replicas hold each session. A replica that
 -- attaches a session records itself here; its persistent shell in the session carries its
 -- tag, which a replica that finds it dead kills before anyone uses the session again, then
 -- forgets the holder. Gone with the session row.

@@ -1,4 +1,4 @@
--- Schema v8 (issue 22, sessions across replicas): which replicas hold each session. A
+-- Schema v7 (issue 22, sessions across replicas): which replicas hold each session. A
 -- replica that attaches a session records itself here; its persistent shell in the session
 -- carries its tag, which a replica that finds it dead kills before anyone uses the session
 -- again, then forgets the holder. Gone with the session row.
