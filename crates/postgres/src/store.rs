@@ -154,11 +154,14 @@ impl Store for PgStore {
     async fn append_event(
         &self,
         run_id: &str,
+        driver: &str,
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError> {
-        in_tx!(self, |tx| events::append(&tx, run_id, &event, &patch)
-            .await?)
+        in_tx!(self, |tx| events::append(
+            &tx, run_id, driver, &event, &patch
+        )
+        .await?)
     }
 
     async fn events_after(

@@ -7,3 +7,4 @@ mod harness;
 mod in_process;
 mod reaper;
 mod runs_in_process;
+mod runs_replicas;

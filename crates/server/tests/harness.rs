@@ -3,7 +3,8 @@
 //! be served again on the same store, data directory and runtime (the engine outlives the
 //! process), after a graceful stop or after a crash (`start_crashable`: the server's own
 //! tokio runtime dropped with every task in flight, nothing recorded on the way out, as
-//! `kill -9` leaves it), and can point runs at a fake LLM.
+//! `kill -9` leaves it), and can point runs at a fake LLM. Two `Serve`s of one `Setup` at
+//! once are two replicas on one store.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +27,7 @@ pub struct Setup {
     dir: Arc<tempfile::TempDir>,
     pub runtime: Arc<FakeRuntime>,
     llm: Option<String>,
+    lease_secs: Option<u64>,
 }
 
 impl Setup {
@@ -34,6 +36,15 @@ impl Setup {
             dir: Arc::new(tempfile::tempdir().unwrap()),
             runtime: FakeRuntime::new(),
             llm: None,
+            lease_secs: None,
+        }
+    }
+
+    /// Serves with `[server] lease_secs = secs` (how soon other replicas notice one died).
+    pub fn lease(self, secs: u64) -> Setup {
+        Setup {
+            lease_secs: Some(secs),
+            ..self
         }
     }
 
@@ -49,6 +60,9 @@ impl Setup {
         let mut config = Config::load_with_env(None, &[]).unwrap();
         config.data_dir = Some(self.dir.path().to_path_buf());
         config.server.drain_secs = 2;
+        if let Some(secs) = self.lease_secs {
+            config.server.lease_secs = secs;
+        }
         if let Some(url) = &self.llm {
             config.llm.base_url = url.clone();
             config.llm.model = "fake-model".into();

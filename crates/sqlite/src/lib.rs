@@ -43,6 +43,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v3.sql"),
     include_str!("schema_v4.sql"),
     include_str!("schema_v5.sql"),
+    include_str!("schema_v7.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.
@@ -368,11 +369,12 @@ impl Store for SqliteStore {
     async fn append_event(
         &self,
         run_id: &str,
+        driver: &str,
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError> {
-        let run_id = run_id.to_string();
-        self.write(move |tx| events::append(tx, &run_id, &event, &patch))
+        let (run_id, driver) = (run_id.to_string(), driver.to_string());
+        self.write(move |tx| events::append(tx, &run_id, &driver, &event, &patch))
             .await
     }
 

@@ -1,6 +1,8 @@
 //! A run's journal: numbers its events, commits each to the store (with the change it brings
 //! to the run's row, in one transaction) and only then broadcasts it to followers. One lock
 //! around number-commit-broadcast keeps the store's order and the broadcast's order the same.
+//! Every commit names the replica that drives the run: the store refuses it
+//! (`StoreError::Fenced`) unless that replica is the run's driver and its lease is live.
 //!
 //! The broadcast is bounded: a follower that falls behind gets `Lagged` and re-reads from the
 //! store (src/server/runs/stream.rs), so it never loses or duplicates an event, and a slow
@@ -20,18 +22,22 @@ const BROADCAST_CAPACITY: usize = 256;
 pub struct Journal {
     store: Arc<dyn Store>,
     run_id: String,
+    /// The replica whose events these are (the run's driver).
+    driver: String,
     started: Instant,
     last: Mutex<u64>,
     tx: broadcast::Sender<Arc<StoredEvent>>,
 }
 
 impl Journal {
-    /// `last` is the run's last committed seq (0 for a new run).
-    pub fn new(store: Arc<dyn Store>, run_id: String, last: u64) -> Self {
+    /// `last` is the run's last committed seq (0 for a new run); `driver` the replica that
+    /// drives it (this one).
+    pub fn new(store: Arc<dyn Store>, run_id: String, last: u64, driver: String) -> Self {
         let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
         Self {
             store,
             run_id,
+            driver,
             started: Instant::now(),
             last: Mutex::new(last),
             tx,
@@ -64,7 +70,7 @@ impl Journal {
         event.elapsed_ms = self.started.elapsed().as_millis() as u64;
         let stored = stored_event(&event)?;
         self.store
-            .append_event(&self.run_id, stored.clone(), patch)
+            .append_event(&self.run_id, &self.driver, stored.clone(), patch)
             .await?;
         *last = event.seq;
         // No follower is not an error.

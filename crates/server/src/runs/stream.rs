@@ -145,14 +145,19 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replica::Replica;
     use crate::runs::journal::Journal;
     use sandboxd_core::agent::EventKind;
     use sandboxd_core::store::{RunPatch, RunRow, SessionRow, now_ms};
     use sandboxd_sqlite::SqliteStore;
 
+    /// The replica the test runs are driven by.
+    const DRIVER: &str = "r-0123456789ab";
+
     async fn store_with_run(dir: &std::path::Path) -> Arc<dyn Store> {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.join("s.db")).await.unwrap());
         let now = now_ms();
+        store.replica_beat(DRIVER, 3_600_000).await.unwrap();
         store
             .reserve_session(
                 SessionRow::creating("ses", "u", Default::default(), Default::default(), 60, now),
@@ -162,12 +167,18 @@ mod tests {
             .unwrap();
         store
             .insert_run(
-                RunRow::queued("run-1", "ses", "u", "t", "agent", None, now),
+                RunRow::queued("run-1", "ses", "u", "t", "agent", None, now).with_driver(DRIVER),
                 2,
             )
             .await
             .unwrap();
         store
+    }
+
+    async fn replica(store: &Arc<dyn Store>) -> Arc<Replica> {
+        Replica::register(store.as_ref(), Duration::from_secs(60))
+            .await
+            .unwrap()
     }
 
     fn note(i: usize) -> EventKind {
@@ -182,8 +193,13 @@ mod tests {
     async fn a_lagging_follower_rereads_the_store_and_loses_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = store_with_run(dir.path()).await;
-        let journal = Journal::new(store.clone(), "run-1".into(), 0);
-        let runs = RunService::new(store.clone(), Err("none".into()), Duration::from_secs(1));
+        let journal = Journal::new(store.clone(), "run-1".into(), 0, DRIVER.into());
+        let runs = RunService::new(
+            store.clone(),
+            Err("none".into()),
+            Duration::from_secs(1),
+            replica(&store).await,
+        );
         let mut f = Follower::new(
             store.clone(),
             runs,
@@ -224,7 +240,12 @@ mod tests {
         assert_eq!(row.last_seq, n as u64 + 1);
 
         // From the middle, without following.
-        let runs = RunService::new(store.clone(), Err("none".into()), Duration::from_secs(1));
+        let runs = RunService::new(
+            store.clone(),
+            Err("none".into()),
+            Duration::from_secs(1),
+            replica(&store).await,
+        );
         let mut f = Follower::new(
             store.clone(),
             runs,
@@ -253,18 +274,18 @@ mod tests {
             payload: "{}".into(),
         };
         store
-            .append_event("run-1", ev(1), RunPatch::default())
+            .append_event("run-1", DRIVER, ev(1), RunPatch::default())
             .await
             .unwrap();
         assert!(
             store
-                .append_event("run-1", ev(3), RunPatch::default())
+                .append_event("run-1", DRIVER, ev(3), RunPatch::default())
                 .await
                 .is_err()
         );
         assert!(
             store
-                .append_event("run-1", ev(1), RunPatch::default())
+                .append_event("run-1", DRIVER, ev(1), RunPatch::default())
                 .await
                 .is_err()
         );
@@ -303,7 +324,39 @@ mod tests {
             15
         );
         assert_eq!(store.runs_in_flight().await.unwrap().len(), 2);
-        let interrupted = RunService::interrupt_stale(&store).await.unwrap();
+    }
+
+    /// The runs of a replica that is gone are taken over and end `interrupted` after their
+    /// kept events; a live replica's are left alone.
+    #[tokio::test]
+    async fn a_gone_replicas_runs_end_interrupted_after_their_kept_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        let note = sandboxd_core::store::StoredEvent {
+            seq: 1,
+            time: now_ms(),
+            kind: "notice".into(),
+            payload: "{}".into(),
+        };
+        store
+            .append_event("run-1", DRIVER, note, RunPatch::default())
+            .await
+            .unwrap();
+        let mut second = store.run("run-1").await.unwrap().unwrap();
+        second.id = "run-2".into();
+        store.insert_run(second, 2).await.unwrap();
+        let me = replica(&store).await;
+        assert!(
+            RunService::interrupt_orphans(&store, me.id())
+                .await
+                .unwrap()
+                .is_empty(),
+            "runs of a live replica are not orphans"
+        );
+        store.replica_leave(DRIVER).await.unwrap();
+        let interrupted = RunService::interrupt_orphans(&store, me.id())
+            .await
+            .unwrap();
         assert_eq!(interrupted, vec!["run-1".to_string(), "run-2".to_string()]);
         let row = store.run("run-1").await.unwrap().unwrap();
         assert_eq!(row.state, RunState::Interrupted);

@@ -11,6 +11,7 @@
 pub mod runtime;
 pub mod store;
 mod store_records;
+mod store_runs;
 
 pub use runtime::{RuntimeCaps, runtime_conformance};
 pub use store::{StoreFactory, store_conformance};

@@ -8,7 +8,8 @@
 //! append (a seq that does not follow the run's last is refused and changes nothing),
 //! quotas and appends under concurrent writers, history deletion and retention, and restart
 //! recovery: the same database opened again holds everything. Kept sessions' tool records
-//! (`ToolRecords`) have their cases in store_records.rs.
+//! (`ToolRecords`) have their cases in store_records.rs, how replicas share runs
+//! (`RunControl`: turns, fencing, takeover, cancel requests and answers) in store_runs.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
 //! see each other's rows), and a way to open the same database again for the restart case.
@@ -75,6 +76,7 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     .await?;
     run_case(S, "case_delete_and_purge", case_delete_and_purge(factory)).await?;
     run_case(S, "case_restart_recovery", case_restart_recovery(factory)).await?;
+    super::store_runs::all(factory).await?;
     run_case(S, "case_tool_records", records::case_tool_records(factory)).await?;
     run_case(
         S,
@@ -91,8 +93,22 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     Ok(())
 }
 
+/// The replica the suite's runs are driven by; every fresh store has it live for an hour.
+pub(super) const DRIVER: &str = "r-c0ffee000001";
+
 pub(super) async fn fresh(factory: &dyn StoreFactory) -> Result<Arc<dyn Store>> {
-    Ok(factory.fresh().await.context("open a fresh store")?.0)
+    let store = factory.fresh().await.context("open a fresh store")?.0;
+    drive(&*store).await?;
+    Ok(store)
+}
+
+/// Makes `DRIVER` a live replica of `store`.
+pub(super) async fn drive(store: &dyn Store) -> Result<()> {
+    store
+        .replica_beat(DRIVER, 3_600_000)
+        .await
+        .context("register the suite's replica")?;
+    Ok(())
 }
 
 fn key(b: u8, created_at: i64) -> StoredKey {
@@ -113,7 +129,7 @@ fn new_user(name: &str, b: u8) -> NewUser {
     }
 }
 
-async fn add_user(store: &dyn Store, name: &str, b: u8) -> Result<String> {
+pub(super) async fn add_user(store: &dyn Store, name: &str, b: u8) -> Result<String> {
     Ok(store
         .add_user(new_user(name, b))
         .await
@@ -132,18 +148,18 @@ fn session_row(id: &str, owner: &str, now: i64) -> SessionRow {
     )
 }
 
-async fn reserve(store: &dyn Store, id: &str, owner: &str) -> Result<()> {
+pub(super) async fn reserve(store: &dyn Store, id: &str, owner: &str) -> Result<()> {
     store
         .reserve_session(session_row(id, owner, now_ms()), 100)
         .await
         .with_context(|| format!("reserve session {id}"))
 }
 
-fn run_row(id: &str, session: &str, owner: &str) -> RunRow {
-    RunRow::queued(id, session, owner, "a task", "agent", Some(5), now_ms())
+pub(super) fn run_row(id: &str, session: &str, owner: &str) -> RunRow {
+    RunRow::queued(id, session, owner, "a task", "agent", Some(5), now_ms()).with_driver(DRIVER)
 }
 
-fn event(seq: u64, kind: &str) -> StoredEvent {
+pub(super) fn event(seq: u64, kind: &str) -> StoredEvent {
     StoredEvent {
         seq,
         time: now_ms(),
@@ -152,7 +168,7 @@ fn event(seq: u64, kind: &str) -> StoredEvent {
     }
 }
 
-async fn must_run(store: &dyn Store, id: &str) -> Result<RunRow> {
+pub(super) async fn must_run(store: &dyn Store, id: &str) -> Result<RunRow> {
     store
         .run(id)
         .await?
@@ -837,7 +853,7 @@ async fn case_events_exactly_once(f: &dyn StoreFactory) -> Result<()> {
             ..Default::default()
         };
         store
-            .append_event("r1", event(seq, "step"), patch)
+            .append_event("r1", DRIVER, event(seq, "step"), patch)
             .await
             .with_context(|| format!("append seq {seq}"))?;
         let r = must_run(&*store, "r1").await?;
@@ -851,7 +867,7 @@ async fn case_events_exactly_once(f: &dyn StoreFactory) -> Result<()> {
         );
     }
     store
-        .append_event("r2", event(1, "other"), RunPatch::default())
+        .append_event("r2", DRIVER, event(1, "other"), RunPatch::default())
         .await?;
 
     let r = must_run(&*store, "r1").await?;
@@ -903,7 +919,9 @@ async fn case_events_exactly_once(f: &dyn StoreFactory) -> Result<()> {
             state: Some(RunState::Failed),
             ..Default::default()
         };
-        let r = store.append_event("r1", event(seq, "dup"), patch).await;
+        let r = store
+            .append_event("r1", DRIVER, event(seq, "dup"), patch)
+            .await;
         ensure!(r.is_err(), "{what} ({seq} after 10) is refused");
     }
     let r = must_run(&*store, "r1").await?;
@@ -918,7 +936,7 @@ async fn case_events_exactly_once(f: &dyn StoreFactory) -> Result<()> {
     );
     ensure!(
         store
-            .append_event("nope", event(1, "x"), RunPatch::default())
+            .append_event("nope", DRIVER, event(1, "x"), RunPatch::default())
             .await
             .is_err(),
         "appending to an unknown run is refused"
@@ -1061,7 +1079,7 @@ async fn case_concurrent_writers(f: &dyn StoreFactory) -> Result<()> {
                         ..Default::default()
                     };
                     if store
-                        .append_event(&run, event(r.last_seq + 1, &format!("w{w}")), patch)
+                        .append_event(&run, DRIVER, event(r.last_seq + 1, &format!("w{w}")), patch)
                         .await
                         .is_ok()
                     {
@@ -1117,7 +1135,7 @@ async fn case_delete_and_purge(f: &dyn StoreFactory) -> Result<()> {
         let run = format!("{s}r");
         store.insert_run(run_row(&run, s, &alice), 10).await?;
         store
-            .append_event(&run, event(1, "step"), RunPatch::default())
+            .append_event(&run, DRIVER, event(1, "step"), RunPatch::default())
             .await?;
         store.put_image(&run, "i", "image/png", vec![1]).await?;
         store.set_conversation(s, "[]".into(), now_ms()).await?;
@@ -1202,6 +1220,7 @@ async fn case_delete_and_purge(f: &dyn StoreFactory) -> Result<()> {
 
 async fn case_restart_recovery(f: &dyn StoreFactory) -> Result<()> {
     let (store, name) = f.fresh().await.context("open a fresh store")?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     let t = now_ms();
     store
@@ -1220,7 +1239,7 @@ async fn case_restart_recovery(f: &dyn StoreFactory) -> Result<()> {
     store.insert_run(run_row("r1", "s1", &alice), 10).await?;
     for seq in 1..=3 {
         store
-            .append_event("r1", event(seq, "step"), RunPatch::default())
+            .append_event("r1", DRIVER, event(seq, "step"), RunPatch::default())
             .await?;
     }
     store.put_image("r1", "i", "image/png", vec![9]).await?;
@@ -1277,12 +1296,12 @@ async fn case_restart_recovery(f: &dyn StoreFactory) -> Result<()> {
         "last_seq survives a restart"
     );
     store
-        .append_event("r1", event(4, "step"), RunPatch::default())
+        .append_event("r1", DRIVER, event(4, "step"), RunPatch::default())
         .await
         .context("appending continues at last_seq + 1 after a restart")?;
     ensure!(
         store
-            .append_event("r1", event(4, "step"), RunPatch::default())
+            .append_event("r1", DRIVER, event(4, "step"), RunPatch::default())
             .await
             .is_err(),
         "and stays exactly once"

@@ -1,0 +1,161 @@
+//! The one way the runs service waits for a change in the store: a run's turn in its
+//! session, a cancel request or an answer for a run this replica drives, the ending of a run
+//! another replica drives. The store's rows are the truth; a wake-up is only a hint to
+//! re-read them sooner, and every wait re-reads at least every `POLL` anyway, so a change
+//! made by another replica (which sends this process no wake-up) is seen within `POLL`.
+//!
+//! Wake-ups are this process's own today (`Wakes::wake` after a run ends, a cancel is
+//! requested or an answer is posted here). When the store carries them between replicas
+//! (`Store::run_wakes`/`wake_run`), `subscribe` and `wake` are the two lines to switch.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::broadcast::{self, Receiver, error::RecvError};
+use tokio::time::Instant;
+
+/// The longest a wait goes without re-reading the store.
+pub const POLL: Duration = Duration::from_millis(250);
+
+/// Wake-ups queued per waiter before it is told it lagged (and re-reads everything).
+const CAPACITY: usize = 256;
+
+/// Which wake-ups say "re-read everything".
+const ALL: &str = "*";
+
+pub struct Wakes {
+    tx: broadcast::Sender<String>,
+}
+
+impl Default for Wakes {
+    fn default() -> Self {
+        Self {
+            tx: broadcast::channel(CAPACITY).0,
+        }
+    }
+}
+
+impl Wakes {
+    /// A receiver of wake-ups; take it before reading the store, so no change between the
+    /// read and the wait is missed.
+    pub fn subscribe(&self) -> Receiver<String> {
+        self.tx.subscribe()
+    }
+
+    /// Tells the waiters that run `run_id`'s row changed.
+    pub fn wake(&self, run_id: &str) {
+        // No waiter is not an error.
+        let _ = self.tx.send(run_id.to_string());
+    }
+
+    /// Returns after a wake-up about a run `which` accepts (or one that says re-read all),
+    /// or after `within`, at most `POLL`.
+    pub async fn changed(
+        &self,
+        rx: &mut Receiver<String>,
+        within: Duration,
+        which: impl Fn(&str) -> bool,
+    ) {
+        let sleep = tokio::time::sleep(within.min(POLL));
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => return,
+                got = rx.recv() => match got {
+                    Ok(id) if id == ALL || which(&id) => return,
+                    Ok(_) => {}
+                    Err(RecvError::Lagged(_)) => return,
+                    Err(RecvError::Closed) => {
+                        (&mut sleep).await;
+                        return;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Re-reads with `check` until it gives a value (returned) or `bound` passes (None; a
+    /// bound too far to represent is none).
+    pub async fn until<T, F, Fut>(
+        &self,
+        bound: Duration,
+        which: impl Fn(&str) -> bool,
+        mut check: F,
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now().checked_add(bound);
+        let mut rx = self.subscribe();
+        loop {
+            if let Some(v) = check().await {
+                return Some(v);
+            }
+            let left = deadline.map_or(POLL, |d| d.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                return None;
+            }
+            self.changed(&mut rx, left, &which).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// A wake-up about the run waited for ends the wait at once; others do not; without one
+    /// the store is re-read every `POLL`, and the wait gives up at its bound.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_rereads_on_its_wake_ups_and_every_poll_until_its_bound() {
+        let wakes = Arc::new(Wakes::default());
+        let reads = Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        let counted = reads.clone();
+        let got = wakes
+            .until(
+                Duration::from_secs(1),
+                |id| id == "run-a",
+                || {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async { None::<()> }
+                },
+            )
+            .await;
+        assert_eq!(got, None);
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            5,
+            "a read at 0 and every 250 ms"
+        );
+
+        let (w, flag) = (wakes.clone(), Arc::new(AtomicU32::new(0)));
+        let f = flag.clone();
+        let waiter = tokio::spawn(async move {
+            w.until(
+                Duration::from_secs(60),
+                |id| id == "run-a",
+                || {
+                    let v = f.load(Ordering::SeqCst);
+                    async move { (v == 1).then_some(Instant::now()) }
+                },
+            )
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let set_at = Instant::now();
+        flag.store(1, Ordering::SeqCst);
+        wakes.wake("run-b");
+        wakes.wake("run-a");
+        let seen = waiter.await.unwrap().unwrap();
+        assert_eq!(
+            seen, set_at,
+            "the wake-up about run-a ended the wait at once"
+        );
+    }
+}
