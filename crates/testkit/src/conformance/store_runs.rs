@@ -11,7 +11,9 @@ use sandboxd_core::store::{
     RunPatch, RunScope, RunState, Store, StoreError, StoredQuestion, Turn, now_ms,
 };
 
-use super::store::{DRIVER, StoreFactory, add_user, event, fresh, must_run, reserve, run_row};
+use super::store::{
+    DRIVER, StoreFactory, add_user, drive, event, fresh, must_run, reserve, run_row,
+};
 
 /// Ends run `id` (driven by `DRIVER`, whose last seq is `last`) with the given state.
 async fn end(store: &dyn Store, id: &str, last: u64, state: RunState) -> Result<()> {
@@ -46,6 +48,7 @@ fn fenced(r: Result<(), StoreError>) -> bool {
 
 pub(super) async fn case_run_order(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     reserve(&*store, "s1", &alice).await?;
     reserve(&*store, "s2", &alice).await?;
@@ -127,6 +130,7 @@ pub(super) async fn case_run_order(f: &dyn StoreFactory) -> Result<()> {
 
 pub(super) async fn case_run_fencing(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     reserve(&*store, "s1", &alice).await?;
     store.insert_run(run_row("r1", "s1", &alice), 10).await?;
@@ -192,6 +196,7 @@ pub(super) async fn case_run_fencing(f: &dyn StoreFactory) -> Result<()> {
 
 pub(super) async fn case_run_takeover(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     reserve(&*store, "s1", &alice).await?;
     let (a, b, dead) = ("r-c0ffee00000a", "r-c0ffee00000b", "r-c0ffee00000d");
@@ -281,6 +286,7 @@ pub(super) async fn case_run_takeover(f: &dyn StoreFactory) -> Result<()> {
 
 pub(super) async fn case_run_cancel_and_reply(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     let bob = add_user(&*store, "bob", 2).await?;
     reserve(&*store, "s1", &alice).await?;
