@@ -1,7 +1,8 @@
 //! PgStore: the `Store` on PostgreSQL, for several `serve` replicas on one database. This file
 //! opens the pool, applies the migrations (migrate.rs) and holds the helpers the tables share;
 //! store.rs maps the trait onto the tables' statements, which live one file per area like the
-//! SQLite store's (users.rs, sessions.rs, runs.rs, events.rs, logins.rs, usage.rs).
+//! SQLite store's (users.rs, sessions.rs, runs.rs, events.rs, logins.rs, usage.rs); wakes.rs
+//! is its run wake-ups across replicas (NOTIFY in the append, a LISTEN connection of its own).
 //!
 //! Why tokio-postgres + deadpool-postgres and not sqlx: sqlx's `sqlite` feature links a
 //! libsqlite3-sys that cannot coexist with rusqlite's (cargo refuses two `links = "sqlite3"`),
@@ -32,11 +33,15 @@ mod events;
 mod logins;
 mod migrate;
 mod records;
+mod replicas;
 mod runs;
 mod sessions;
 mod store;
 mod usage;
 mod users;
+mod wakes;
+
+pub use wakes::APPLICATION_NAME as WAKES_APPLICATION_NAME;
 
 /// Connections one process keeps to the database at most.
 const POOL_SIZE: usize = 16;
@@ -46,6 +51,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct PgStore {
     pool: Pool,
+    /// Run wake-ups of every replica, as the listener (wakes.rs) hears them.
+    wakes: sandboxd_core::store::RunWakes,
+    /// Dropped with the store: stops the listener.
+    _listener: tokio::sync::oneshot::Sender<()>,
 }
 
 /// What `probe` finds, for `sandboxd doctor`: the server and the schema, migrating nothing.
@@ -65,7 +74,7 @@ pub(crate) fn sql(e: impl std::error::Error) -> StoreError {
 }
 
 /// An error's message and its causes', each once (pool errors repeat their cause's text).
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -247,16 +256,37 @@ fn pool(url: &str, size: usize) -> Result<Pool, StoreError> {
 impl PgStore {
     /// Connects to `url` (`postgres://user:password@host:port/database`), applies the
     /// migrations not applied yet and keeps a pool of connections.
+    /// Its run wake-up listener starts once the schema is in place.
     pub async fn open(url: &str) -> Result<Self, StoreError> {
-        let store = Self {
-            pool: pool(url, POOL_SIZE)?,
-        };
-        let mut client = store.pool.get().await.map_err(|e| StoreError::Open {
+        let pool = pool(url, POOL_SIZE)?;
+        let mut client = pool.get().await.map_err(|e| StoreError::Open {
             path: redacted(url),
             message: chain(&e),
         })?;
         migrate::migrate(&mut client).await?;
-        Ok(store)
+        drop(client);
+        let wakes = sandboxd_core::store::RunWakes::new();
+        let (listener, listening) = wakes::spawn(parse_url(url)?, wakes.clone());
+        // Listening before the store is used, so a replica hears every commit from its
+        // start; if LISTEN is slow, the store works anyway (waiters re-read on a timeout).
+        if tokio::time::timeout(CONNECT_TIMEOUT, listening)
+            .await
+            .is_err()
+        {
+            tracing::warn!(store = %redacted(url), "the run wake-up listener is not listening yet; followers re-read on a timeout until it is");
+        }
+        Ok(Self {
+            pool,
+            wakes,
+            _listener: listener,
+        })
+    }
+
+    /// Sends a run's wake-up to every replica: delivered when `c`'s transaction commits (at
+    /// once outside one), never if it rolls back.
+    pub(crate) async fn notify(c: &impl GenericClient, run_id: &str) -> Result<(), StoreError> {
+        execute(c, "SELECT pg_notify($1, $2)", &[&wakes::CHANNEL, &run_id]).await?;
+        Ok(())
     }
 
     /// A connection from the pool.

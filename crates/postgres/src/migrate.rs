@@ -14,6 +14,7 @@ use crate::sql;
 pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("schema_v1.sql"),
     include_str!("schema_v2.sql"),
+    include_str!("schema_v3.sql"),
     include_str!("schema_v4.sql"),
 ];
 

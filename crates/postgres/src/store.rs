@@ -158,10 +158,19 @@ impl Store for PgStore {
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError> {
-        in_tx!(self, |tx| events::append(
-            &tx, run_id, driver, &event, &patch
-        )
-        .await?)
+        in_tx!(self, |tx| {
+            events::append(&tx, run_id, driver, &event, &patch).await?;
+            // In the transaction: heard only once the event is there to read.
+            PgStore::notify(&tx, run_id).await?
+        })
+    }
+
+    fn run_wakes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.wakes.subscribe()
+    }
+
+    async fn wake_run(&self, run_id: &str) -> Result<(), StoreError> {
+        PgStore::notify(&self.client().await?, run_id).await
     }
 
     async fn events_after(

@@ -18,6 +18,16 @@
 //! The stream selects on its `StreamGuard`'s token (a child of the shutdown token), so an
 //! open stream never holds the drain, and a revoked credential (rotated key, removed user,
 //! sign-out) ends it with a `credential_revoked` error and kills the command.
+//!
+//! Across replicas there is no final state to share, so none is stored: the replica that took
+//! the POST runs the command and sends its `exit` (or `error`) on that same response, and
+//! nowhere else. The stream has no id and no route returns its end later, and the command is
+//! not meant to outlive its stream: a client that leaves kills it (the drop guard here), and
+//! a replica that dies takes the stream with it, whatever the command left running being
+//! killed by the next process that attaches the session (`shell::SHELL_TAG`). So no replica
+//! holds the end of a command another could be asked about. A client cut off between the end and
+//! the `exit` event cannot learn the exit code anywhere, on one replica as on several; making
+//! that recoverable means detached execs with ids, a feature, not a replica's concern.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -43,6 +43,7 @@ pub mod openapi;
 pub use sandboxd_core::config::proxies;
 pub mod quota;
 pub mod reconcile;
+pub mod replica;
 pub mod runs;
 pub mod session_end;
 pub mod sessions;
@@ -107,6 +108,8 @@ pub struct AppState {
     pub streams: Arc<streams::Streams>,
     /// How many file and archive transfers may run at once, and where they spool.
     pub transfers: transfers::Transfers,
+    /// This process as a replica: its id and its lease in the store's registry.
+    pub replica: Arc<replica::Replica>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -345,6 +348,7 @@ impl Server {
             shutdown.clone(),
         );
         let state = Arc::new(AppState {
+            replica,
             transfers,
             runs,
             proxies,
@@ -443,6 +447,9 @@ impl Server {
             .ledger()
             .end_all("sandboxd stopped (MCP sandboxes do not outlive the service)")
             .await;
+        // Last: the runs' endings above were written under the lease.
+        beats.abort();
+        state.replica.leave(state.store.as_ref()).await;
         Ok(())
     }
 }

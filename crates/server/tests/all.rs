@@ -6,5 +6,6 @@
 mod harness;
 mod in_process;
 mod reaper;
+mod runs_across;
 mod runs_in_process;
 mod runs_replicas;

@@ -3,8 +3,8 @@
 //! be served again on the same store, data directory and runtime (the engine outlives the
 //! process), after a graceful stop or after a crash (`start_crashable`: the server's own
 //! tokio runtime dropped with every task in flight, nothing recorded on the way out, as
-//! `kill -9` leaves it), and can point runs at a fake LLM. Two `Serve`s of one `Setup` at
-//! once are two replicas on one store.
+//! `kill -9` leaves it), and can point runs at a fake LLM. Several servers can serve one
+//! `Setup` at once (`start_with`), as replicas on one store.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,6 +56,15 @@ impl Setup {
         }
     }
 
+    /// A new handle of the setup's store (the SQLite file in its data directory).
+    pub async fn open_store(&self) -> Arc<dyn Store> {
+        Arc::new(
+            SqliteStore::open(&self.dir.path().join("s.db"))
+                .await
+                .unwrap(),
+        )
+    }
+
     fn config(&self) -> Config {
         let mut config = Config::load_with_env(None, &[]).unwrap();
         config.data_dir = Some(self.dir.path().to_path_buf());
@@ -98,12 +107,18 @@ pub async fn start(users: &[(&str, Option<u32>)]) -> (Serve, Vec<String>) {
 
 /// Serves `setup` (again), first adding the users `(name, sessions quota)`; their keys.
 pub async fn start_on(setup: &Setup, users: &[(&str, Option<u32>)]) -> (Serve, Vec<String>) {
+    start_with(setup, setup.open_store().await, users).await
+}
+
+/// Serves `setup` on `store` (a handle of its store's file), first adding the users; their
+/// keys. Two servers started with one handle share its wake-ups, as replicas on one Postgres
+/// do; with two handles they share only the file.
+pub async fn start_with(
+    setup: &Setup,
+    store: Arc<dyn Store>,
+    users: &[(&str, Option<u32>)],
+) -> (Serve, Vec<String>) {
     let config = setup.config();
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&setup.dir.path().join("s.db"))
-            .await
-            .unwrap(),
-    );
     let mut keys = Vec::new();
     for (name, sessions) in users {
         let quota = QuotaOverride {

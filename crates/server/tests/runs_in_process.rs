@@ -14,12 +14,12 @@ use serde_json::{Value, json};
 
 use crate::harness::{Serve, Setup, code, start_crashable, start_on};
 
-fn terminate() -> Reply {
+pub(crate) fn terminate() -> Reply {
     Reply::tool("terminate", json!({"status": "success", "answer": "done"}))
 }
 
 /// Posts a run in `session`; its id and state as answered.
-async fn run(serve: &Serve, key: &str, session: &str) -> (String, String) {
+pub(crate) async fn run(serve: &Serve, key: &str, session: &str) -> (String, String) {
     let body = json!({"task": "finish", "session_id": session});
     let (s, v) = serve.call(key, Method::POST, "/v1/runs", Some(body)).await;
     assert_eq!(s, 201, "{v}");
@@ -27,14 +27,14 @@ async fn run(serve: &Serve, key: &str, session: &str) -> (String, String) {
     (id, v["state"].as_str().unwrap().to_string())
 }
 
-async fn run_in_state(serve: &Serve, key: &str, id: &str, state: &str) -> Value {
+pub(crate) async fn run_in_state(serve: &Serve, key: &str, id: &str, state: &str) -> Value {
     serve
         .until(key, &format!("/v1/runs/{id}"), |v| v["state"] == state)
         .await
 }
 
 /// Waits (at most 30 s) until the fake LLM has received `n` requests.
-async fn llm_asked(llm: &FakeLlm, n: usize) {
+pub(crate) async fn llm_asked(llm: &FakeLlm, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while llm.requests().len() < n {
         assert!(Instant::now() < deadline, "the LLM was not asked {n} times");
@@ -43,9 +43,9 @@ async fn llm_asked(llm: &FakeLlm, n: usize) {
 }
 
 /// One SSE event: id, type, data.
-type Ev = (u64, String, Value);
+pub(crate) type Ev = (u64, String, Value);
 
-async fn open_events(
+pub(crate) async fn open_events(
     serve: &Serve,
     key: &str,
     run: &str,
@@ -63,7 +63,7 @@ async fn open_events(
 }
 
 /// Reads events until the stream ends or `max` came (testkit's SSE reader, as tuples).
-async fn read_events(resp: &mut reqwest::Response, max: Option<usize>) -> Vec<Ev> {
+pub(crate) async fn read_events(resp: &mut reqwest::Response, max: Option<usize>) -> Vec<Ev> {
     assert_eq!(resp.status(), 200);
     read_sse_on(resp, &mut String::new(), max)
         .await
@@ -73,7 +73,7 @@ async fn read_events(resp: &mut reqwest::Response, max: Option<usize>) -> Vec<Ev
 }
 
 /// Every stored event of an ended run, from a stream that does not follow.
-async fn all_events(serve: &Serve, key: &str, id: &str) -> Vec<Ev> {
+pub(crate) async fn all_events(serve: &Serve, key: &str, id: &str) -> Vec<Ev> {
     let mut resp = open_events(serve, key, id, "?follow=false", None).await;
     let evs = read_events(&mut resp, None).await;
     let ids: Vec<u64> = evs.iter().map(|e| e.0).collect();

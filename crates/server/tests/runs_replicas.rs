@@ -1,233 +1,75 @@
-//! Two replicas (two `Server`s, each its own replica id) on one SQLite store file and one
-//! fake runtime, their runs on one fake LLM: a session's runs take turns wherever they were
-//! posted, a run whose replica dies (`kill -9`: its runtime dropped, its lease no longer
-//! renewed) is ended `interrupted` by the other within a lease and a half, and cancels and
-//! answers posted to the replica that does not drive the run reach the one that does.
-//!
-//! The second replica starts after the first made the sessions, so it holds them too (its
-//! start-up reconcile attaches them); the replicas' runs meet only through the store.
+//! Two servers on one store in this process, as two replicas: a run posted to one is followed
+//! on the other live, every event exactly once and in order, and a follower that leaves one
+//! and comes back to the other with `Last-Event-ID` misses nothing. Once with one store
+//! handle (the servers share its wake-ups, as replicas on one Postgres share NOTIFY), once
+//! with a handle each (no wake-up crosses: the followers find the events by re-reading the
+//! table, as after lost notifications). The multi-process proof on Postgres is in
+//! crates/sandboxd/tests.
 
-use std::time::{Duration, Instant};
+use sandboxd_testkit::fake_llm::{FakeLlm, Gate};
 
-use reqwest::Method;
-use sandboxd_testkit::fake_llm::{FakeLlm, Gate, Reply};
-use serde_json::{Value, json};
+use crate::harness::{Setup, start_with};
+use crate::runs_in_process::{
+    Ev, all_events, llm_asked, open_events, read_events, run, run_in_state, terminate,
+};
 
-use crate::harness::{Serve, Setup, start_crashable, start_on};
-
-fn terminate() -> Reply {
-    Reply::tool("terminate", json!({"status": "success", "answer": "done"}))
-}
-
-/// Posts a run in `session`; its id and state as answered.
-async fn run(serve: &Serve, key: &str, session: &str) -> (String, String) {
-    let body = json!({"task": "finish", "session_id": session});
-    let (s, v) = serve.call(key, Method::POST, "/v1/runs", Some(body)).await;
-    assert_eq!(s, 201, "{v}");
-    let id = v["id"].as_str().unwrap().to_string();
-    (id, v["state"].as_str().unwrap().to_string())
-}
-
-async fn run_in_state(serve: &Serve, key: &str, id: &str, state: &str) -> Value {
-    serve
-        .until(key, &format!("/v1/runs/{id}"), |v| v["state"] == state)
-        .await
-}
-
-async fn llm_asked(llm: &FakeLlm, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while llm.requests().len() < n {
-        assert!(Instant::now() < deadline, "the LLM was not asked {n} times");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The run's stored events: (type, data), from a stream that does not follow.
-async fn events(serve: &Serve, key: &str, id: &str) -> Vec<(String, Value)> {
-    let (s, v) = serve
-        .call(key, Method::GET, &format!("/v1/runs/{id}"), None)
-        .await;
-    assert_eq!(s, 200, "{v}");
-    let mut resp = serve
-        .http
-        .get(format!("{}/v1/runs/{id}/events?follow=false", serve.base))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    sandboxd_testkit::serve::runs::read_sse_on(&mut resp, &mut String::new(), None)
-        .await
-        .into_iter()
-        .map(|e| (e.event, e.data))
-        .collect()
-}
-
-fn states(evs: &[(String, Value)]) -> Vec<String> {
-    evs.iter()
-        .filter(|e| e.0 == "run_state")
-        .map(|e| e.1["state"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
-#[tokio::test]
-async fn runs_of_one_session_posted_to_two_replicas_take_turns() {
+async fn followed_across_replicas(shared_wakes: bool) {
     let gate = Gate::default();
-    let llm = FakeLlm::start(vec![terminate().gated(&gate), terminate()]).await;
+    let llm = FakeLlm::start(vec![terminate().gated(&gate)]).await;
     let setup = Setup::with_llm(&llm);
-    let (a, keys) = start_on(&setup, &[("ann", None)]).await;
+    let store = setup.open_store().await;
+    let (a, keys) = start_with(&setup, store.clone(), &[("ann", None)]).await;
+    let other = if shared_wakes {
+        store
+    } else {
+        setup.open_store().await
+    };
+    let (b, _) = start_with(&setup, other, &[]).await;
     let key = &keys[0];
     let session = a.session(key).await;
-    let (b, _) = start_on(&setup, &[]).await;
-
-    let (first, _) = run(&a, key, &session).await;
-    llm_asked(&llm, 1).await;
-    run_in_state(&a, key, &first, "running").await;
-    let (second, state) = run(&b, key, &session).await;
-    assert_eq!(state, "queued");
-    // Longer than several polls of the store: the second stays queued behind the first.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let (_, v) = b
-        .call(key, Method::GET, &format!("/v1/runs/{second}"), None)
-        .await;
-    assert_eq!(v["state"], "queued", "it waits for the first: {v}");
-    assert_eq!(llm.requests().len(), 1, "only the first run asked the LLM");
-
-    gate.open();
-    let first = run_in_state(&b, key, &first, "succeeded").await;
-    let second = run_in_state(&a, key, &second, "succeeded").await;
-    let (ended, started) = (
-        first["ended_at"].as_str().unwrap(),
-        second["started_at"].as_str().unwrap(),
-    );
-    assert!(
-        started >= ended,
-        "the second started {started}, the first ended {ended}"
-    );
-    let id = second["id"].as_str().unwrap();
-    assert_eq!(
-        states(&events(&a, key, id).await),
-        ["queued", "running", "succeeded"]
-    );
-}
-
-#[tokio::test]
-async fn a_run_whose_replica_dies_is_interrupted_by_another_within_the_lease() {
-    let gate = Gate::default();
-    let llm = FakeLlm::start(vec![terminate().gated(&gate), terminate()]).await;
-    let setup = Setup::with_llm(&llm).lease(2);
-    let (a, keys) = start_crashable(&setup, &["ann"]).await;
-    let key = &keys[0];
-    let session = a.serve.session(key).await;
-    let (b, _) = start_on(&setup, &[]).await;
-    let (cut, _) = run(&a.serve, key, &session).await;
-    llm_asked(&llm, 1).await;
-    run_in_state(&b, key, &cut, "running").await;
-    let (queued, _) = run(&a.serve, key, &session).await;
-
-    a.crash();
-    let crashed = Instant::now();
-    let v = b
-        .until(key, &format!("/v1/runs/{cut}"), |v| v["state"] != "running")
-        .await;
-    // A lease (2 s), half a lease for the sweep, a poll; and slack for a loaded machine.
-    let took = crashed.elapsed();
-    assert!(took < Duration::from_secs(10), "noticed after {took:?}");
-    assert_eq!(v["state"], "interrupted", "{v}");
-    let evs = events(&b, key, &cut).await;
-    assert_eq!(
-        states(&evs),
-        ["queued", "running", "interrupted"],
-        "{evs:?}"
-    );
-    let finished: Vec<&Value> = evs
-        .iter()
-        .filter(|e| e.0 == "run_finished")
-        .map(|e| &e.1)
-        .collect();
-    assert_eq!(finished.len(), 1, "{evs:?}");
-    assert_eq!(finished[0]["reason"]["kind"], "interrupted");
-    assert_eq!(v["last_seq"], evs.len(), "the kept events and the ending");
-    // The dead replica's queued run is interrupted too (its task died with it).
-    let q = run_in_state(&b, key, &queued, "interrupted").await;
-    assert_eq!(q["started_at"], Value::Null, "{q}");
-
-    // The session takes runs again, on the replica that lives.
-    let (again, _) = run(&b, key, &session).await;
-    run_in_state(&b, key, &again, "succeeded").await;
-}
-
-#[tokio::test]
-async fn a_cancel_posted_to_the_other_replica_stops_the_run_where_it_runs() {
-    let gate = Gate::default();
-    let llm = FakeLlm::start(vec![terminate().gated(&gate), terminate()]).await;
-    let setup = Setup::with_llm(&llm);
-    let (a, keys) = start_on(&setup, &[("ann", None)]).await;
-    let key = &keys[0];
-    let session = a.session(key).await;
-    let (b, _) = start_on(&setup, &[]).await;
-    let (running, _) = run(&a, key, &session).await;
-    llm_asked(&llm, 1).await;
-    run_in_state(&a, key, &running, "running").await;
-    let (queued, _) = run(&a, key, &session).await;
-
-    // The queued one first: it ends without ever running.
-    let path = |id: &str| format!("/v1/runs/{id}/cancel");
-    let (s, v) = b.call(key, Method::POST, &path(&queued), None).await;
-    assert_eq!((s, v["state"].as_str()), (200, Some("cancelled")), "{v}");
-    let (s, v) = b.call(key, Method::POST, &path(&running), None).await;
-    assert_eq!((s, v["state"].as_str()), (200, Some("cancelled")), "{v}");
-    assert_eq!(v["outcome"]["kind"], "cancelled", "{v}");
-    let evs = events(&a, key, &running).await;
-    assert_eq!(states(&evs), ["queued", "running", "cancelled"], "{evs:?}");
-    assert_eq!(
-        states(&events(&a, key, &queued).await),
-        ["queued", "cancelled"]
-    );
-
-    // The session is usable from either replica.
-    let (again, _) = run(&b, key, &session).await;
-    run_in_state(&a, key, &again, "succeeded").await;
-}
-
-#[tokio::test]
-async fn an_answer_posted_to_the_other_replica_reaches_the_question() {
-    let llm = FakeLlm::start(vec![
-        Reply::tool("ask_human", json!({"inquire": "which colour?"})),
-        terminate(),
-    ])
-    .await;
-    let setup = Setup::with_llm(&llm);
-    let (a, keys) = start_on(&setup, &[("ann", None)]).await;
-    let key = &keys[0];
-    let session = a.session(key).await;
-    let (b, _) = start_on(&setup, &[]).await;
     let (id, _) = run(&a, key, &session).await;
-    let waiting = run_in_state(&b, key, &id, "waiting_for_human").await;
-    assert_eq!(waiting["question"]["text"], "which colour?");
+    llm_asked(&llm, 1).await;
 
-    let path = format!("/v1/runs/{id}/answer");
-    let (s, v) = b
-        .call(key, Method::POST, &path, Some(json!({"answer": "teal"})))
-        .await;
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["question"], Value::Null, "the question is answered: {v}");
-    let (s, v) = b
-        .call(key, Method::POST, &path, Some(json!({"answer": "again"})))
-        .await;
-    assert_eq!((s, v["error"]["code"].as_str()), (409, Some("not_waiting")));
+    // On B: one follower for the whole run; on A, one that reads two events and leaves.
+    let mut whole = open_events(&b, key, &id, "", None).await;
+    let whole = tokio::spawn(async move { read_events(&mut whole, None).await });
+    let mut resp = open_events(&a, key, &id, "", None).await;
+    let head = read_events(&mut resp, Some(2)).await;
+    drop(resp);
+    assert_eq!(head.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 2]);
+    // It comes back to B while the run is still in flight on A.
+    let mut resp = open_events(&b, key, &id, "", Some("2")).await;
+    let rest = tokio::spawn(async move { read_events(&mut resp, None).await });
+    gate.open();
     run_in_state(&b, key, &id, "succeeded").await;
-    let evs = events(&b, key, &id).await;
-    let answered: Vec<&Value> = evs
-        .iter()
-        .filter(|e| e.0 == "question_answered")
-        .map(|e| &e.1)
-        .collect();
-    assert_eq!(answered.len(), 1, "{evs:?}");
-    assert_eq!(answered[0]["by"], "user");
-    let asked = llm.requests();
-    assert!(
-        asked[1].to_string().contains("teal"),
-        "the model got the answer: {}",
-        asked[1]
+    let full = all_events(&a, key, &id).await;
+    assert_eq!(
+        full.last().map(|e| (e.1.as_str(), e.2["state"].clone())),
+        Some(("run_state", serde_json::json!("succeeded")))
     );
+    assert!(
+        full.len() > 3,
+        "events after the gate were followed live: {full:?}"
+    );
+    assert_eq!(
+        whole.await.unwrap(),
+        full,
+        "B's follower: every event of the run driven on A, once each, in order"
+    );
+    let joined: Vec<Ev> = head.into_iter().chain(rest.await.unwrap()).collect();
+    assert_eq!(
+        joined, full,
+        "A's head and B's resumed rest are the run, once each"
+    );
+    assert_eq!(all_events(&b, key, &id).await, full, "B reads the same log");
+}
+
+#[tokio::test]
+async fn a_run_on_one_replica_is_followed_and_resumed_on_another_woken_by_the_store() {
+    followed_across_replicas(true).await;
+}
+
+#[tokio::test]
+async fn a_run_on_one_replica_is_followed_and_resumed_on_another_with_no_wake_up_at_all() {
+    followed_across_replicas(false).await;
 }

@@ -26,14 +26,15 @@ use tokio::sync::Semaphore;
 mod events;
 mod logins;
 mod records;
+mod replicas;
 mod runs;
 mod sessions;
 mod usage;
 mod users;
 
 use sandboxd_core::store::{
-    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, SessionPage, SessionQuery,
-    SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User,
+    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, RunWakes, SessionPage,
+    SessionQuery, SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User,
 };
 
 /// Migrations in order; the index + 1 is the schema version it produces.
@@ -43,6 +44,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v3.sql"),
     include_str!("schema_v4.sql"),
     include_str!("schema_v5.sql"),
+    include_str!("schema_v6.sql"),
     include_str!("schema_v7.sql"),
 ];
 
@@ -53,6 +55,10 @@ pub struct SqliteStore {
     writer: tokio_rusqlite::Connection,
     reader: tokio_rusqlite::Connection,
     permits: Arc<Semaphore>,
+    /// Wake-ups about runs, in this process only: SQLite is the one-process store (another
+    /// process on the same file, or a second `open` of it, is not woken and finds new events
+    /// on its waiters' re-read timeout).
+    wakes: RunWakes,
 }
 
 fn sql(e: impl std::fmt::Display) -> StoreError {
@@ -133,6 +139,7 @@ impl SqliteStore {
             writer,
             reader,
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            wakes: RunWakes::new(),
         })
     }
 
@@ -373,9 +380,21 @@ impl Store for SqliteStore {
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError> {
-        let (run_id, driver) = (run_id.to_string(), driver.to_string());
-        self.write(move |tx| events::append(tx, &run_id, &driver, &event, &patch))
-            .await
+        let (id, driver) = (run_id.to_string(), driver.to_string());
+        self.write(move |tx| events::append(tx, &id, &driver, &event, &patch))
+            .await?;
+        // After the commit: a woken reader finds the event.
+        self.wakes.send(run_id);
+        Ok(())
+    }
+
+    fn run_wakes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.wakes.subscribe()
+    }
+
+    async fn wake_run(&self, run_id: &str) -> Result<(), StoreError> {
+        self.wakes.send(run_id);
+        Ok(())
     }
 
     async fn events_after(

@@ -7,19 +7,23 @@
 //! server) compare it with the caller on every access, the store only stores.
 
 pub mod conversation;
+mod replicas;
 mod runs;
 mod tool_records;
+pub mod wakes;
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use replicas::{Replicas, new_replica_id};
 pub use runs::{
     RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoredEvent,
     StoredQuestion, Turn,
 };
 pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
+pub use wakes::{RunWakes, WAKE_ALL, Woken, wait_for_run};
 
 use crate::config::Limits;
 
@@ -296,7 +300,7 @@ pub trait Logins: Send + Sync {
 
 /// The store boundary. Every method is one short transaction.
 #[async_trait]
-pub trait Store: Logins + ToolRecords + RunControl + Send + Sync {
+pub trait Store: Logins + ToolRecords + Replicas + RunControl + Send + Sync {
     /// A write that proves the store is writable (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -356,7 +360,8 @@ pub trait Store: Logins + ToolRecords + RunControl + Send + Sync {
     /// Commits one event (its seq follows the run's `last_seq`) and the patch it brings, in
     /// one transaction: a reader that sees the new `last_seq` sees the event. Fenced: only
     /// while the run is in flight, its driver is `driver` and `driver`'s lease is live by the
-    /// store's clock, checked in the same transaction (else `StoreError::Fenced`).
+    /// store's clock, checked in the same transaction (else `StoreError::Fenced`). Once it has
+    /// committed, the run's id is sent to `run_wakes` (never before: a woken reader finds it).
     async fn append_event(
         &self,
         run_id: &str,
@@ -364,6 +369,15 @@ pub trait Store: Logins + ToolRecords + RunControl + Send + Sync {
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError>;
+    /// Wake-ups about runs (wakes.rs): after an event of a run commits (and on `wake_run`)
+    /// the run's id is sent, to the receivers of every process on this store (SQLite: this
+    /// process; Postgres: every replica, by NOTIFY). Lossy and only a hint: a receiver that
+    /// lags, or a store whose listener reconnected, gets `WAKE_ALL` ("re-read everything");
+    /// the table is the truth, so waiters also re-read on a timeout.
+    fn run_wakes(&self) -> tokio::sync::broadcast::Receiver<String>;
+    /// Sends a wake-up for `run_id` to every process on this store (a control change of the
+    /// run that is not an event: a cancel requested, an answer posted).
+    async fn wake_run(&self, run_id: &str) -> Result<(), StoreError>;
     /// Events with seq > `after`, in order, at most `limit`.
     async fn events_after(
         &self,

@@ -133,7 +133,7 @@ impl RunService {
     async fn interrupt_logged(&self, row: RunRow) {
         let id = row.id.clone();
         match interrupt(&self.store, self.replica.id(), row).await {
-            Ok(()) => self.wakes.wake(&id),
+            Ok(()) => {}
             // It ended (or was taken over) since it was read: nothing to do.
             Err(e @ StoreError::Fenced { .. }) => {
                 tracing::debug!(run = %id, error = %e, "the run is not ours to interrupt any more")
@@ -173,7 +173,7 @@ impl RunService {
             .post_reply(id, &answer)
             .await?
             .ok_or(RunServiceError::NotWaiting)?;
-        self.wakes.wake(id);
+        self.wakes.wake(id).await;
         let store = &self.store;
         let settled = move || async move {
             let row = store.run(id).await.ok()??;

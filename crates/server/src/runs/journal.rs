@@ -1,23 +1,17 @@
-//! A run's journal: numbers its events, commits each to the store (with the change it brings
-//! to the run's row, in one transaction) and only then broadcasts it to followers. One lock
-//! around number-commit-broadcast keeps the store's order and the broadcast's order the same.
+//! A run's journal: numbers its events and commits each to the store (with the change it
+//! brings to the run's row, in one transaction). One lock around number-and-commit keeps the
+//! seqs of one run gap-free and in order. Followers read the store, woken by the store's own
+//! wake-up after each commit (stream.rs), so a follower on any replica sees the same log.
 //! Every commit names the replica that drives the run: the store refuses it
 //! (`StoreError::Fenced`) unless that replica is the run's driver and its lease is live.
-//!
-//! The broadcast is bounded: a follower that falls behind gets `Lagged` and re-reads from the
-//! store (src/server/runs/stream.rs), so it never loses or duplicates an event, and a slow
-//! follower never slows the run.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{Mutex, broadcast};
+use tokio::sync::Mutex;
 
 use sandboxd_core::agent::{Event, EventKind};
 use sandboxd_core::store::{RunPatch, Store, StoreError, StoredEvent, now_ms};
-
-/// Events a follower may be behind the run before it re-reads from the store.
-const BROADCAST_CAPACITY: usize = 256;
 
 pub struct Journal {
     store: Arc<dyn Store>,
@@ -26,26 +20,19 @@ pub struct Journal {
     driver: String,
     started: Instant,
     last: Mutex<u64>,
-    tx: broadcast::Sender<Arc<StoredEvent>>,
 }
 
 impl Journal {
     /// `last` is the run's last committed seq (0 for a new run); `driver` the replica that
     /// drives it (this one).
     pub fn new(store: Arc<dyn Store>, run_id: String, last: u64, driver: String) -> Self {
-        let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
         Self {
             store,
             run_id,
             driver,
             started: Instant::now(),
             last: Mutex::new(last),
-            tx,
         }
-    }
-
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
-        self.tx.subscribe()
     }
 
     /// A new event of the service's own (run_state, question_asked …).
@@ -70,11 +57,9 @@ impl Journal {
         event.elapsed_ms = self.started.elapsed().as_millis() as u64;
         let stored = stored_event(&event)?;
         self.store
-            .append_event(&self.run_id, &self.driver, stored.clone(), patch)
+            .append_event(&self.run_id, &self.driver, stored, patch)
             .await?;
         *last = event.seq;
-        // No follower is not an error.
-        let _ = self.tx.send(Arc::new(stored));
         Ok(event.seq)
     }
 }

@@ -13,9 +13,9 @@
 //! (`cancel`, `reply`), which the driver's control loop reads (control.rs); the control loop
 //! also interrupts the runs of replicas whose lease ran out (one replica takes each over).
 //!
-//! A run is `LiveRun` in the process that drives it; its journal (journal.rs) numbers,
-//! commits and broadcasts its events, its sink and asker (sink.rs) are what the engine gets
-//! (engine.rs drives the agent or the flow).
+//! A run is `LiveRun` in the process that drives it; its journal (journal.rs) numbers and
+//! commits its events, which followers on any replica read from the store (stream.rs); its
+//! sink and asker (sink.rs) are what the engine gets (engine.rs drives the agent or the flow).
 //! Tasks do not own the service and the service owns no task handle: no Arc cycle.
 
 mod control;
@@ -98,8 +98,6 @@ pub struct LiveRun {
     reply: Mutex<Option<ReplySlot>>,
     /// Whether the run's row exists (the control loop judges only inserted runs lost).
     inserted: AtomicBool,
-    /// The service's wake-ups (an answer taken wakes its poster).
-    wakes: Arc<Wakes>,
     tokens_per_day: u64,
 }
 
@@ -237,7 +235,7 @@ pub struct RunService {
     /// The runs this replica drives, from before their row is inserted until their ending
     /// is recorded.
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
-    wakes: Arc<Wakes>,
+    wakes: Wakes,
     tasks: TaskTracker,
 }
 
@@ -250,12 +248,12 @@ impl RunService {
         replica: Arc<Replica>,
     ) -> Arc<Self> {
         Arc::new(Self {
+            wakes: Wakes::new(store.clone()),
             store,
             ctx,
             question_timeout,
             replica,
             live: Mutex::new(HashMap::new()),
-            wakes: Arc::new(Wakes::default()),
             tasks: TaskTracker::new(),
         })
     }
@@ -304,10 +302,9 @@ impl RunService {
             stop: Mutex::new(None),
             reply: Mutex::new(None),
             inserted: AtomicBool::new(false),
-            wakes: self.wakes.clone(),
             tokens_per_day: req.tokens_per_day,
         });
-        // Registered before the row exists, so a follower that finds the row finds it live
+        // Registered before the row exists, so a cancel that finds the row finds it live
         // and the control loop never takes a row of ours for an orphan.
         if let Ok(mut m) = self.live.lock() {
             m.insert(id.clone(), live.clone());
@@ -393,7 +390,6 @@ impl RunService {
         };
         self.record_ending(&live, ending).await;
         self.forget(&live.id);
-        self.wakes.wake(&live.id);
         live.ended.cancel();
     }
 
@@ -493,7 +489,7 @@ impl RunService {
             }
         };
         for id in &ids {
-            self.wakes.wake(id);
+            self.wakes.wake(id).await;
         }
         let (store, wanted) = (&self.store, &ids);
         let all_ended = move || async move {

@@ -295,7 +295,6 @@ pub async fn run_events(
     let guard = st.streams.open(&caller, kind, &st.shutdown)?;
     let follower = Follower::new(
         st.store.clone(),
-        st.runs.clone(),
         id,
         after,
         follow,

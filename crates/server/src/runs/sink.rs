@@ -146,8 +146,6 @@ impl Asker for ServiceAsker {
             .emit(EventKind::QuestionAnswered { by: by.into() }, cleared)
             .await);
         log(run.set_state(RunState::Running).await);
-        // The answer's poster waits for this.
-        run.wakes.wake(&run.id);
         got
     }
 }
@@ -200,7 +198,6 @@ mod tests {
             stop: Mutex::new(None),
             reply: Mutex::new(None),
             inserted: AtomicBool::new(true),
-            wakes: Default::default(),
             tokens_per_day: 0,
         });
         let asker = ServiceAsker {

@@ -1,35 +1,38 @@
-//! Following a run's events: replayed from the store after a given seq, then live from the
-//! run's broadcast, each exactly once and in order, until the run's terminal `run_state` (or
-//! shutdown, or the client leaving).
+//! Following a run's events, on any replica, wherever the run is driven: the events table is
+//! the log and its seq the SSE `id`. The follower reads the store after the last seq it sent,
+//! then waits for the store's wake-up about this run (Postgres: NOTIFY from whichever replica
+//! committed; SQLite: in process), or `WAKE_ALL`, or a short re-read timeout, and reads again,
+//! until the run's terminal `run_state` (or shutdown, or the client leaving).
 //!
-//! The follower subscribes to the broadcast before it reads the store, so nothing committed
-//! between the two is missed; what both deliver is dropped by seq. A follower that lags
-//! behind the bounded broadcast, or sees a gap, reads the store again from its last seq.
+//! A wake-up is only a hint: one lost (a listener reconnecting, a receiver lagging) costs at
+//! most `REREAD` of latency, never an event, because only the table is read. The follower
+//! subscribes to the wake-ups before its first read, so a commit after that read always wakes
+//! it. Each event is sent once and in order: only seq `last + 1` is taken.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::RunService;
-use sandboxd_core::store::{RunState, Store, StoredEvent};
+use sandboxd_core::store::{RunState, Store, StoredEvent, wait_for_run};
 
 /// Events read from the store at once.
 const PAGE: u32 = 256;
-/// How often a follower of a run that is in flight but not in this process looks again.
-const POLL: Duration = Duration::from_secs(1);
+/// How long a follower waits for a wake-up before it reads the store anyway (a wake-up may be
+/// lost): the latency bound when one is.
+const REREAD: Duration = Duration::from_secs(1);
 
 pub struct Follower {
     store: Arc<dyn Store>,
-    runs: Arc<RunService>,
     run_id: String,
     last: u64,
     follow: bool,
     shutdown: CancellationToken,
     buf: VecDeque<StoredEvent>,
-    rx: Option<broadcast::Receiver<Arc<StoredEvent>>>,
+    wakes: Option<broadcast::Receiver<String>>,
+    reread: Duration,
     done: bool,
 }
 
@@ -45,9 +48,9 @@ fn is_last(e: &StoredEvent) -> bool {
 }
 
 impl Follower {
+    /// The run's events after seq `after`; with `follow`, live until the run ends.
     pub fn new(
         store: Arc<dyn Store>,
-        runs: Arc<RunService>,
         run_id: String,
         after: u64,
         follow: bool,
@@ -55,13 +58,13 @@ impl Follower {
     ) -> Self {
         Self {
             store,
-            runs,
             run_id,
             last: after,
             follow,
             shutdown,
             buf: VecDeque::new(),
-            rx: None,
+            wakes: None,
+            reread: REREAD,
             done: false,
         }
     }
@@ -84,8 +87,9 @@ impl Follower {
             if self.done || self.shutdown.is_cancelled() {
                 return None;
             }
-            if self.follow && self.rx.is_none() {
-                self.rx = self.runs.live(&self.run_id).map(|l| l.journal.subscribe());
+            if self.follow && self.wakes.is_none() {
+                // Before the read: whatever commits after it wakes this receiver.
+                self.wakes = Some(self.store.run_wakes());
             }
             match self.store.events_after(&self.run_id, self.last, PAGE).await {
                 Ok(batch) if !batch.is_empty() => {
@@ -101,6 +105,7 @@ impl Follower {
             if !self.follow {
                 return None;
             }
+            // A run that ended without a terminal event after `last` (a resume past its end).
             match self.store.run(&self.run_id).await {
                 Ok(Some(row)) if row.state.is_terminal() && self.last >= row.last_seq => {
                     return None;
@@ -108,35 +113,10 @@ impl Follower {
                 Ok(Some(_)) => {}
                 _ => return None,
             }
-            self.wait_live().await?;
-        }
-    }
-
-    /// Waits for the next live event (queued in `buf`), a lag or gap (then the store is read
-    /// again), or the end of the broadcast. None on shutdown.
-    async fn wait_live(&mut self) -> Option<()> {
-        let Some(rx) = self.rx.as_mut() else {
+            let wakes = self.wakes.as_mut()?;
             tokio::select! {
                 _ = self.shutdown.cancelled() => return None,
-                _ = tokio::time::sleep(POLL) => return Some(()),
-            }
-        };
-        loop {
-            let got = tokio::select! {
-                _ = self.shutdown.cancelled() => return None,
-                r = rx.recv() => r,
-            };
-            match got {
-                Ok(e) if e.seq <= self.last => continue,
-                Ok(e) if e.seq == self.last + 1 => {
-                    self.buf.push_back((*e).clone());
-                    return Some(());
-                }
-                Ok(_) | Err(RecvError::Lagged(_)) => return Some(()),
-                Err(RecvError::Closed) => {
-                    self.rx = None;
-                    return Some(());
-                }
+                _ = wait_for_run(wakes, &self.run_id, self.reread) => {}
             }
         }
     }
@@ -146,9 +126,10 @@ impl Follower {
 mod tests {
     use super::*;
     use crate::replica::Replica;
+    use crate::runs::RunService;
     use crate::runs::journal::Journal;
     use sandboxd_core::agent::EventKind;
-    use sandboxd_core::store::{RunPatch, RunRow, SessionRow, now_ms};
+    use sandboxd_core::store::{RunPatch, RunRow, RunWakes, SessionRow, now_ms};
     use sandboxd_sqlite::SqliteStore;
 
     /// The replica the test runs are driven by.
@@ -175,90 +156,128 @@ mod tests {
         store
     }
 
-    async fn replica(store: &Arc<dyn Store>) -> Arc<Replica> {
-        Replica::register(store.as_ref(), Duration::from_secs(60))
-            .await
-            .unwrap()
-    }
-
     fn note(i: usize) -> EventKind {
         EventKind::Notice {
             message: format!("n{i}"),
         }
     }
 
-    /// A follower far behind the bounded broadcast (it lags) re-reads the store and gets
-    /// every event exactly once, in order, then ends at the terminal run_state.
-    #[tokio::test]
-    async fn a_lagging_follower_rereads_the_store_and_loses_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = store_with_run(dir.path()).await;
-        let journal = Journal::new(store.clone(), "run-1".into(), 0, DRIVER.into());
-        let runs = RunService::new(
-            store.clone(),
-            Err("none".into()),
-            Duration::from_secs(1),
-            replica(&store).await,
-        );
-        let mut f = Follower::new(
-            store.clone(),
-            runs,
-            "run-1".into(),
-            0,
-            true,
-            CancellationToken::new(),
-        );
-        f.rx = Some(journal.subscribe());
-        journal.emit(note(0), RunPatch::default()).await.unwrap();
-        assert_eq!(f.next().await.map(|e| e.seq), Some(1));
-        // The follower is not reading while the run emits more than the broadcast holds.
-        let n = 600;
-        for i in 1..n {
-            journal.emit(note(i), RunPatch::default()).await.unwrap();
-        }
+    async fn end(journal: &Journal) {
         let end = RunPatch {
             state: Some(RunState::Succeeded),
             ..Default::default()
         };
-        journal
-            .emit(
-                EventKind::RunState {
-                    state: "succeeded".into(),
-                },
-                end,
-            )
-            .await
-            .unwrap();
-        assert_eq!(f.wait_live().await, Some(()));
-        assert!(f.buf.is_empty(), "it lagged: nothing live was queued");
-        let mut seqs = vec![1];
-        while let Some(e) = f.next().await {
-            seqs.push(e.seq);
-        }
-        assert_eq!(seqs, (1..=n as u64 + 1).collect::<Vec<_>>());
-        let row = store.run("run-1").await.unwrap().unwrap();
-        assert_eq!(row.last_seq, n as u64 + 1);
+        let kind = EventKind::RunState {
+            state: "succeeded".into(),
+        };
+        journal.emit(kind, end).await.unwrap();
+    }
 
-        // From the middle, without following.
-        let runs = RunService::new(
-            store.clone(),
-            Err("none".into()),
-            Duration::from_secs(1),
-            replica(&store).await,
-        );
-        let mut f = Follower::new(
-            store.clone(),
-            runs,
-            "run-1".into(),
-            590,
-            false,
-            CancellationToken::new(),
-        );
+    async fn rest(f: &mut Follower) -> Vec<u64> {
         let mut seqs = Vec::new();
         while let Some(e) = f.next().await {
             seqs.push(e.seq);
         }
-        assert_eq!(seqs, (591..=601).collect::<Vec<_>>());
+        seqs
+    }
+
+    fn follower(store: &Arc<dyn Store>, after: u64, follow: bool) -> Follower {
+        let shutdown = CancellationToken::new();
+        Follower::new(store.clone(), "run-1".into(), after, follow, shutdown)
+    }
+
+    /// A follower whose wake-ups lag (it was sent more than the channel holds, none of them
+    /// about its run) reads the store again and gets every event exactly once, in order,
+    /// then ends at the terminal run_state; one that does not follow reads from the middle to
+    /// the end.
+    #[tokio::test]
+    async fn a_follower_whose_wake_ups_lag_rereads_the_store_and_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        let journal = Journal::new(store.clone(), "run-1".into(), 0, DRIVER.into());
+        journal.emit(note(0), RunPatch::default()).await.unwrap();
+        // Its own wake-ups, which hear nothing of this run; the re-read timeout is an hour,
+        // so only the lag can end its wait.
+        let wakes = RunWakes::new();
+        let mut f = follower(&store, 0, true);
+        f.wakes = Some(wakes.subscribe());
+        f.reread = Duration::from_secs(3600);
+        assert_eq!(f.next().await.map(|e| e.seq), Some(1));
+        let reader = tokio::spawn(async move { rest(&mut f).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let n = 300;
+        for i in 1..n {
+            journal.emit(note(i), RunPatch::default()).await.unwrap();
+        }
+        end(&journal).await;
+        for _ in 0..2000 {
+            wakes.send("run-other");
+        }
+        let seqs = tokio::time::timeout(Duration::from_secs(30), reader)
+            .await
+            .expect("the lag woke the follower")
+            .unwrap();
+        assert_eq!(seqs, (2..=n as u64 + 1).collect::<Vec<_>>());
+        let row = store.run("run-1").await.unwrap().unwrap();
+        assert_eq!(row.last_seq, n as u64 + 1);
+
+        let mut f = follower(&store, 290, false);
+        assert_eq!(rest(&mut f).await, (291..=301).collect::<Vec<_>>());
+    }
+
+    /// A follower waiting for more is woken by the store's wake-up after the commit, not by
+    /// its re-read timeout (made an hour here, so only the wake-up can end the wait).
+    #[tokio::test]
+    async fn a_waiting_follower_is_woken_by_the_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        let journal = Journal::new(store.clone(), "run-1".into(), 0, DRIVER.into());
+        journal.emit(note(0), RunPatch::default()).await.unwrap();
+        let mut f = follower(&store, 0, true);
+        f.reread = Duration::from_secs(3600);
+        assert_eq!(f.next().await.map(|e| e.seq), Some(1));
+        let waiting = tokio::spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                got.push(f.next().await.map(|e| e.seq));
+            }
+            got
+        });
+        // Another run's commit does not end the wait, this run's does.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        store.wake_run("run-other").await.unwrap();
+        journal.emit(note(1), RunPatch::default()).await.unwrap();
+        end(&journal).await;
+        let got = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("woken by the commits")
+            .unwrap();
+        assert_eq!(got, [Some(2), Some(3)]);
+    }
+
+    /// A follower that hears no wake-up at all (every notification lost) still gets every
+    /// event, once and in order, by re-reading on its timeout: the table is the truth.
+    #[tokio::test]
+    async fn a_follower_that_hears_nothing_still_gets_every_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        let journal = Journal::new(store.clone(), "run-1".into(), 0, DRIVER.into());
+        let silent = RunWakes::new();
+        let mut f = follower(&store, 0, true);
+        f.wakes = Some(silent.subscribe());
+        f.reread = Duration::from_millis(100);
+        let reader = tokio::spawn(async move { rest(&mut f).await });
+        for i in 0..5 {
+            journal.emit(note(i), RunPatch::default()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        end(&journal).await;
+        let seqs = tokio::time::timeout(Duration::from_secs(30), reader)
+            .await
+            .expect("the re-reads found the end")
+            .unwrap();
+        assert_eq!(seqs, (1..=6).collect::<Vec<_>>());
+        drop(silent);
     }
 
     /// The store refuses an event out of sequence, counts the run quota, and keeps the
@@ -345,7 +364,9 @@ mod tests {
         let mut second = store.run("run-1").await.unwrap().unwrap();
         second.id = "run-2".into();
         store.insert_run(second, 2).await.unwrap();
-        let me = replica(&store).await;
+        let me = Replica::register(store.as_ref(), Duration::from_secs(60))
+            .await
+            .unwrap();
         assert!(
             RunService::interrupt_orphans(&store, me.id())
                 .await

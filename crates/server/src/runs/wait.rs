@@ -1,51 +1,43 @@
 //! The one way the runs service waits for a change in the store: a run's turn in its
 //! session, a cancel request or an answer for a run this replica drives, the ending of a run
-//! another replica drives. The store's rows are the truth; a wake-up is only a hint to
-//! re-read them sooner, and every wait re-reads at least every `POLL` anyway, so a change
-//! made by another replica (which sends this process no wake-up) is seen within `POLL`.
-//!
-//! Wake-ups are this process's own today (`Wakes::wake` after a run ends, a cancel is
-//! requested or an answer is posted here). When the store carries them between replicas
-//! (`Store::run_wakes`/`wake_run`), `subscribe` and `wake` are the two lines to switch.
+//! another replica drives. The store's rows are the truth; a wake-up (`Store::run_wakes`,
+//! sent after every event's commit and by `wake` after a cancel request or an answer) is only
+//! a hint to re-read them sooner, and every wait re-reads at least every `POLL` anyway, so a
+//! change whose wake-up was lost is still seen within `POLL`.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::broadcast::{self, Receiver, error::RecvError};
+use tokio::sync::broadcast::{Receiver, error::RecvError};
 use tokio::time::Instant;
+
+use sandboxd_core::store::{Store, WAKE_ALL};
 
 /// The longest a wait goes without re-reading the store.
 pub const POLL: Duration = Duration::from_millis(250);
 
-/// Wake-ups queued per waiter before it is told it lagged (and re-reads everything).
-const CAPACITY: usize = 256;
-
-/// Which wake-ups say "re-read everything".
-const ALL: &str = "*";
-
 pub struct Wakes {
-    tx: broadcast::Sender<String>,
-}
-
-impl Default for Wakes {
-    fn default() -> Self {
-        Self {
-            tx: broadcast::channel(CAPACITY).0,
-        }
-    }
+    store: Arc<dyn Store>,
 }
 
 impl Wakes {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { store }
+    }
+
     /// A receiver of wake-ups; take it before reading the store, so no change between the
     /// read and the wait is missed.
     pub fn subscribe(&self) -> Receiver<String> {
-        self.tx.subscribe()
+        self.store.run_wakes()
     }
 
-    /// Tells the waiters that run `run_id`'s row changed.
-    pub fn wake(&self, run_id: &str) {
-        // No waiter is not an error.
-        let _ = self.tx.send(run_id.to_string());
+    /// Tells the waiters on every replica that run `run_id`'s row changed without an event
+    /// (a cancel request, an answer). A lost wake-up only delays them by a poll.
+    pub async fn wake(&self, run_id: &str) {
+        if let Err(e) = self.store.wake_run(run_id).await {
+            tracing::debug!(run = %run_id, error = %e, "cannot send a run's wake-up");
+        }
     }
 
     /// Returns after a wake-up about a run `which` accepts (or one that says re-read all),
@@ -62,7 +54,7 @@ impl Wakes {
             tokio::select! {
                 _ = &mut sleep => return,
                 got = rx.recv() => match got {
-                    Ok(id) if id == ALL || which(&id) => return,
+                    Ok(id) if id == WAKE_ALL || which(&id) => return,
                     Ok(_) => {}
                     Err(RecvError::Lagged(_)) => return,
                     Err(RecvError::Closed) => {
@@ -103,16 +95,19 @@ impl Wakes {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+    use sandboxd_sqlite::SqliteStore;
 
     /// A wake-up about the run waited for ends the wait at once; others do not; without one
     /// the store is re-read every `POLL`, and the wait gives up at its bound.
     #[tokio::test(start_paused = true)]
     async fn a_wait_rereads_on_its_wake_ups_and_every_poll_until_its_bound() {
-        let wakes = Arc::new(Wakes::default());
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&dir.path().join("s.db")).await.unwrap());
+        let wakes = Arc::new(Wakes::new(store));
         let reads = Arc::new(AtomicU32::new(0));
         let start = Instant::now();
         let counted = reads.clone();
@@ -150,8 +145,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         let set_at = Instant::now();
         flag.store(1, Ordering::SeqCst);
-        wakes.wake("run-b");
-        wakes.wake("run-a");
+        wakes.wake("run-b").await;
+        wakes.wake("run-a").await;
         let seen = waiter.await.unwrap().unwrap();
         assert_eq!(
             seen, set_at,

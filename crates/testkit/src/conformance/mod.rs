@@ -11,7 +11,9 @@
 pub mod runtime;
 pub mod store;
 mod store_records;
+mod store_replicas;
 mod store_runs;
+mod store_wakes;
 
 pub use runtime::{RuntimeCaps, runtime_conformance};
 pub use store::{StoreFactory, store_conformance};

@@ -8,7 +8,8 @@
 //! append (a seq that does not follow the run's last is refused and changes nothing),
 //! quotas and appends under concurrent writers, history deletion and retention, and restart
 //! recovery: the same database opened again holds everything. Kept sessions' tool records
-//! (`ToolRecords`) have their cases in store_records.rs, how replicas share runs
+//! (`ToolRecords`) have their cases in store_records.rs, run wake-ups in store_wakes.rs,
+//! the replica registry (`Replicas`) in store_replicas.rs, how replicas share runs
 //! (`RunControl`: turns, fencing, takeover, cancel requests and answers) in store_runs.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
@@ -28,6 +29,8 @@ use sandboxd_core::store::{
 
 use super::run_case;
 use super::store_records as records;
+use super::store_replicas as replicas;
+use super::store_wakes as wakes;
 
 /// How the suite gets stores of one backend.
 #[async_trait]
@@ -76,6 +79,7 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     .await?;
     run_case(S, "case_delete_and_purge", case_delete_and_purge(factory)).await?;
     run_case(S, "case_restart_recovery", case_restart_recovery(factory)).await?;
+    run_case(S, "case_run_wakes", wakes::case_run_wakes(factory)).await?;
     super::store_runs::all(factory).await?;
     run_case(S, "case_tool_records", records::case_tool_records(factory)).await?;
     run_case(
@@ -88,6 +92,18 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
         S,
         "case_tool_records_restart",
         records::case_tool_records_restart(factory),
+    )
+    .await?;
+    run_case(
+        S,
+        "case_replica_leases",
+        replicas::case_replica_leases(factory),
+    )
+    .await?;
+    run_case(
+        S,
+        "case_replicas_restart",
+        replicas::case_replicas_restart(factory),
     )
     .await?;
     Ok(())
