@@ -86,6 +86,8 @@ impl Setup {
 
 pub struct Serve {
     pub base: String,
+    /// The server's shared state (its replica, its runs).
+    pub state: Arc<sandboxd_server::AppState>,
     pub http: reqwest::Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -140,12 +142,14 @@ pub async fn start_with(
         .await
         .unwrap();
     let base = format!("http://{}", server.addr);
+    let state = server.state.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(server.serve(async move {
         let _ = rx.await;
     }));
     let serve = Serve {
         base,
+        state,
         http: reqwest::Client::new(),
         stop: Some(tx),
         served: Some(served),

@@ -195,3 +195,52 @@ async fn an_answer_posted_to_the_other_replica_reaches_the_question() {
         asked[1]
     );
 }
+
+#[tokio::test]
+async fn a_replica_that_cannot_renew_its_lease_stops_its_run_and_another_ends_it() {
+    let gate = Gate::default();
+    let llm = FakeLlm::start(vec![terminate().gated(&gate), terminate()]).await;
+    let setup = Setup::with_llm(&llm).lease(2);
+    let (a, keys) = start_on(&setup, &[("ann", None)]).await;
+    let key = &keys[0];
+    let session = a.session(key).await;
+    let (b, _) = start_on(&setup, &[]).await;
+    let (cut, _) = run(&a, key, &session).await;
+    llm_asked(&llm, 1).await;
+    run_in_state(&a, key, &cut, "running").await;
+
+    // A lives on but reaches the store no more: its lease runs out, it stops its run (it
+    // does not hold it any more) and B ends the run for it.
+    a.state.replica.stop_beating();
+    let v = b
+        .until(key, &format!("/v1/runs/{cut}"), |v| v["state"] != "running")
+        .await;
+    assert_eq!(v["state"], "interrupted", "{v}");
+    assert!(a.state.replica.fenced());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.state.runs.live(&cut).is_some() {
+        assert!(Instant::now() < deadline, "A still drives the run it lost");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gate.open();
+    let evs = events(&b, key, &cut).await;
+    assert_eq!(
+        states(&evs),
+        ["queued", "running", "interrupted"],
+        "{evs:?}"
+    );
+    assert_eq!(
+        evs.iter().filter(|e| e.0 == "run_finished").count(),
+        1,
+        "one ending, B's: {evs:?}"
+    );
+    assert_eq!(llm.requests().len(), 1, "A asked nothing more");
+
+    // A takes no new run while it holds no lease; B does.
+    let body = json!({"task": "finish", "session_id": session});
+    let (s, v) = a.call(key, Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(s, 500, "{v}");
+    assert!(v.to_string().contains("lease"), "{v}");
+    let (again, _) = run(&b, key, &session).await;
+    run_in_state(&b, key, &again, "succeeded").await;
+}
