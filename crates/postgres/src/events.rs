@@ -8,12 +8,14 @@ use deadpool_postgres::GenericClient;
 use crate::{col, execute, query, query_opt, runs, unsigned, utc_day};
 use sandboxd_core::store::{RunPatch, StoreError, StoredEvent};
 
-/// Commits the event and the patch; the seq must follow the run's last one. Runs in a
-/// transaction: the run's row stays locked until it commits, so a racing writer waits and
-/// then sees the new `last_seq`.
+/// Commits the event and the patch; the seq must follow the run's last one, and the run must
+/// be in flight and driven by `driver`, whose lease is live (`runs::fence`). Runs in a
+/// transaction: the run's row stays locked until it commits, so a racing writer (or a
+/// takeover) waits and then sees the new `last_seq` (or driver).
 pub(crate) async fn append(
     c: &impl GenericClient,
     run_id: &str,
+    driver: &str,
     ev: &StoredEvent,
     p: &RunPatch,
 ) -> Result<(), StoreError> {
@@ -26,6 +28,7 @@ pub(crate) async fn append(
     let Some(row) = row else {
         return Err(StoreError::Sql(format!("no run {run_id} to append to")));
     };
+    runs::fence(c, run_id, driver).await?;
     let last: i64 = col(&row, 0)?;
     if ev.seq != unsigned(last) + 1 {
         return Err(StoreError::Corrupt {

@@ -16,8 +16,10 @@
 //! Semantics are the SQLite store's, where the conformance suite and the server rely on them:
 //! the caps (`reserve_session`, `insert_run`) count and insert under a transaction-scoped
 //! advisory lock per owner, so concurrent writers on any connection of any replica never both
-//! pass a cap; an event's append locks its run row (`SELECT … FOR UPDATE`), so each seq is
-//! committed exactly once, in order, with its patch. Everything else is one statement or one
+//! pass a cap (and a run's insert also takes its session's, so a session's rowids are its run
+//! order); an event's append locks its run row (`SELECT … FOR UPDATE`) and checks that the
+//! appending replica drives the run with a live lease, so each seq is committed exactly once,
+//! in order, with its patch, by the run's one driver. Everything else is one statement or one
 //! READ COMMITTED transaction. TLS is not offered yet: use a loopback or private network.
 
 use std::time::Duration;

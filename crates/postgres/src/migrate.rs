@@ -15,8 +15,8 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("schema_v1.sql"),
     include_str!("schema_v2.sql"),
     include_str!("schema_v3.sql"),
-    // Numbered for issue 22's plan (v3 replicas, v4 runs); renumbered when they merge.
     include_str!("schema_v4.sql"),
+    include_str!("schema_v5.sql"),
 ];
 
 /// The advisory lock key every migrating process takes (the first 8 bytes of

@@ -1,17 +1,33 @@
 //! The `runs` table: one row-mapping helper (`select`), the quota-checked insert, the
-//! listing, and the patch an event's commit applies to its run.
+//! listing, the patch an event's commit applies to its run, and `RunControl` (which replica
+//! drives a run, the session's order, takeovers, cancel requests and replies).
+//!
+//! A session's order is the rowid (an identity, drawn at insert): inserts into one session
+//! take the session's advisory lock until they commit, so rowids of a session's runs are
+//! committed in increasing order even when two owners (a user and an admin) insert at once.
+//! Leases are measured by the database's clock (`NOW_MS`).
 
+use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use crate::sessions::lock_owner;
 use crate::{
-    Args, arg_refs, col, corrupt, execute, page_split, page_tail, query, to_json, unsigned,
+    Args, PgStore, arg_refs, col, corrupt, execute, page_split, page_tail, query, query_opt,
+    to_json, unsigned,
 };
-use sandboxd_core::store::{RunPage, RunPatch, RunQuery, RunRow, RunState, StoreError};
+use sandboxd_core::store::{
+    RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoreError, Turn,
+};
 
-const COLS: &str = "rowid, id, session_id, owner, task, mode, max_steps, state, outcome, answer, steps, input_tokens, output_tokens, question, created_at, started_at, ended_at, last_seq";
+const COLS: &str = "rowid, id, session_id, owner, task, mode, max_steps, state, outcome, answer, steps, input_tokens, output_tokens, question, created_at, started_at, ended_at, last_seq, driver, cancel, reply";
+
+/// The database's clock in unix milliseconds (the replica registry's).
+const NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// The advisory-lock class of a session's run order (the second key is the session's hash).
+const RUN_ORDER_LOCK: i32 = 4;
 
 const IN_FLIGHT: &str = "('queued', 'running', 'waiting_for_human')";
 
@@ -44,6 +60,9 @@ fn from_row(r: &Row) -> Result<(i64, RunRow), StoreError> {
         started_at: col(r, 15)?,
         ended_at: col(r, 16)?,
         last_seq: unsigned(col(r, 17)?),
+        driver: col(r, 18)?,
+        cancel: col(r, 19)?,
+        reply: col(r, 20)?,
     };
     Ok((col(r, 0)?, row))
 }
@@ -91,6 +110,8 @@ pub(crate) async fn insert(
     max_active: u32,
 ) -> Result<(), StoreError> {
     lock_owner(c, RUN_CAP_LOCK, &row.owner).await?;
+    // Always after the owner's lock, so two inserts never wait on each other in a cycle.
+    lock_owner(c, RUN_ORDER_LOCK, &row.session_id).await?;
     let active = active_of(c, &row.owner).await?;
     if active >= max_active {
         return Err(StoreError::RunQuota {
@@ -100,8 +121,8 @@ pub(crate) async fn insert(
     }
     execute(
         c,
-        "INSERT INTO runs (id, session_id, owner, task, mode, max_steps, state, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        "INSERT INTO runs (id, session_id, owner, task, mode, max_steps, state, created_at, driver)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         &[
             &row.id,
             &row.session_id,
@@ -111,6 +132,7 @@ pub(crate) async fn insert(
             &row.max_steps.map(|v| v.min(i64::MAX as u64) as i64),
             &row.state.as_str(),
             &row.created_at,
+            &row.driver,
         ],
     )
     .await?;
@@ -168,6 +190,7 @@ pub(crate) async fn patch(
             input_tokens = input_tokens + $6,
             output_tokens = output_tokens + $7,
             question = CASE WHEN $8 THEN $9 ELSE question END,
+            reply = CASE WHEN $8 THEN NULL ELSE reply END,
             started_at = COALESCE(started_at, $10),
             ended_at = COALESCE($11, ended_at),
             last_seq = COALESCE($12, last_seq)
@@ -189,4 +212,127 @@ pub(crate) async fn patch(
     )
     .await?;
     Ok(())
+}
+
+/// Refuses (`Fenced`) unless run `run_id` is in flight, driven by `driver`, and `driver`'s
+/// lease is live by the database's clock. The caller holds the run's row lock (`FOR
+/// UPDATE`), so no takeover can change the driver before it commits.
+pub(crate) async fn fence(
+    c: &impl GenericClient,
+    run_id: &str,
+    driver: &str,
+) -> Result<(), StoreError> {
+    let statement = format!(
+        "SELECT 1 FROM runs r JOIN replicas p ON p.id = r.driver
+         WHERE r.id = $1 AND r.driver = $2 AND r.state IN {IN_FLIGHT} AND p.expires_at > {NOW_MS}"
+    );
+    match query_opt(c, &statement, &[&run_id, &driver]).await? {
+        Some(_) => Ok(()),
+        None => Err(StoreError::Fenced {
+            run_id: run_id.to_string(),
+            driver: driver.to_string(),
+        }),
+    }
+}
+
+async fn turn(c: &impl GenericClient, run_id: &str, driver: &str) -> Result<Turn, StoreError> {
+    let statement = format!(
+        "SELECT session_id, rowid FROM runs WHERE id = $1 AND driver = $2 AND state IN {IN_FLIGHT}"
+    );
+    let Some(me) = query_opt(c, &statement, &[&run_id, &driver]).await? else {
+        return Ok(Turn::Lost);
+    };
+    let (session, rowid): (String, i64) = (col(&me, 0)?, col(&me, 1)?);
+    let statement = format!(
+        "SELECT id FROM runs WHERE session_id = $1 AND rowid < $2 AND state IN {IN_FLIGHT}
+         ORDER BY rowid LIMIT 1"
+    );
+    match query_opt(c, &statement, &[&session, &rowid]).await? {
+        Some(r) => Ok(Turn::After(col(&r, 0)?)),
+        None => Ok(Turn::Go),
+    }
+}
+
+/// Every run whose driver is dead is moved to `me` by a compare-and-set on its old driver:
+/// of two replicas taking over at once, the second's update waits for the first's row lock,
+/// then finds the driver changed and updates nothing.
+async fn take_over(c: &impl GenericClient, me: &str) -> Result<Vec<RunRow>, StoreError> {
+    let statement = format!(
+        "SELECT id, driver FROM runs r WHERE state IN {IN_FLIGHT} AND (driver IS NULL OR NOT EXISTS
+            (SELECT 1 FROM replicas p WHERE p.id = r.driver AND p.expires_at > {NOW_MS}))
+         ORDER BY rowid"
+    );
+    let candidates = query(c, &statement, &[]).await?;
+    let take = format!(
+        "UPDATE runs SET driver = $1
+         WHERE id = $2 AND driver IS NOT DISTINCT FROM $3 AND state IN {IN_FLIGHT}
+           AND EXISTS (SELECT 1 FROM replicas WHERE id = $1 AND expires_at > {NOW_MS})
+           AND NOT EXISTS (SELECT 1 FROM replicas WHERE id = $3 AND expires_at > {NOW_MS})
+         RETURNING {COLS}"
+    );
+    let mut out = Vec::new();
+    for candidate in candidates {
+        let (id, old): (String, Option<String>) = (col(&candidate, 0)?, col(&candidate, 1)?);
+        if let Some(row) = query_opt(c, &take, &[&me, &id, &old]).await? {
+            out.push(from_row(&row)?.1);
+        }
+    }
+    Ok(out)
+}
+
+#[async_trait]
+impl RunControl for PgStore {
+    async fn run_turn(&self, run_id: &str, driver: &str) -> Result<Turn, StoreError> {
+        turn(&self.client().await?, run_id, driver).await
+    }
+
+    async fn runs_driven_by(&self, driver: &str) -> Result<Vec<RunRow>, StoreError> {
+        let tail = format!("WHERE driver = $1 AND state IN {IN_FLIGHT} ORDER BY rowid");
+        let rows = select(&self.client().await?, &tail, &[&driver]).await?;
+        Ok(rows.into_iter().map(|(_, r)| r).collect())
+    }
+
+    async fn take_over_orphans(&self, me: &str) -> Result<Vec<RunRow>, StoreError> {
+        take_over(&self.client().await?, me).await
+    }
+
+    async fn request_cancel(
+        &self,
+        scope: RunScope,
+        reason: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let (column, key) = match &scope {
+            RunScope::Run(id) => ("id", id),
+            RunScope::Session(id) => ("session_id", id),
+            RunScope::Owner(id) => ("owner", id),
+        };
+        let statement = format!(
+            "UPDATE runs SET cancel = COALESCE(cancel, $2)
+             WHERE {column} = $1 AND state IN {IN_FLIGHT} RETURNING id"
+        );
+        let rows = query(&self.client().await?, &statement, &[key, &reason]).await?;
+        rows.iter().map(|r| col(r, 0)).collect()
+    }
+
+    async fn post_reply(&self, run_id: &str, answer: &str) -> Result<Option<u64>, StoreError> {
+        let row = query_opt(
+            &self.client().await?,
+            "UPDATE runs SET reply = $2 WHERE id = $1 AND state = 'waiting_for_human'
+               AND question IS NOT NULL AND reply IS NULL
+             RETURNING last_seq",
+            &[&run_id, &answer],
+        )
+        .await?;
+        row.map(|r| col::<i64>(&r, 0).map(unsigned)).transpose()
+    }
+
+    async fn withdraw_reply(&self, run_id: &str, answer: &str) -> Result<bool, StoreError> {
+        let n = execute(
+            &self.client().await?,
+            "UPDATE runs SET reply = NULL WHERE id = $1 AND reply = $2",
+            &[&run_id, &answer],
+        )
+        .await?;
+        Ok(n > 0)
+    }
 }

@@ -187,11 +187,12 @@ impl Store for PgStore {
     async fn append_event(
         &self,
         run_id: &str,
+        driver: &str,
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError> {
         in_tx!(self, |tx| {
-            events::append(&tx, run_id, &event, &patch).await?;
+            events::append(&tx, run_id, driver, &event, &patch).await?;
             // In the transaction: heard only once the event is there to read.
             PgStore::notify(&tx, run_id).await?
         })

@@ -21,6 +21,9 @@ use tokio_postgres::NoTls;
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// The replica the test run is driven by.
+const DRIVER: &str = "r-0123456789ab";
+
 async fn sql(url: &str, statement: &str) -> Vec<tokio_postgres::Row> {
     let (client, conn) = tokio_postgres::connect(url, NoTls).await.unwrap();
     tokio::spawn(conn);
@@ -82,7 +85,8 @@ async fn a_run(store: &dyn Store) {
         now_ms(),
     );
     store.reserve_session(row, 10).await.unwrap();
-    let run = RunRow::queued("r1", "s1", &owner, "t", "agent", None, now_ms());
+    store.replica_beat(DRIVER, 3_600_000).await.unwrap();
+    let run = RunRow::queued("r1", "s1", &owner, "t", "agent", None, now_ms()).with_driver(DRIVER);
     store.insert_run(run, 10).await.unwrap();
 }
 
@@ -99,7 +103,7 @@ async fn replicas_wake_each_other_and_a_cut_listener_comes_back_with_wake_all() 
     a_run(&a).await;
 
     let mut rx = b.run_wakes();
-    a.append_event("r1", event(1), RunPatch::default())
+    a.append_event("r1", DRIVER, event(1), RunPatch::default())
         .await
         .unwrap();
     assert_eq!(next_wake(&mut rx, false).await, "r1", "A's commit wakes B");
@@ -124,7 +128,7 @@ async fn replicas_wake_each_other_and_a_cut_listener_comes_back_with_wake_all() 
         "B listens again and says so"
     );
     assert_eq!(next_wake(&mut rx_a, true).await, WAKE_ALL, "so does A");
-    a.append_event("r1", event(2), RunPatch::default())
+    a.append_event("r1", DRIVER, event(2), RunPatch::default())
         .await
         .unwrap();
     assert_eq!(

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use serve::runs::{SERVER, get_run, llm_config, start_run, until};
+use serve::runs::{SERVER, ended_run, llm_config, start_run, until};
 use serve::{Api, Env};
 use support::fake_llm::{FakeLlm, Reply};
 
@@ -73,7 +73,7 @@ async fn kill_9_mid_command_then_restart_kills_what_was_in_flight() {
 
     let serve = env.start();
     let api = Api::new(&serve, &key);
-    let got = get_run(&api, &run_id).await;
+    let got = ended_run(&api, &run_id).await;
     assert_eq!(got["state"], "interrupted", "{got}");
     let (_, s) = api
         .json(Method::GET, &format!("/v1/sessions/{session}"), None)

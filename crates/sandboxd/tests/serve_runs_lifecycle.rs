@@ -12,8 +12,8 @@ use reqwest::Method;
 use serde_json::json;
 
 use serve::runs::{
-    SERVER, assert_numbered, events, follow_all, get_run, kinds, llm_config, read_sse, start_run,
-    until, until_with,
+    SERVER, assert_numbered, ended_run, events, follow_all, get_run, kinds, llm_config, read_sse,
+    start_run, until, until_with,
 };
 use serve::{Api, Env, Serve};
 use support::fake_llm::{FakeLlm, Reply};
@@ -130,7 +130,7 @@ async fn kill_9_and_sigterm_leave_runs_interrupted_with_their_events() {
 
     let mut serve: Serve = env.start();
     let api = Api::new(&serve, &key);
-    let v = get_run(&api, &id).await;
+    let v = ended_run(&api, &id).await;
     assert_eq!(v["state"], "interrupted", "{v}");
     assert_eq!(v["outcome"]["kind"], "interrupted");
     let evs = read_sse(events(&api, &id, "", None).await, None).await;

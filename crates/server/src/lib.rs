@@ -333,14 +333,17 @@ impl Server {
         // buried, the manager's reaper and reconciler on the store's books, this process's
         // shells tagged with its replica id.
         attach::join(&store, &manager, &config.data_dir(), replica.id()).await;
-        let interrupted = runs::RunService::interrupt_stale(&store).await?;
+        // Only dead replicas' runs: a live replica's are its own (the sweep gets the rest
+        // once their replica's lease runs out).
+        let interrupted = runs::RunService::interrupt_orphans(&store, replica.id()).await?;
         if !interrupted.is_empty() {
-            tracing::info!(runs = ?interrupted, "runs in flight at the last stop are marked interrupted");
+            tracing::info!(runs = ?interrupted, "runs of stopped replicas are marked interrupted");
         }
         let runs = runs::RunService::new(
             store.clone(),
             run_ctx,
             Duration::from_secs(config.server.question_timeout_secs.max(1)),
+            replica.clone(),
         );
         // Checked at load; parsed again here so a hand-built config fails as clearly.
         let proxies = Arc::new(proxies::TrustedProxies::parse(
@@ -410,6 +413,8 @@ impl Server {
         });
         // The lease first: everything below acts on what this replica holds.
         let beats = state.replica.spawn_beats(state.store.clone());
+        // Cancel requests and answers for this replica's runs, and dead replicas' runs.
+        let control = state.runs.spawn_control(shutdown.clone());
         let upkeep = reconcile::spawn_upkeep(state.clone());
         // Credentials revoked by another process (`sandboxd users rotate|rm`) end their streams.
         let recheck = state
@@ -446,6 +451,7 @@ impl Server {
             _ = bound => tracing::warn!(seconds = drain.as_secs(), "requests still open after the drain bound; closing them"),
         }
         state.runs.shutdown(drain).await;
+        control.abort();
         upkeep.abort();
         recheck.abort();
         reaper.abort();

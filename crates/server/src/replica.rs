@@ -8,6 +8,7 @@
 //! monotonic clock from the moment a successful beat was *sent*, so a slow answer can only
 //! make the replica fence itself early, never late.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +21,8 @@ pub struct Replica {
     lease: Duration,
     /// Until when the last successful beat holds the lease (local monotonic clock).
     held_until: Mutex<Instant>,
+    /// Set by `stop_beating`: the beat task skips its beats.
+    silent: AtomicBool,
 }
 
 impl Replica {
@@ -31,6 +34,7 @@ impl Replica {
             id: new_replica_id(),
             lease,
             held_until: Mutex::new(Instant::now()),
+            silent: AtomicBool::new(false),
         });
         replica.beat(store).await?;
         tracing::info!(replica = %replica.id, lease_secs = lease.as_secs(), "registered as a replica");
@@ -75,6 +79,9 @@ impl Replica {
             let every = me.lease / 3;
             loop {
                 tokio::time::sleep(every).await;
+                if me.silent.load(Ordering::SeqCst) {
+                    continue;
+                }
                 match me.beat(store.as_ref()).await {
                     Ok(()) => {}
                     Err(e) if me.fenced() => {
@@ -86,6 +93,13 @@ impl Replica {
                 }
             }
         })
+    }
+
+    /// Stops renewing the lease while the process lives on, as when the store is out of its
+    /// reach: the replica is fenced once the lease runs out, and the others take over what it
+    /// held. For tests of that case; nothing in serve calls it.
+    pub fn stop_beating(&self) {
+        self.silent.store(true, Ordering::SeqCst);
     }
 
     /// Leaves the registry (a graceful stop): the others need not wait out the lease.

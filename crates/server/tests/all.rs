@@ -7,5 +7,6 @@ mod harness;
 mod in_process;
 mod reaper;
 mod replicas;
+mod runs_across;
 mod runs_in_process;
 mod runs_replicas;

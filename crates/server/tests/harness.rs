@@ -31,6 +31,7 @@ pub struct Setup {
     reap_secs: Option<u64>,
     /// `[sessions] max`, if not the default.
     max_sessions: Option<usize>,
+    lease_secs: Option<u64>,
 }
 
 impl Setup {
@@ -41,6 +42,15 @@ impl Setup {
             llm: None,
             reap_secs: None,
             max_sessions: None,
+            lease_secs: None,
+        }
+    }
+
+    /// Serves with `[server] lease_secs = secs` (how soon other replicas notice one died).
+    pub fn lease(self, secs: u64) -> Setup {
+        Setup {
+            lease_secs: Some(secs),
+            ..self
         }
     }
 
@@ -100,6 +110,9 @@ impl Setup {
         if let Some(max) = self.max_sessions {
             config.sessions.max = max;
         }
+        if let Some(secs) = self.lease_secs {
+            config.server.lease_secs = secs;
+        }
         if let Some(url) = &self.llm {
             config.llm.base_url = url.clone();
             config.llm.model = "fake-model".into();
@@ -114,6 +127,8 @@ impl Setup {
 
 pub struct Serve {
     pub base: String,
+    /// The server's shared state (its replica, its runs).
+    pub state: Arc<sandboxd_server::AppState>,
     pub http: reqwest::Client,
     /// What the start-up reconcile did.
     pub reconciled: sandboxd_server::reconcile::Reconciled,
@@ -178,12 +193,14 @@ pub async fn start_with(
     .unwrap();
     let base = format!("http://{}", server.addr);
     let reconciled = server.reconciled.clone();
+    let state = server.state.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(server.serve(async move {
         let _ = rx.await;
     }));
     let serve = Serve {
         base,
+        state,
         http: reqwest::Client::new(),
         reconciled,
         manager,

@@ -7,10 +7,12 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use crate::{runs, sql, utc_day};
 use sandboxd_core::store::{RunPatch, StoreError, StoredEvent};
 
-/// Commits the event and the patch; the seq must follow the run's last one.
+/// Commits the event and the patch; the seq must follow the run's last one, and the run must
+/// be in flight and driven by `driver`, whose lease is live (`runs::fence`).
 pub(super) fn append(
     tx: &Transaction<'_>,
     run_id: &str,
+    driver: &str,
     ev: &StoredEvent,
     p: &RunPatch,
 ) -> Result<(), StoreError> {
@@ -23,6 +25,7 @@ pub(super) fn append(
     let Some(last) = last else {
         return Err(StoreError::Sql(format!("no run {run_id} to append to")));
     };
+    runs::fence(tx, run_id, driver)?;
     if ev.seq != last.max(0) as u64 + 1 {
         return Err(StoreError::Corrupt {
             what: "event sequence",

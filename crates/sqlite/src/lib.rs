@@ -46,6 +46,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v5.sql"),
     include_str!("schema_v6.sql"),
     include_str!("schema_v7.sql"),
+    include_str!("schema_v8.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.
@@ -417,11 +418,12 @@ impl Store for SqliteStore {
     async fn append_event(
         &self,
         run_id: &str,
+        driver: &str,
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError> {
-        let id = run_id.to_string();
-        self.write(move |tx| events::append(tx, &id, &event, &patch))
+        let (id, driver) = (run_id.to_string(), driver.to_string());
+        self.write(move |tx| events::append(tx, &id, &driver, &event, &patch))
             .await?;
         // After the commit: a woken reader finds the event.
         self.wakes.send(run_id);

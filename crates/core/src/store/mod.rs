@@ -18,7 +18,10 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use replicas::{Replicas, new_replica_id};
-pub use runs::{RunPage, RunPatch, RunQuery, RunRow, RunState, StoredEvent, StoredQuestion};
+pub use runs::{
+    RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoredEvent,
+    StoredQuestion, Turn,
+};
 pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
 pub use wakes::{RunWakes, WAKE_ALL, Woken, wait_for_run};
 
@@ -43,6 +46,10 @@ pub enum StoreError {
     RunQuota { limit: u32, active: u32 },
     #[error("the store failed: {0}")]
     Sql(String),
+    #[error(
+        "run {run_id} is not driven by replica {driver}: its lease ended, another replica took the run over, or the run has ended"
+    )]
+    Fenced { run_id: String, driver: String },
     #[error("the store holds a malformed {what}: {message}")]
     Corrupt { what: &'static str, message: String },
     #[error(
@@ -319,7 +326,7 @@ pub trait Logins: Send + Sync {
 
 /// The store boundary. Every method is one short transaction.
 #[async_trait]
-pub trait Store: Logins + ToolRecords + Replicas + Send + Sync {
+pub trait Store: Logins + ToolRecords + Replicas + RunControl + Send + Sync {
     /// A write that proves the store is writable (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -411,16 +418,19 @@ pub trait Store: Logins + ToolRecords + Replicas + Send + Sync {
     async fn insert_run(&self, row: RunRow, max_active: u32) -> Result<(), StoreError>;
     async fn run(&self, id: &str) -> Result<Option<RunRow>, StoreError>;
     async fn list_runs(&self, q: &RunQuery) -> Result<RunPage, StoreError>;
-    /// Runs queued, running or waiting, every owner (what a restart interrupts).
+    /// Runs queued, running or waiting, every owner.
     async fn runs_in_flight(&self) -> Result<Vec<RunRow>, StoreError>;
     /// Applies a patch to a run without an event.
     async fn patch_run(&self, id: &str, patch: RunPatch) -> Result<(), StoreError>;
     /// Commits one event (its seq follows the run's `last_seq`) and the patch it brings, in
-    /// one transaction: a reader that sees the new `last_seq` sees the event. Once it has
+    /// one transaction: a reader that sees the new `last_seq` sees the event. Fenced: only
+    /// while the run is in flight, its driver is `driver` and `driver`'s lease is live by the
+    /// store's clock, checked in the same transaction (else `StoreError::Fenced`). Once it has
     /// committed, the run's id is sent to `run_wakes` (never before: a woken reader finds it).
     async fn append_event(
         &self,
         run_id: &str,
+        driver: &str,
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError>;

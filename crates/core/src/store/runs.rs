@@ -1,7 +1,13 @@
 //! The store's run types: a run's row, what changes on it, its events as stored, and the
-//! queries over them. The service (src/server/runs) owns their meaning; the store keeps them.
+//! queries over them; and `RunControl`, how replicas on one store share runs: which replica
+//! drives a run, whose turn it is in its session, the takeover of a dead replica's runs, and
+//! the cancel requests and `ask_human` replies any replica leaves in a run's row for its
+//! driver. The service (src/server/runs) owns their meaning; the store keeps them.
 
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+
+use super::StoreError;
 
 /// Where a run is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -88,6 +94,13 @@ pub struct RunRow {
     pub ended_at: Option<i64>,
     /// The seq of the run's last committed event (0 before the first).
     pub last_seq: u64,
+    /// The replica that drives the run (the only one whose events are accepted); None for a
+    /// run stored before replicas existed.
+    pub driver: Option<String>,
+    /// A cancel another replica asked for (its reason), for the driver to act on.
+    pub cancel: Option<String>,
+    /// An answer to the pending question posted on any replica, not yet taken by the driver.
+    pub reply: Option<String>,
 }
 
 impl RunRow {
@@ -119,11 +132,22 @@ impl RunRow {
             started_at: None,
             ended_at: None,
             last_seq: 0,
+            driver: None,
+            cancel: None,
+            reply: None,
         }
+    }
+
+    /// The same row driven by replica `id`.
+    pub fn with_driver(mut self, id: impl Into<String>) -> Self {
+        self.driver = Some(id.into());
+        self
     }
 }
 
 /// What an event's commit changes on its run, in the same transaction; `None` keeps a field.
+/// Setting or clearing the question also clears a posted reply: a reply answers the question
+/// it was posted to, never the next one.
 #[derive(Debug, Clone, Default)]
 pub struct RunPatch {
     pub state: Option<RunState>,
@@ -164,4 +188,64 @@ pub struct RunQuery {
 pub struct RunPage {
     pub runs: Vec<RunRow>,
     pub next: Option<i64>,
+}
+
+/// Which runs a cancel request is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunScope {
+    Run(String),
+    /// Every run of the session (it is being deleted).
+    Session(String),
+    /// Every run of the user (they are being removed).
+    Owner(String),
+}
+
+/// Whether a run may go on, by its row (`RunControl::run_turn`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Turn {
+    /// No run of its session inserted before it is in flight: it may run.
+    Go,
+    /// It waits for this run of its session, inserted before it and still in flight.
+    After(String),
+    /// The run is not in flight, or another replica drives it: this driver must drop it.
+    Lost,
+}
+
+/// How the replicas on one store share runs. A run is driven by exactly one replica, the
+/// one named in its row's `driver`, and only while that replica's lease (`Replicas`) is live
+/// by the store's clock: `append_event` refuses (`StoreError::Fenced`) an event from any
+/// other, or from one whose lease expired, or for a run that already ended. A run whose
+/// driver's lease expired is taken over (`take_over_orphans`) by exactly one live replica,
+/// which ends it. Runs of one session go in insert order: the order is the insert's, which
+/// every store serializes per session. Every method is one short transaction.
+#[async_trait]
+pub trait RunControl: Send + Sync {
+    /// Whether `run_id`, driven by `driver`, may run now or waits for an earlier run of its
+    /// session still in flight (by insert order).
+    async fn run_turn(&self, run_id: &str, driver: &str) -> Result<Turn, StoreError>;
+
+    /// The runs in flight that `driver` drives, in insert order.
+    async fn runs_driven_by(&self, driver: &str) -> Result<Vec<RunRow>, StoreError>;
+
+    /// Makes `me` the driver of every run in flight whose driver is not a live replica (or
+    /// is none), provided `me` itself is live; returns those runs as they are now. Of two
+    /// replicas calling it at once, each run goes to exactly one.
+    async fn take_over_orphans(&self, me: &str) -> Result<Vec<RunRow>, StoreError>;
+
+    /// Asks the driver of the runs in flight in `scope` to cancel them with `reason` (a
+    /// request already made is kept); returns their ids.
+    async fn request_cancel(
+        &self,
+        scope: RunScope,
+        reason: &str,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Leaves `answer` for the run's pending question, if it is waiting for one and no
+    /// answer was posted yet; returns the run's `last_seq` at that moment (what the driver
+    /// commits after it answers whether it took the answer), or None.
+    async fn post_reply(&self, run_id: &str, answer: &str) -> Result<Option<u64>, StoreError>;
+
+    /// Takes back a posted answer the driver has not taken (the poster gave up waiting);
+    /// whether it was still there.
+    async fn withdraw_reply(&self, run_id: &str, answer: &str) -> Result<bool, StoreError>;
 }

@@ -1,10 +1,9 @@
 //! How a service run drives the engine: one agent run (`run_in_session`, continuing the
 //! session's stored conversation) or the planning flow, both through the run's sink and asker;
-//! and the endings serve writes itself (a run that never started, one a crash cut off).
+//! and the `run_finished` serve writes itself (a run that never started).
 
 use std::sync::Arc;
 
-use super::journal::Journal;
 use super::sink::{ServiceAsker, ServiceSink};
 use super::{Ending, LiveRun, RunMode, RunService, StartRun};
 use sandboxd_core::agent::{
@@ -12,7 +11,7 @@ use sandboxd_core::agent::{
 };
 use sandboxd_core::flow::{AgentStepRunner, FlowRequest, FlowStatus, PlanningFlow};
 use sandboxd_core::llm::Message;
-use sandboxd_core::store::{RunPatch, RunState, Store, StoreError, conversation, now_ms};
+use sandboxd_core::store::{RunPatch, RunState, conversation, now_ms};
 
 impl RunService {
     pub(super) async fn execute(
@@ -147,50 +146,9 @@ impl RunService {
             completion_tokens: 0,
             duration_ms: 0,
         };
-        if let Err(e) = live.journal.emit(kind, RunPatch::default()).await {
+        if let Err(e) = live.emit(kind, RunPatch::default()).await {
             tracing::error!(run = %live.id, error = %e, "cannot record run_finished");
         }
-    }
-
-    /// At start: every run the store has in flight was cut off by a stop or a crash. Each
-    /// gets `run_finished {kind: interrupted}` and `run_state interrupted` after its kept
-    /// events. Returns their ids.
-    pub async fn interrupt_stale(store: &Arc<dyn Store>) -> Result<Vec<String>, StoreError> {
-        let mut out = Vec::new();
-        for row in store.runs_in_flight().await? {
-            let journal = Journal::new(store.clone(), row.id.clone(), row.last_seq);
-            let reason = FinishReason::Interrupted;
-            journal
-                .emit(
-                    EventKind::RunFinished {
-                        reason: reason.clone(),
-                        answer: None,
-                        steps: row.steps as usize,
-                        prompt_tokens: row.input_tokens,
-                        completion_tokens: row.output_tokens,
-                        duration_ms: 0,
-                    },
-                    RunPatch::default(),
-                )
-                .await?;
-            let patch = RunPatch {
-                state: Some(RunState::Interrupted),
-                outcome: serde_json::to_value(&reason).ok(),
-                question: Some(None),
-                ended_at: Some(now_ms()),
-                ..Default::default()
-            };
-            journal
-                .emit(
-                    EventKind::RunState {
-                        state: RunState::Interrupted.as_str().into(),
-                    },
-                    patch,
-                )
-                .await?;
-            out.push(row.id);
-        }
-        Ok(out)
     }
 }
 

@@ -2,6 +2,8 @@
 //! brings to the run's row, in one transaction). One lock around number-and-commit keeps the
 //! seqs of one run gap-free and in order. Followers read the store, woken by the store's own
 //! wake-up after each commit (stream.rs), so a follower on any replica sees the same log.
+//! Every commit names the replica that drives the run: the store refuses it
+//! (`StoreError::Fenced`) unless that replica is the run's driver and its lease is live.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,16 +16,20 @@ use sandboxd_core::store::{RunPatch, Store, StoreError, StoredEvent, now_ms};
 pub struct Journal {
     store: Arc<dyn Store>,
     run_id: String,
+    /// The replica whose events these are (the run's driver).
+    driver: String,
     started: Instant,
     last: Mutex<u64>,
 }
 
 impl Journal {
-    /// `last` is the run's last committed seq (0 for a new run).
-    pub fn new(store: Arc<dyn Store>, run_id: String, last: u64) -> Self {
+    /// `last` is the run's last committed seq (0 for a new run); `driver` the replica that
+    /// drives it (this one).
+    pub fn new(store: Arc<dyn Store>, run_id: String, last: u64, driver: String) -> Self {
         Self {
             store,
             run_id,
+            driver,
             started: Instant::now(),
             last: Mutex::new(last),
         }
@@ -50,7 +56,9 @@ impl Journal {
         event.at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         event.elapsed_ms = self.started.elapsed().as_millis() as u64;
         let stored = stored_event(&event)?;
-        self.store.append_event(&self.run_id, stored, patch).await?;
+        self.store
+            .append_event(&self.run_id, &self.driver, stored, patch)
+            .await?;
         *last = event.seq;
         Ok(event.seq)
     }

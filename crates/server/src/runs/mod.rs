@@ -1,22 +1,34 @@
 //! Service runs: `RunService` starts agent or plan runs in sessions, keeps their events in
 //! the store and streams them to followers, cancels them, routes `ask_human` answers to
-//! them, and interrupts what a crash left in flight. It knows nothing of HTTP (the routes in
-//! routes.rs are a thin shell over it), so another front end can reuse it.
+//! them, and interrupts what a dead replica or a crash left in flight. It knows nothing of
+//! HTTP (the routes in routes.rs are a thin shell over it), so another front end can reuse it.
 //!
-//! Runs of one session are serialized: each waits, `queued`, for the session's lock. A run
-//! is `LiveRun` in this process while it is in flight; its journal (journal.rs) numbers and
+//! Replicas (several serve processes on one store): the replica that accepts a run records
+//! itself as the run's driver and drives it; only the driver's events are accepted, and only
+//! while its lease is live by the store's clock (the store fences every append), so two
+//! replicas never both drive a run and a replica that lost its lease stops at its next event.
+//! Runs of one session take turns in insert order, wherever they were posted: a run waits,
+//! `queued`, until no earlier run of its session is in flight (wait.rs is the one way it
+//! waits for the store). Cancel requests and answers reach the driver through the run's row
+//! (`cancel`, `reply`), which the driver's control loop reads (control.rs); the control loop
+//! also interrupts the runs of replicas whose lease ran out (one replica takes each over).
+//!
+//! A run is `LiveRun` in the process that drives it; its journal (journal.rs) numbers and
 //! commits its events, which followers on any replica read from the store (stream.rs); its
 //! sink and asker (sink.rs) are what the engine gets (engine.rs drives the agent or the flow).
 //! Tasks do not own the service and the service owns no task handle: no Arc cycle.
 
+mod control;
 mod engine;
 pub mod journal;
 pub mod routes;
 pub mod sink;
 pub mod stream;
 pub mod types;
+pub mod wait;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,10 +36,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::journal::Journal;
-use self::sink::Answer;
-use sandboxd_core::agent::{EventKind, FinishReason, RunContext, new_run_id};
+use self::wait::Wakes;
+use crate::replica::Replica;
+use sandboxd_core::agent::{Event, EventKind, FinishReason, RunContext, new_run_id};
 use sandboxd_core::sandbox::manager::Session;
-use sandboxd_core::store::{RunPatch, RunRow, RunState, Store, StoreError, now_ms};
+use sandboxd_core::store::{RunPatch, RunRow, RunScope, RunState, Store, StoreError, Turn, now_ms};
 
 /// What a run does: one agent run, or the planning flow.
 #[derive(
@@ -52,9 +65,21 @@ impl RunMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
     User,
-    Quota { limit: u64 },
+    Quota {
+        limit: u64,
+    },
     Shutdown,
+    /// This replica does not hold the run any more (its lease ran out, or another replica
+    /// took the run over): it stops at once and writes nothing more.
+    Lost,
 }
+
+/// The reason a cancel request names in a run's row (the only one there is).
+const CANCEL_BY_USER: &str = "user";
+
+/// A pending question's answer slot: the question's `asked_at` (so an answer posted to an
+/// earlier question is never handed to a later one) and where the answer goes.
+type ReplySlot = (i64, tokio::sync::oneshot::Sender<String>);
 
 /// A run in flight in this process.
 pub struct LiveRun {
@@ -69,7 +94,10 @@ pub struct LiveRun {
     /// Cancelled once the run's last event is committed.
     ended: CancellationToken,
     stop: Mutex<Option<Stop>>,
-    question: tokio::sync::Mutex<Option<tokio::sync::oneshot::Sender<Answer>>>,
+    /// Set while the asker waits for an answer; the control loop fills it from the row.
+    reply: Mutex<Option<ReplySlot>>,
+    /// Whether the run's row exists (the control loop judges only inserted runs lost).
+    inserted: AtomicBool,
     tokens_per_day: u64,
 }
 
@@ -92,9 +120,56 @@ impl LiveRun {
                 quota: "input_tokens_per_day".into(),
                 limit,
             }),
-            Some(Stop::Shutdown) => Some(FinishReason::Interrupted),
+            Some(Stop::Shutdown | Stop::Lost) => Some(FinishReason::Interrupted),
             _ => None,
         }
+    }
+
+    /// Whether the run was stopped because this replica does not hold it any more.
+    fn lost(&self) -> bool {
+        self.stop.lock().is_ok_and(|s| *s == Some(Stop::Lost))
+    }
+
+    /// Hands `answer` to the question asked at `asked_at`, if the run is waiting for it;
+    /// whether it was handed over.
+    fn hand_reply(&self, asked_at: i64, answer: String) -> bool {
+        let Ok(mut slot) = self.reply.lock() else {
+            return false;
+        };
+        match slot.take() {
+            Some((at, tx)) if at == asked_at => tx.send(answer).is_ok(),
+            other => {
+                *slot = other;
+                false
+            }
+        }
+    }
+
+    /// A refused commit: the store fenced this replica out, so the run is not ours any more
+    /// and stops at once; any other failure is logged by the caller.
+    fn refused(&self, e: &StoreError) {
+        if matches!(e, StoreError::Fenced { .. }) {
+            tracing::warn!(run = %self.id, error = %e, "this replica lost the run; stopping it");
+            self.stop(Stop::Lost);
+        }
+    }
+
+    /// Commits an event of the engine (journal.rs), stopping the run if it was lost.
+    pub async fn commit(&self, event: Event, patch: RunPatch) -> Result<u64, StoreError> {
+        let r = self.journal.commit(event, patch).await;
+        if let Err(e) = &r {
+            self.refused(e);
+        }
+        r
+    }
+
+    /// Commits an event of the service's own, stopping the run if it was lost.
+    pub async fn emit(&self, kind: EventKind, patch: RunPatch) -> Result<u64, StoreError> {
+        let r = self.journal.emit(kind, patch).await;
+        if let Err(e) = &r {
+            self.refused(e);
+        }
+        r
     }
 
     async fn set_state(&self, state: RunState) -> Result<u64, StoreError> {
@@ -103,14 +178,13 @@ impl LiveRun {
             started_at: (state == RunState::Running).then(now_ms),
             ..Default::default()
         };
-        self.journal
-            .emit(
-                EventKind::RunState {
-                    state: state.as_str().into(),
-                },
-                patch,
-            )
-            .await
+        self.emit(
+            EventKind::RunState {
+                state: state.as_str().into(),
+            },
+            patch,
+        )
+        .await
     }
 }
 
@@ -146,15 +220,22 @@ pub enum RunServiceError {
     Store(#[from] StoreError),
     #[error("the run has no pending question")]
     NotWaiting,
+    #[error(
+        "this replica cannot start runs now: its lease in the store ran out (the store is unreachable or slow); retry, another replica can take the request"
+    )]
+    Fenced,
 }
 
 pub struct RunService {
     store: Arc<dyn Store>,
     ctx: Result<RunContext, String>,
     question_timeout: Duration,
+    /// This process as a replica: the driver it records, and whether its lease holds.
+    replica: Arc<Replica>,
+    /// The runs this replica drives, from before their row is inserted until their ending
+    /// is recorded.
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
-    /// One lock per session with runs in flight: its runs take turns.
-    sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    wakes: Wakes,
     tasks: TaskTracker,
 }
 
@@ -164,13 +245,15 @@ impl RunService {
         store: Arc<dyn Store>,
         ctx: Result<RunContext, String>,
         question_timeout: Duration,
+        replica: Arc<Replica>,
     ) -> Arc<Self> {
         Arc::new(Self {
+            wakes: Wakes::new(store.clone()),
             store,
             ctx,
             question_timeout,
+            replica,
             live: Mutex::new(HashMap::new()),
-            sessions: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
         })
     }
@@ -188,11 +271,15 @@ impl RunService {
             .map_err(|e| RunServiceError::NoLlm(e.clone()))
     }
 
-    /// Records the run (`queued`, within the owner's quota) and starts it on its own task;
-    /// it waits for the session's previous run, if any.
+    /// Records the run (`queued`, within the owner's quota, driven by this replica) and
+    /// starts it on its own task; it waits for the session's earlier runs, if any.
     pub async fn start(self: &Arc<Self>, req: StartRun) -> Result<RunRow, RunServiceError> {
         let ctx = self.ctx.clone().map_err(RunServiceError::NoLlm)?;
+        if self.replica.fenced() {
+            return Err(RunServiceError::Fenced);
+        }
         let id = new_run_id();
+        let me = self.replica.id().to_string();
         let row = RunRow::queued(
             id.clone(),
             req.session_id.clone(),
@@ -201,21 +288,24 @@ impl RunService {
             req.mode.as_str(),
             req.max_steps.map(|n| n as u64),
             now_ms(),
-        );
+        )
+        .with_driver(me.clone());
         let live = Arc::new(LiveRun {
             id: id.clone(),
             owner: req.owner.clone(),
             session_id: req.session_id.clone(),
             runtime_id: req.session.id.clone(),
-            journal: Journal::new(self.store.clone(), id.clone(), 0),
+            journal: Journal::new(self.store.clone(), id.clone(), 0, me),
             store: self.store.clone(),
             cancel: CancellationToken::new(),
             ended: CancellationToken::new(),
             stop: Mutex::new(None),
-            question: tokio::sync::Mutex::new(None),
+            reply: Mutex::new(None),
+            inserted: AtomicBool::new(false),
             tokens_per_day: req.tokens_per_day,
         });
-        // Registered before the row exists, so a cancel that finds the row finds it live.
+        // Registered before the row exists, so a cancel that finds the row finds it live
+        // and the control loop never takes a row of ours for an orphan.
         if let Ok(mut m) = self.live.lock() {
             m.insert(id.clone(), live.clone());
         }
@@ -223,6 +313,7 @@ impl RunService {
             self.forget(&id);
             return Err(e.into());
         }
+        live.inserted.store(true, Ordering::SeqCst);
         if let Err(e) = live.set_state(RunState::Queued).await {
             tracing::error!(run = %id, error = %e, "cannot record the queued state");
         }
@@ -237,17 +328,43 @@ impl RunService {
             .ok_or_else(|| StoreError::Sql(format!("run {id} vanished after insert")).into())
     }
 
-    fn session_lock(&self, session_id: &str) -> Arc<tokio::sync::Mutex<()>> {
-        match self.sessions.lock() {
-            Ok(mut m) => m.entry(session_id.to_string()).or_default().clone(),
-            Err(_) => Arc::default(),
-        }
-    }
-
     fn forget(&self, id: &str) {
         if let Ok(mut m) = self.live.lock() {
             m.remove(id);
         }
+    }
+
+    /// Waits until the run's turn comes in its session (true), or until it is found not to
+    /// be this replica's any more (false).
+    async fn wait_turn(&self, live: &LiveRun) -> bool {
+        let (store, me, id) = (&self.store, self.replica.id(), live.id.as_str());
+        // The earlier run waited for: a wake-up about it is worth a look at once.
+        let waited_for = Mutex::new(String::new());
+        let waited = &waited_for;
+        let turn = self
+            .wakes
+            .until(
+                Duration::MAX,
+                |w| waited.lock().is_ok_and(|earlier| *earlier == w),
+                move || async move {
+                    match store.run_turn(id, me).await {
+                        Ok(Turn::Go) => Some(true),
+                        Ok(Turn::Lost) => Some(false),
+                        Ok(Turn::After(earlier)) => {
+                            if let Ok(mut w) = waited.lock() {
+                                *w = earlier;
+                            }
+                            None
+                        }
+                        Err(e) => {
+                            tracing::warn!(run = %id, error = %e, "cannot read the run's turn; retrying");
+                            None
+                        }
+                    }
+                },
+            )
+            .await;
+        turn.unwrap_or(false)
     }
 
     /// The whole life of a run on its task: queue, run, record the ending.
@@ -255,12 +372,14 @@ impl RunService {
         // The session is in use from here to the run's end: queued, running, waiting for a
         // human's answer and between a plan's steps it is never idle, however long that is.
         let _in_use = req.session.hold();
-        let lock = self.session_lock(&req.session_id);
         let ending = tokio::select! {
-            guard = lock.clone().lock_owned() => {
-                let ending = self.execute(&ctx, &live, &req).await;
-                drop(guard);
-                ending
+            go = self.wait_turn(&live) => {
+                if go {
+                    self.execute(&ctx, &live, &req).await
+                } else {
+                    live.stop(Stop::Lost);
+                    Ending { reason: FinishReason::Interrupted, answer: None, steps: 0 }
+                }
             }
             _ = live.cancel.cancelled() => {
                 // Cancelled (or shut down) while queued: the engine never saw it.
@@ -269,6 +388,18 @@ impl RunService {
                 Ending { reason, answer: None, steps: 0 }
             }
         };
+        self.record_ending(&live, ending).await;
+        self.forget(&live.id);
+        live.ended.cancel();
+    }
+
+    /// The run's terminal state, with its outcome, in its last event. A run this replica
+    /// lost is another's to end (or was ended): nothing is written for it.
+    async fn record_ending(&self, live: &LiveRun, ending: Ending) {
+        if live.lost() {
+            tracing::info!(run = %live.id, "the run was lost to another replica; its ending is theirs");
+            return;
+        }
         let state = match &ending.reason {
             r if r.is_success() => RunState::Succeeded,
             FinishReason::Cancelled => RunState::Cancelled,
@@ -287,52 +418,54 @@ impl RunService {
         let kind = EventKind::RunState {
             state: state.as_str().into(),
         };
-        if let Err(e) = live.journal.emit(kind, patch).await {
+        if let Err(e) = live.emit(kind, patch).await {
             tracing::error!(run = %live.id, error = %e, "cannot record the run's ending");
         }
-        self.forget(&live.id);
-        if let Ok(mut m) = self.sessions.lock()
-            && m.get(&req.session_id)
-                .is_some_and(|l| Arc::strong_count(l) <= 2)
-        {
-            m.remove(&req.session_id);
+    }
+
+    /// Stops the run wherever it is driven and waits (at most `wait`) until its ending is
+    /// recorded. A run driven here stops at once; one driven by another replica gets a
+    /// cancel request in its row, which its driver acts on.
+    pub async fn cancel(&self, id: &str, wait: Duration) {
+        if let Some(live) = self.live(id) {
+            live.stop(Stop::User);
+            let _ = tokio::time::timeout(wait, live.ended.cancelled()).await;
+            return;
         }
-        drop(lock);
-        live.ended.cancel();
+        self.cancel_scope(RunScope::Run(id.to_string()), |_| false, wait)
+            .await;
     }
 
-    /// Stops the run and waits (at most `wait`) until its ending is recorded; false when it
-    /// is not in flight here.
-    pub async fn cancel(&self, id: &str, wait: Duration) -> bool {
-        let Some(live) = self.live(id) else {
-            return false;
-        };
-        live.stop(Stop::User);
-        let _ = tokio::time::timeout(wait, live.ended.cancelled()).await;
-        true
-    }
-
-    /// Cancels every run of the session in flight here (the session is being deleted) and
-    /// waits (at most `wait`) for their endings.
+    /// Cancels every run of the session in flight, on any replica (the session is being
+    /// deleted), and waits (at most `wait`) for their endings.
     pub async fn cancel_session(&self, session_id: &str, wait: Duration) {
-        self.cancel_where(|r| r.session_id == session_id, wait)
+        let scope = RunScope::Session(session_id.to_string());
+        self.cancel_scope(scope, |r| r.session_id == session_id, wait)
             .await;
     }
 
     /// Cancels every run in flight here in the manager's session `runtime_id` (its row ended
     /// elsewhere) and waits (at most `wait`) for their endings.
     pub async fn cancel_runtime(&self, runtime_id: &str, wait: Duration) {
-        self.cancel_where(|r| r.runtime_id == runtime_id, wait)
-            .await;
+        let runs = self.stop_local(|r| r.runtime_id == runtime_id);
+        for run in runs {
+            let _ = tokio::time::timeout(wait, run.ended.cancelled()).await;
+        }
     }
 
-    /// Cancels every run of the user in flight here (the user is being removed): they end
-    /// `cancelled`. Waits (at most `wait`) for their endings.
+    /// Cancels every run of the user in flight, on any replica (the user is being removed):
+    /// they end `cancelled`. Waits (at most `wait`) for their endings.
     pub async fn cancel_owner(&self, owner: &str, wait: Duration) {
-        self.cancel_where(|r| r.owner == owner, wait).await;
+        self.cancel_scope(
+            RunScope::Owner(owner.to_string()),
+            |r| r.owner == owner,
+            wait,
+        )
+        .await;
     }
 
-    async fn cancel_where(&self, which: impl Fn(&LiveRun) -> bool, wait: Duration) {
+    /// Stops the runs driven here that `which` picks; returns them.
+    fn stop_local(&self, which: impl Fn(&LiveRun) -> bool) -> Vec<Arc<LiveRun>> {
         let runs: Vec<Arc<LiveRun>> = self
             .live
             .lock()
@@ -341,24 +474,42 @@ impl RunService {
         for run in &runs {
             run.stop(Stop::User);
         }
-        for run in runs {
-            let _ = tokio::time::timeout(wait, run.ended.cancelled()).await;
-        }
+        runs
     }
 
-    /// Hands an answer to the run's pending question and waits until the run took it.
-    pub async fn answer(&self, id: &str, answer: String) -> Result<(), RunServiceError> {
-        let live = self.live(id).ok_or(RunServiceError::NotWaiting)?;
-        let tx = live
-            .question
-            .lock()
+    /// Stops the runs of `scope` driven here at once, asks the drivers of the others (in
+    /// their rows), then waits until every one of them has ended, by the store.
+    async fn cancel_scope(&self, scope: RunScope, here: impl Fn(&LiveRun) -> bool, wait: Duration) {
+        self.stop_local(here);
+        let ids = match self.store.request_cancel(scope, CANCEL_BY_USER).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot ask other replicas to cancel runs");
+                return;
+            }
+        };
+        for id in &ids {
+            self.wakes.wake(id).await;
+        }
+        let (store, wanted) = (&self.store, &ids);
+        let all_ended = move || async move {
+            for id in wanted {
+                match store.run(id).await {
+                    Ok(Some(row)) if !row.state.is_terminal() => return None,
+                    Err(_) => return None,
+                    _ => {}
+                }
+            }
+            Some(())
+        };
+        if self
+            .wakes
+            .until(wait, |id| ids.iter().any(|i| i == id), all_ended)
             .await
-            .take()
-            .ok_or(RunServiceError::NotWaiting)?;
-        let (ack, taken) = tokio::sync::oneshot::channel();
-        tx.send((answer, ack))
-            .map_err(|_| RunServiceError::NotWaiting)?;
-        taken.await.map_err(|_| RunServiceError::NotWaiting)
+            .is_none()
+        {
+            tracing::warn!(runs = ?ids, "runs asked to cancel have not all ended yet");
+        }
     }
 
     /// Shutdown: every run in flight is stopped (it ends `interrupted`); waits at most `wait`

@@ -38,6 +38,7 @@ impl From<RunServiceError> for ApiError {
                 "the run has no pending question; answer only while it is waiting_for_human",
             ),
             e @ RunServiceError::NoLlm(_) => ApiError::new(ErrorCode::Conflict, e.to_string()),
+            e @ RunServiceError::Fenced => ApiError::internal(e),
         }
     }
 }
@@ -253,10 +254,11 @@ pub async fn answer_run(
             "field `answer`: longer than {MAX_TASK_CHARS} characters"
         )));
     }
-    if row.state != RunState::WaitingForHuman {
-        return Err(RunServiceError::NotWaiting.into());
-    }
-    st.runs.answer(&id, body.answer).await?;
+    let asked_at = match &row.question {
+        Some(q) if row.state == RunState::WaitingForHuman => q.asked_at,
+        _ => return Err(RunServiceError::NotWaiting.into()),
+    };
+    st.runs.answer(&id, asked_at, body.answer).await?;
     reread(&st, &id).await
 }
 

@@ -4,7 +4,8 @@
 //! bytes the store lacks), counts the user's input tokens of the day and stops the run when
 //! the daily quota is spent, and names the real ending in `run_finished` when the service
 //! stopped the run (quota, shutdown). `ServiceAsker` puts the run in `waiting_for_human` with
-//! a question that expires, answered through POST /v1/runs/{id}/answer.
+//! a question that expires, answered through POST /v1/runs/{id}/answer on any replica: the
+//! answer is left in the run's row and handed over by the control loop (control.rs).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,16 +76,14 @@ impl EventSink for ServiceSink {
         {
             tracing::error!(run = %run.id, error = %e, "cannot store an image of the run");
         }
-        if let Err(e) = run.journal.commit(event, patch).await {
-            // The store is the record: a run whose events cannot be kept is stopped.
+        if let Err(e) = run.commit(event, patch).await {
+            // The store is the record: a run whose events cannot be kept is stopped (a
+            // fenced commit has already stopped it as lost, and the first reason stands).
             tracing::error!(run = %run.id, error = %e, "cannot commit an event; cancelling the run");
             run.stop(Stop::User);
         }
     }
 }
-
-/// An answer and the signal that the run has taken it (its events are committed).
-pub type Answer = (String, oneshot::Sender<()>);
 
 pub struct ServiceAsker {
     pub run: Arc<LiveRun>,
@@ -95,11 +94,14 @@ pub struct ServiceAsker {
 impl Asker for ServiceAsker {
     async fn ask(&self, question: &str) -> Option<String> {
         let run = &self.run;
-        let (tx, rx) = oneshot::channel::<Answer>();
-        *run.question.lock().await = Some(tx);
         let text: String = question.chars().take(MAX_QUESTION_CHARS).collect();
         let asked_at = now_ms();
         let expires_at = asked_at + self.timeout.as_millis() as i64;
+        // The slot exists before the question is in the row, so no answer finds it missing.
+        let (tx, rx) = oneshot::channel::<String>();
+        if let Ok(mut slot) = run.reply.lock() {
+            *slot = Some((asked_at, tx));
+        }
         let asked = RunPatch {
             question: Some(Some(StoredQuestion {
                 text: text.clone(),
@@ -114,7 +116,6 @@ impl Asker for ServiceAsker {
             }
         };
         log(run
-            .journal
             .emit(
                 EventKind::QuestionAsked {
                     question: text,
@@ -127,35 +128,38 @@ impl Asker for ServiceAsker {
         let got = tokio::select! {
             a = rx => a.ok(),
             _ = tokio::time::sleep(self.timeout) => None,
+            // The run's ending clears the question (and any posted answer) in its last event.
             _ = run.cancel.cancelled() => {
-                run.question.lock().await.take();
-                let clear = RunPatch { question: Some(None), ..Default::default() };
-                if let Err(e) = run.store.patch_run(&run.id, clear).await {
-                    tracing::error!(run = %run.id, error = %e, "cannot clear the question");
-                }
+                clear_slot(run);
                 return None;
             }
         };
-        run.question.lock().await.take();
+        clear_slot(run);
         let by = if got.is_some() { "user" } else { "timeout" };
+        // Clearing the question clears a posted answer too: one that came after the
+        // timeout is dropped, and its poster reads `by: timeout` here.
         let cleared = RunPatch {
             question: Some(None),
             ..Default::default()
         };
         log(run
-            .journal
             .emit(EventKind::QuestionAnswered { by: by.into() }, cleared)
             .await);
         log(run.set_state(RunState::Running).await);
-        let (answer, ack) = got?;
-        let _ = ack.send(());
-        Some(answer)
+        got
+    }
+}
+
+fn clear_slot(run: &LiveRun) {
+    if let Ok(mut slot) = run.reply.lock() {
+        slot.take();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
+    use std::sync::atomic::AtomicBool;
 
     use tokio_util::sync::CancellationToken;
 
@@ -176,9 +180,10 @@ mod tests {
             SessionRow::creating("ses", "u", Default::default(), Default::default(), 60, now);
         store.reserve_session(session, 4).await.unwrap();
         // Already running: the asker is handed a run the engine drives.
+        store.replica_beat("r-test", 3_600_000).await.unwrap();
         let row = RunRow {
             state: RunState::Running,
-            ..RunRow::queued("run-q", "ses", "u", "t", "agent", None, now)
+            ..RunRow::queued("run-q", "ses", "u", "t", "agent", None, now).with_driver("r-test")
         };
         store.insert_run(row, 2).await.unwrap();
         let run = Arc::new(LiveRun {
@@ -186,12 +191,13 @@ mod tests {
             owner: "u".into(),
             session_id: "ses".into(),
             runtime_id: "0123456789ab".into(),
-            journal: Journal::new(store.clone(), "run-q".into(), 0),
+            journal: Journal::new(store.clone(), "run-q".into(), 0, "r-test".into()),
             store: store.clone(),
             cancel: CancellationToken::new(),
             ended: CancellationToken::new(),
             stop: Mutex::new(None),
-            question: tokio::sync::Mutex::new(None),
+            reply: Mutex::new(None),
+            inserted: AtomicBool::new(true),
             tokens_per_day: 0,
         });
         let asker = ServiceAsker {
@@ -201,7 +207,7 @@ mod tests {
         let start = tokio::time::Instant::now();
         assert_eq!(asker.ask("Which colour?").await, None);
         assert!(start.elapsed() >= Duration::from_secs(300));
-        assert!(run.question.lock().await.is_none());
+        assert!(run.reply.lock().unwrap().is_none());
         let evs = store.events_after("run-q", 0, 10).await.unwrap();
         let kinds: Vec<&str> = evs.iter().map(|e| e.kind.as_str()).collect();
         assert_eq!(

@@ -125,15 +125,20 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replica::Replica;
     use crate::runs::RunService;
     use crate::runs::journal::Journal;
     use sandboxd_core::agent::EventKind;
     use sandboxd_core::store::{RunPatch, RunRow, RunWakes, SessionRow, now_ms};
     use sandboxd_sqlite::SqliteStore;
 
+    /// The replica the test runs are driven by.
+    const DRIVER: &str = "r-0123456789ab";
+
     async fn store_with_run(dir: &std::path::Path) -> Arc<dyn Store> {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.join("s.db")).await.unwrap());
         let now = now_ms();
+        store.replica_beat(DRIVER, 3_600_000).await.unwrap();
         store
             .reserve_session(
                 SessionRow::creating("ses", "u", Default::default(), Default::default(), 60, now),
@@ -143,7 +148,7 @@ mod tests {
             .unwrap();
         store
             .insert_run(
-                RunRow::queued("run-1", "ses", "u", "t", "agent", None, now),
+                RunRow::queued("run-1", "ses", "u", "t", "agent", None, now).with_driver(DRIVER),
                 2,
             )
             .await
@@ -189,7 +194,7 @@ mod tests {
     async fn a_follower_whose_wake_ups_lag_rereads_the_store_and_loses_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = store_with_run(dir.path()).await;
-        let journal = Journal::new(store.clone(), "run-1".into(), 0);
+        let journal = Journal::new(store.clone(), "run-1".into(), 0, DRIVER.into());
         journal.emit(note(0), RunPatch::default()).await.unwrap();
         // Its own wake-ups, which hear nothing of this run; the re-read timeout is an hour,
         // so only the lag can end its wait.
@@ -226,7 +231,7 @@ mod tests {
     async fn a_waiting_follower_is_woken_by_the_commit() {
         let dir = tempfile::tempdir().unwrap();
         let store = store_with_run(dir.path()).await;
-        let journal = Journal::new(store.clone(), "run-1".into(), 0);
+        let journal = Journal::new(store.clone(), "run-1".into(), 0, DRIVER.into());
         journal.emit(note(0), RunPatch::default()).await.unwrap();
         let mut f = follower(&store, 0, true);
         f.reread = Duration::from_secs(3600);
@@ -256,7 +261,7 @@ mod tests {
     async fn a_follower_that_hears_nothing_still_gets_every_event() {
         let dir = tempfile::tempdir().unwrap();
         let store = store_with_run(dir.path()).await;
-        let journal = Journal::new(store.clone(), "run-1".into(), 0);
+        let journal = Journal::new(store.clone(), "run-1".into(), 0, DRIVER.into());
         let silent = RunWakes::new();
         let mut f = follower(&store, 0, true);
         f.wakes = Some(silent.subscribe());
@@ -288,18 +293,18 @@ mod tests {
             payload: "{}".into(),
         };
         store
-            .append_event("run-1", ev(1), RunPatch::default())
+            .append_event("run-1", DRIVER, ev(1), RunPatch::default())
             .await
             .unwrap();
         assert!(
             store
-                .append_event("run-1", ev(3), RunPatch::default())
+                .append_event("run-1", DRIVER, ev(3), RunPatch::default())
                 .await
                 .is_err()
         );
         assert!(
             store
-                .append_event("run-1", ev(1), RunPatch::default())
+                .append_event("run-1", DRIVER, ev(1), RunPatch::default())
                 .await
                 .is_err()
         );
@@ -338,7 +343,41 @@ mod tests {
             15
         );
         assert_eq!(store.runs_in_flight().await.unwrap().len(), 2);
-        let interrupted = RunService::interrupt_stale(&store).await.unwrap();
+    }
+
+    /// The runs of a replica that is gone are taken over and end `interrupted` after their
+    /// kept events; a live replica's are left alone.
+    #[tokio::test]
+    async fn a_gone_replicas_runs_end_interrupted_after_their_kept_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        let note = sandboxd_core::store::StoredEvent {
+            seq: 1,
+            time: now_ms(),
+            kind: "notice".into(),
+            payload: "{}".into(),
+        };
+        store
+            .append_event("run-1", DRIVER, note, RunPatch::default())
+            .await
+            .unwrap();
+        let mut second = store.run("run-1").await.unwrap().unwrap();
+        second.id = "run-2".into();
+        store.insert_run(second, 2).await.unwrap();
+        let me = Replica::register(store.as_ref(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(
+            RunService::interrupt_orphans(&store, me.id())
+                .await
+                .unwrap()
+                .is_empty(),
+            "runs of a live replica are not orphans"
+        );
+        store.replica_leave(DRIVER).await.unwrap();
+        let interrupted = RunService::interrupt_orphans(&store, me.id())
+            .await
+            .unwrap();
         assert_eq!(interrupted, vec!["run-1".to_string(), "run-2".to_string()]);
         let row = store.run("run-1").await.unwrap().unwrap();
         assert_eq!(row.state, RunState::Interrupted);

@@ -12,6 +12,7 @@ pub mod runtime;
 pub mod store;
 mod store_records;
 mod store_replicas;
+mod store_runs;
 mod store_sessions;
 mod store_wakes;
 

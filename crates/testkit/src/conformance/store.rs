@@ -9,7 +9,8 @@
 //! quotas and appends under concurrent writers, history deletion and retention, and restart
 //! recovery: the same database opened again holds everything. Kept sessions' tool records
 //! (`ToolRecords`) have their cases in store_records.rs, run wake-ups in store_wakes.rs,
-//! the replica registry (`Replicas`) in store_replicas.rs.
+//! the replica registry (`Replicas`) in store_replicas.rs, how replicas share runs
+//! (`RunControl`: turns, fencing, takeover, cancel requests and answers) in store_runs.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
 //! see each other's rows), and a way to open the same database again for the restart case.
@@ -93,6 +94,7 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
         shared::case_session_holders(factory),
     )
     .await?;
+    super::store_runs::all(factory).await?;
     run_case(S, "case_tool_records", records::case_tool_records(factory)).await?;
     run_case(
         S,
@@ -121,8 +123,21 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     Ok(())
 }
 
+/// The replica the suite's runs are driven by (`run_row`); a case that appends events makes
+/// it live first (`drive`).
+pub(super) const DRIVER: &str = "r-c0ffee000001";
+
 pub(super) async fn fresh(factory: &dyn StoreFactory) -> Result<Arc<dyn Store>> {
     Ok(factory.fresh().await.context("open a fresh store")?.0)
+}
+
+/// Makes `DRIVER` a live replica of `store` for an hour.
+pub(super) async fn drive(store: &dyn Store) -> Result<()> {
+    store
+        .replica_beat(DRIVER, 3_600_000)
+        .await
+        .context("register the suite's replica")?;
+    Ok(())
 }
 
 fn key(b: u8, created_at: i64) -> StoredKey {
@@ -170,7 +185,7 @@ pub(super) async fn reserve(store: &dyn Store, id: &str, owner: &str) -> Result<
 }
 
 pub(super) fn run_row(id: &str, session: &str, owner: &str) -> RunRow {
-    RunRow::queued(id, session, owner, "a task", "agent", Some(5), now_ms())
+    RunRow::queued(id, session, owner, "a task", "agent", Some(5), now_ms()).with_driver(DRIVER)
 }
 
 pub(super) fn event(seq: u64, kind: &str) -> StoredEvent {
@@ -182,7 +197,7 @@ pub(super) fn event(seq: u64, kind: &str) -> StoredEvent {
     }
 }
 
-async fn must_run(store: &dyn Store, id: &str) -> Result<RunRow> {
+pub(super) async fn must_run(store: &dyn Store, id: &str) -> Result<RunRow> {
     store
         .run(id)
         .await?
@@ -854,6 +869,7 @@ async fn case_run_lifecycle(f: &dyn StoreFactory) -> Result<()> {
 
 async fn case_events_exactly_once(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     reserve(&*store, "s1", &alice).await?;
     store.insert_run(run_row("r1", "s1", &alice), 10).await?;
@@ -867,7 +883,7 @@ async fn case_events_exactly_once(f: &dyn StoreFactory) -> Result<()> {
             ..Default::default()
         };
         store
-            .append_event("r1", event(seq, "step"), patch)
+            .append_event("r1", DRIVER, event(seq, "step"), patch)
             .await
             .with_context(|| format!("append seq {seq}"))?;
         let r = must_run(&*store, "r1").await?;
@@ -881,7 +897,7 @@ async fn case_events_exactly_once(f: &dyn StoreFactory) -> Result<()> {
         );
     }
     store
-        .append_event("r2", event(1, "other"), RunPatch::default())
+        .append_event("r2", DRIVER, event(1, "other"), RunPatch::default())
         .await?;
 
     let r = must_run(&*store, "r1").await?;
@@ -933,7 +949,9 @@ async fn case_events_exactly_once(f: &dyn StoreFactory) -> Result<()> {
             state: Some(RunState::Failed),
             ..Default::default()
         };
-        let r = store.append_event("r1", event(seq, "dup"), patch).await;
+        let r = store
+            .append_event("r1", DRIVER, event(seq, "dup"), patch)
+            .await;
         ensure!(r.is_err(), "{what} ({seq} after 10) is refused");
     }
     let r = must_run(&*store, "r1").await?;
@@ -948,7 +966,7 @@ async fn case_events_exactly_once(f: &dyn StoreFactory) -> Result<()> {
     );
     ensure!(
         store
-            .append_event("nope", event(1, "x"), RunPatch::default())
+            .append_event("nope", DRIVER, event(1, "x"), RunPatch::default())
             .await
             .is_err(),
         "appending to an unknown run is refused"
@@ -1019,6 +1037,7 @@ async fn case_images_and_conversation(f: &dyn StoreFactory) -> Result<()> {
 
 async fn case_concurrent_writers(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
 
     // 16 concurrent creates against a quota of 3: exactly 3 get in.
@@ -1091,7 +1110,7 @@ async fn case_concurrent_writers(f: &dyn StoreFactory) -> Result<()> {
                         ..Default::default()
                     };
                     if store
-                        .append_event(&run, event(r.last_seq + 1, &format!("w{w}")), patch)
+                        .append_event(&run, DRIVER, event(r.last_seq + 1, &format!("w{w}")), patch)
                         .await
                         .is_ok()
                     {
@@ -1141,13 +1160,14 @@ async fn case_concurrent_writers(f: &dyn StoreFactory) -> Result<()> {
 
 async fn case_delete_and_purge(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     for s in ["s1", "s2", "s3"] {
         reserve(&*store, s, &alice).await?;
         let run = format!("{s}r");
         store.insert_run(run_row(&run, s, &alice), 10).await?;
         store
-            .append_event(&run, event(1, "step"), RunPatch::default())
+            .append_event(&run, DRIVER, event(1, "step"), RunPatch::default())
             .await?;
         store.put_image(&run, "i", "image/png", vec![1]).await?;
         store.set_conversation(s, "[]".into(), now_ms()).await?;
@@ -1232,6 +1252,7 @@ async fn case_delete_and_purge(f: &dyn StoreFactory) -> Result<()> {
 
 async fn case_restart_recovery(f: &dyn StoreFactory) -> Result<()> {
     let (store, name) = f.fresh().await.context("open a fresh store")?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     let t = now_ms();
     store
@@ -1250,7 +1271,7 @@ async fn case_restart_recovery(f: &dyn StoreFactory) -> Result<()> {
     store.insert_run(run_row("r1", "s1", &alice), 10).await?;
     for seq in 1..=3 {
         store
-            .append_event("r1", event(seq, "step"), RunPatch::default())
+            .append_event("r1", DRIVER, event(seq, "step"), RunPatch::default())
             .await?;
     }
     store.put_image("r1", "i", "image/png", vec![9]).await?;
@@ -1307,12 +1328,12 @@ async fn case_restart_recovery(f: &dyn StoreFactory) -> Result<()> {
         "last_seq survives a restart"
     );
     store
-        .append_event("r1", event(4, "step"), RunPatch::default())
+        .append_event("r1", DRIVER, event(4, "step"), RunPatch::default())
         .await
         .context("appending continues at last_seq + 1 after a restart")?;
     ensure!(
         store
-            .append_event("r1", event(4, "step"), RunPatch::default())
+            .append_event("r1", DRIVER, event(4, "step"), RunPatch::default())
             .await
             .is_err(),
         "and stays exactly once"

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use sandboxd_core::store::{RunPatch, WAKE_ALL};
 use tokio::sync::broadcast::{Receiver, error::TryRecvError};
 
-use super::store::{StoreFactory, add_user, event, fresh, reserve, run_row};
+use super::store::{DRIVER, StoreFactory, add_user, drive, event, fresh, reserve, run_row};
 
 /// How long a wake-up may take to arrive (Postgres: a NOTIFY's round trip).
 const WAIT: Duration = Duration::from_secs(10);
@@ -35,6 +35,7 @@ async fn next_wake(rx: &mut Receiver<String>) -> Result<String> {
 
 pub(super) async fn case_run_wakes(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
+    drive(&*store).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     reserve(&*store, "s1", &alice).await?;
     store.insert_run(run_row("r1", "s1", &alice), 10).await?;
@@ -44,7 +45,7 @@ pub(super) async fn case_run_wakes(f: &dyn StoreFactory) -> Result<()> {
 
     for seq in 1..=3 {
         store
-            .append_event("r1", event(seq, "step"), RunPatch::default())
+            .append_event("r1", DRIVER, event(seq, "step"), RunPatch::default())
             .await
             .with_context(|| format!("append seq {seq}"))?;
         let id = next_wake(&mut rx).await.context("after an append")?;
@@ -58,7 +59,7 @@ pub(super) async fn case_run_wakes(f: &dyn StoreFactory) -> Result<()> {
         ensure!(id == "r1", "every receiver is woken, got {id:?}");
     }
     store
-        .append_event("r2", event(1, "other"), RunPatch::default())
+        .append_event("r2", DRIVER, event(1, "other"), RunPatch::default())
         .await?;
     ensure!(
         next_wake(&mut rx).await? == "r2",
@@ -69,7 +70,7 @@ pub(super) async fn case_run_wakes(f: &dyn StoreFactory) -> Result<()> {
     // is the marker sent after it.
     ensure!(
         store
-            .append_event("r1", event(3, "dup"), RunPatch::default())
+            .append_event("r1", DRIVER, event(3, "dup"), RunPatch::default())
             .await
             .is_err(),
         "a repeated seq is refused"

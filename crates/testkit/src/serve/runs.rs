@@ -152,6 +152,25 @@ pub async fn get_run(api: &Api, run: &str) -> Value {
     v
 }
 
+/// The run once it has ended (polled, at most 30 s). A run whose serve was killed ends once
+/// another replica, or the next start, finds that serve's lease run out (`[server] lease_secs`
+/// and a half), not at once.
+pub async fn ended_run(api: &Api, run: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = get_run(api, run).await;
+        let state = v["state"].as_str().unwrap_or_default();
+        if !["queued", "running", "waiting_for_human"].contains(&state) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run has not ended: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub fn kinds(evs: &[Sse]) -> Vec<String> {
     evs.iter().map(|e| e.event.clone()).collect()
 }
