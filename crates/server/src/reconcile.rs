@@ -24,7 +24,7 @@
 //! timeout, and ends.rs writes why into the row.
 //!
 //! /mcp sandboxes are never kept: at start their containers are the manager's orphans and
-//! their rows, still active, are ended.
+//! their rows, still active, are ended (another live replica's still run: theirs are kept).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -56,16 +56,12 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
     let mut kept: HashSet<String> = HashSet::new();
     for row in st.store.active_sessions().await? {
         // An /mcp sandbox never outlives the process that made it (its container is not
-        // kept; the manager's reconcile above removed it): its row ends here.
+        // kept; the manager's reconcile above removed it): its row ends here, unless its
+        // container runs (another live replica's).
         if row.kind == SessionKind::Mcp {
-            st.store
-                .end_session(
-                    &row.id,
-                    "sandboxd stopped (MCP sandboxes do not outlive the service)",
-                    now_ms(),
-                )
-                .await?;
-            out.ended.push(row.id);
+            if st.mcp.ledger().ends_at_start(&row, &containers).await? {
+                out.ended.push(row.id);
+            }
             continue;
         }
         let found = row.runtime_id.as_deref().and_then(|r| {

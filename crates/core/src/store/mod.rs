@@ -7,7 +7,9 @@
 //! server) compare it with the caller on every access, the store only stores.
 
 pub mod conversation;
+mod mcp_sessions;
 mod runs;
+mod throttle;
 mod tool_records;
 
 use std::collections::BTreeMap;
@@ -15,7 +17,9 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use mcp_sessions::{McpSandbox, McpSessionRow, McpSessions};
 pub use runs::{RunPage, RunPatch, RunQuery, RunRow, RunState, StoredEvent, StoredQuestion};
+pub use throttle::{AuthFailures, AuthWindow};
 pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
 
 use crate::config::Limits;
@@ -36,6 +40,10 @@ pub enum StoreError {
     RunQuota { limit: u32, active: u32 },
     #[error("the store failed: {0}")]
     Sql(String),
+    /// The store cannot be reached now (its server is down or restarting, the connections
+    /// are used up): the same request may succeed when retried later.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
     #[error("the store holds a malformed {what}: {message}")]
     Corrupt { what: &'static str, message: String },
     #[error(
@@ -289,7 +297,7 @@ pub trait Logins: Send + Sync {
 
 /// The store boundary. Every method is one short transaction.
 #[async_trait]
-pub trait Store: Logins + ToolRecords + Send + Sync {
+pub trait Store: Logins + ToolRecords + AuthFailures + McpSessions + Send + Sync {
     /// A write that proves the store is writable (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 

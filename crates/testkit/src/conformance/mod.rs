@@ -10,6 +10,7 @@
 
 pub mod runtime;
 pub mod store;
+mod store_edges;
 mod store_records;
 
 pub use runtime::{RuntimeCaps, runtime_conformance};

@@ -8,7 +8,8 @@
 //! append (a seq that does not follow the run's last is refused and changes nothing),
 //! quotas and appends under concurrent writers, history deletion and retention, and restart
 //! recovery: the same database opened again holds everything. Kept sessions' tool records
-//! (`ToolRecords`) have their cases in store_records.rs.
+//! (`ToolRecords`) have their cases in store_records.rs, the sign-in throttle
+//! (`AuthFailures`) and MCP sessions (`McpSessions`) theirs in store_edges.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
 //! see each other's rows), and a way to open the same database again for the restart case.
@@ -26,6 +27,7 @@ use sandboxd_core::store::{
 };
 
 use super::run_case;
+use super::store_edges as edges;
 use super::store_records as records;
 
 /// How the suite gets stores of one backend.
@@ -88,6 +90,20 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
         records::case_tool_records_restart(factory),
     )
     .await?;
+    run_case(S, "case_auth_failures", edges::case_auth_failures(factory)).await?;
+    run_case(
+        S,
+        "case_auth_failures_concurrent",
+        edges::case_auth_failures_concurrent(factory),
+    )
+    .await?;
+    run_case(
+        S,
+        "case_auth_failures_bounded",
+        edges::case_auth_failures_bounded(factory),
+    )
+    .await?;
+    run_case(S, "case_mcp_sessions", edges::case_mcp_sessions(factory)).await?;
     Ok(())
 }
 
