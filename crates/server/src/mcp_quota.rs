@@ -26,7 +26,7 @@ use async_trait::async_trait;
 
 use crate::quota::Quota;
 use sandboxd_core::config::{Config, LimitRequest};
-use sandboxd_core::mcp::admission::{Admission, Ticket};
+use sandboxd_core::mcp::admission::{Admission, Recorded, Ticket};
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::sandbox::{SandboxError, SessionManager};
 use sandboxd_core::store::{
@@ -302,23 +302,30 @@ impl Admission for UserAdmission {
         self.ledger.end_row(row, reason).await;
     }
 
-    async fn recorded(&self, key: &str) -> Option<(Ticket, String)> {
+    async fn recorded(&self, key: &str) -> Option<Recorded> {
         let mcp = self.mcp_row(key).await?;
         let sandbox = mcp.sandbox?;
         // A sandbox whose row ended is no longer counted in the quota: never attached.
-        match self.ledger.store.session(&sandbox.row).await {
-            Ok(Some(row)) if row.state != SessionState::Ended => {}
-            Ok(_) => return None,
+        let limits = match self.ledger.store.session(&sandbox.row).await {
+            Ok(Some(row)) if row.state != SessionState::Ended => row.limits,
+            Ok(row) => {
+                tracing::debug!(mcp_session = %key, session = %sandbox.row, state = ?row.map(|r| r.state), "an MCP session's recorded sandbox has no active row; not attached");
+                return None;
+            }
             Err(e) => {
                 tracing::warn!(session = %sandbox.row, error = %e, "the store failed while looking up an MCP sandbox");
                 return None;
             }
-        }
+        };
         let ticket = Ticket {
             record: Some(sandbox.row),
             limits: LimitRequest::default(),
         };
-        Some((ticket, sandbox.runtime_id))
+        Some(Recorded {
+            ticket,
+            session_id: sandbox.runtime_id,
+            limits: Some(limits),
+        })
     }
 
     async fn record(&self, key: &str, ticket: &Ticket, session: &Session) {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::config::LimitRequest;
+use crate::config::{LimitRequest, Limits};
 use crate::sandbox::manager::Session;
 use crate::sandbox::{CreateOptions, Owner, SandboxError, SessionManager};
 
@@ -46,7 +46,7 @@ pub trait Admission: Send + Sync {
     /// client's `sandbox_id`), whichever process made it: its ticket and the manager's
     /// session id. This is how a session another process served finds its sandbox; None
     /// when nothing is recorded (or the front end keeps no records).
-    async fn recorded(&self, _key: &str) -> Option<(Ticket, String)> {
+    async fn recorded(&self, _key: &str) -> Option<Recorded> {
         None
     }
 
@@ -62,6 +62,31 @@ pub trait Admission: Send + Sync {
     /// serving it with this sandbox now.
     async fn release(&self, _key: &str, _session_id: &str) -> bool {
         true
+    }
+}
+
+/// A sandbox the front end recorded for an MCP session: its ticket, the manager's id for it
+/// and, when known, the limits it was made with (what a warm sandbox another process
+/// claimed is attached with: its labels cannot say).
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub ticket: Ticket,
+    pub session_id: String,
+    pub limits: Option<Limits>,
+}
+
+/// Attaches the sandbox `r` names for `owner`: one labelled with the owner (made cold), or
+/// one another process's warm pool made and that process claimed (`adopt_claimed`).
+pub async fn attach_recorded(
+    manager: &SessionManager,
+    owner: &Owner,
+    r: &Recorded,
+) -> Result<Arc<Session>, SandboxError> {
+    match (manager.get(owner, &r.session_id).await, &r.limits) {
+        (Err(SandboxError::SessionNotFound { .. }), Some(limits)) => {
+            manager.adopt_claimed(owner, &r.session_id, limits).await
+        }
+        (got, _) => got,
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use tokio_util::task::TaskTracker;
 
-use super::admission::{Admission, Open, Ticket, create_admitted};
+use super::admission::{Admission, Open, Ticket, attach_recorded, create_admitted};
 use crate::sandbox::manager::Session;
 use crate::sandbox::{
     AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox, SandboxError,
@@ -139,14 +139,14 @@ impl LazySandbox {
 
     /// The sandbox recorded for `key`, attached, unless it is the one just found `gone`.
     async fn recorded(&self, key: &str, gone: Option<&str>) -> Option<(Arc<Session>, Ticket)> {
-        let (ticket, id) = self.admission.recorded(key).await?;
-        if gone == Some(id.as_str()) {
+        let r = self.admission.recorded(key).await?;
+        if gone == Some(r.session_id.as_str()) {
             return None;
         }
-        match self.manager.get(&self.owner, &id).await {
-            Ok(s) => Some((s, ticket)),
+        match attach_recorded(&self.manager, &self.owner, &r).await {
+            Ok(s) => Some((s, r.ticket)),
             Err(e) => {
-                tracing::info!(session = %id, error = %e, "the MCP session's recorded sandbox is gone; creating a new one");
+                tracing::warn!(session = %r.session_id, error = %e, "the MCP session's recorded sandbox could not be attached; creating a new one");
                 None
             }
         }

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::admission::{Admission, Ticket, create_admitted};
+use super::admission::{Admission, Ticket, attach_recorded, create_admitted};
 use crate::config::Config;
 use crate::sandbox::manager::Session;
 use crate::sandbox::{Owner, SandboxError, SessionManager};
@@ -137,8 +137,15 @@ impl StatelessSandboxes {
         id: &str,
         admission: &dyn Admission,
     ) -> Option<(Arc<Session>, Arc<ToolRegistry>)> {
-        let (ticket, session_id) = admission.recorded(id).await?;
-        let session = manager.get(owner, &session_id).await.ok()?;
+        let r = admission.recorded(id).await?;
+        let session = match attach_recorded(manager, owner, &r).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::info!(sandbox = %id, session = %r.session_id, error = %e, "a stateless sandbox recorded by another process could not be attached");
+                return None;
+            }
+        };
+        let ticket = r.ticket;
         admission.record(id, &ticket, &session).await;
         let registry = crate::tools::session::SessionTools::server_registry(&session, config);
         self.map.lock().await.insert(
@@ -173,7 +180,7 @@ impl StatelessSandboxes {
         let (ticket, session_id) = match taken {
             Some(e) => (e.ticket, e.session_id),
             None => match admission.recorded(id).await {
-                Some(found) => found,
+                Some(r) => (r.ticket, r.session_id),
                 None => return false,
             },
         };
