@@ -92,19 +92,14 @@ impl McpLedger {
     }
 
     /// At start: whether the active `mcp` row `row` ends now, because its sandbox is not
-    /// among the running `containers` (what is left after the manager's reconcile removed
-    /// those of processes that are gone). Another live replica's sandboxes are running, and
-    /// their rows are left alone.
+    /// `running` in another live process (the manager's reconcile removed those of processes
+    /// that are gone, and this process's own pool scope is removed by the caller after).
+    /// Another live replica's sandboxes run, and their rows are left alone.
     pub async fn ends_at_start(
         &self,
         row: &SessionRow,
-        containers: &[sandboxd_core::sandbox::SessionInfo],
+        running: impl Fn(&str) -> bool,
     ) -> Result<bool, StoreError> {
-        let running = |rt: &str| {
-            containers.iter().any(|c| {
-                c.session_id == rt && c.state == sandboxd_core::sandbox::SandboxState::Running
-            })
-        };
         let now = now_ms();
         let keep = match (&row.runtime_id, row.state) {
             (Some(rt), _) => running(rt),

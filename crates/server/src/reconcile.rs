@@ -59,7 +59,14 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
         // kept; the manager's reconcile above removed it): its row ends here, unless its
         // container runs (another live replica's).
         if row.kind == SessionKind::Mcp {
-            if st.mcp.ledger().ends_at_start(&row, &containers).await? {
+            // A sandbox of this data directory's pool scope was claimed by this replica's
+            // dead predecessor; one running in any other scope, by another live replica.
+            let running = |rt: &str| {
+                containers
+                    .iter()
+                    .any(|c| c.session_id == rt && c.state == SandboxState::Running && !of_scope(c))
+            };
+            if st.mcp.ledger().ends_at_start(&row, running).await? {
                 out.ended.push(row.id);
             }
             continue;
