@@ -6,7 +6,10 @@
 #   bash scripts/pg-test.sh -- cargo test -p sandboxd-postgres
 #       runs the command with SANDBOXD_TEST_PG_URL exported, then stops and removes the cluster;
 #   eval "$(bash scripts/pg-test.sh start)"   …   bash scripts/pg-test.sh stop "$SANDBOXD_TEST_PG_DIR"
-#       leaves it running (CI: the whole `cargo test`), printing the variables to export.
+#       leaves it running (CI: the whole `cargo test`), printing the variables to export;
+#   bash scripts/pg-test.sh halt DIR  /  bash scripts/pg-test.sh resume DIR
+#       shuts the cluster down (fast: sessions cut, committed work kept) and starts it again on
+#       the same port, for tests of a store that goes away and comes back.
 #
 # Each test makes its own database in the cluster (CREATE DATABASE with a random name) and drops
 # it afterwards, so tests run in parallel against one cluster.
@@ -35,14 +38,29 @@ start() {
         exit 1
     }
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    printf '%s\n' "$port" >"$dir/port"
+    run "$dir"
+    echo "export SANDBOXD_TEST_PG_URL='postgres://postgres:$pw@127.0.0.1:$port/postgres'"
+    echo "export SANDBOXD_TEST_PG_DIR='$dir'"
+}
+
+run() { # starts the cluster in $1 on the port recorded there
+    local dir=$1 port
+    port=$(cat "$dir/port")
     as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
         -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories='' -c max_connections=200 -c fsync=off" \
         start >/dev/null || {
         cat "$dir/server.log" >&2
         exit 1
     }
-    echo "export SANDBOXD_TEST_PG_URL='postgres://postgres:$pw@127.0.0.1:$port/postgres'"
-    echo "export SANDBOXD_TEST_PG_DIR='$dir'"
+}
+
+ours() { # refuses a directory this script did not make
+    case "$1" in /tmp/sandboxd-pg.*) ;; *)
+        echo "pg-test: refusing to touch $1" >&2
+        exit 2
+        ;;
+    esac
 }
 
 stop() {
@@ -58,6 +76,14 @@ stop() {
 
 case "${1:-}" in
 start) start ;;
+halt)
+    ours "${2:?the cluster directory}"
+    as_pg "$bindir/pg_ctl" -D "$2/data" -m fast -w stop >/dev/null
+    ;;
+resume)
+    ours "${2:?the cluster directory}"
+    run "$2"
+    ;;
 stop) stop "${2:?the cluster directory (SANDBOXD_TEST_PG_DIR)}" ;;
 --)
     shift
@@ -66,7 +92,7 @@ stop) stop "${2:?the cluster directory (SANDBOXD_TEST_PG_DIR)}" ;;
     "$@"
     ;;
 *)
-    echo "usage: $0 start | stop DIR | -- COMMAND…" >&2
+    echo "usage: $0 start | stop DIR | halt DIR | resume DIR | -- COMMAND…" >&2
     exit 2
     ;;
 esac

@@ -1,8 +1,9 @@
 //! PgStore: the `Store` on PostgreSQL, for several `serve` replicas on one database. This file
 //! opens the pool, applies the migrations (migrate.rs) and holds the helpers the tables share;
 //! store.rs maps the trait onto the tables' statements, which live one file per area like the
-//! SQLite store's (users.rs, sessions.rs, runs.rs, events.rs, logins.rs, usage.rs); wakes.rs
-//! is its run wake-ups across replicas (NOTIFY in the append, a LISTEN connection of its own).
+//! SQLite store's (users.rs, sessions.rs, runs.rs, events.rs, logins.rs, usage.rs, edges.rs);
+//! wakes.rs is its run wake-ups across replicas (NOTIFY in the append, a LISTEN connection of
+//! its own).
 //!
 //! Why tokio-postgres + deadpool-postgres and not sqlx: sqlx's `sqlite` feature links a
 //! libsqlite3-sys that cannot coexist with rusqlite's (cargo refuses two `links = "sqlite3"`),
@@ -29,6 +30,7 @@ use sandboxd_core::store::StoreError;
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
+mod edges;
 mod events;
 mod logins;
 mod migrate;
@@ -68,9 +70,40 @@ pub struct Probe {
     pub known_version: i64,
 }
 
-/// The error of a failed statement or connection, with its causes (the server's message).
-pub(crate) fn sql(e: impl std::error::Error) -> StoreError {
-    StoreError::Sql(chain(&e))
+/// The error of a failed statement or connection, with its causes (the server's message):
+/// `Unavailable` when the database could not be reached or went away (the request may work
+/// when retried), `Sql` for everything else.
+pub(crate) fn sql(e: impl std::error::Error + 'static) -> StoreError {
+    if unreachable(&e) {
+        StoreError::Unavailable(chain(&e))
+    } else {
+        StoreError::Sql(chain(&e))
+    }
+}
+
+/// Whether `e` says the database is out of reach rather than that a statement failed: the
+/// connection is closed or failed on I/O, or the server refused or dropped it (SQLSTATE
+/// class 08 "connection exception", 57P01-57P03 shutting down or starting up, 53300 too
+/// many connections).
+fn unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.is::<std::io::Error>() {
+            return true;
+        }
+        if let Some(pg) = c.downcast_ref::<tokio_postgres::Error>() {
+            if pg.is_closed() {
+                return true;
+            }
+            if let Some(code) = pg.code() {
+                let code = code.code();
+                return code.starts_with("08")
+                    || matches!(code, "57P01" | "57P02" | "57P03" | "53300");
+            }
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// An error's message and its causes', each once (pool errors repeat their cause's text).
@@ -291,8 +324,10 @@ impl PgStore {
 
     /// A connection from the pool.
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
+        // Whatever kept the pool from handing out a connection (none free within
+        // POOL_WAIT, or none could be made) is the database out of reach, for now.
         self.pool.get().await.map_err(|e| {
-            StoreError::Sql(format!("the postgres store is unreachable: {}", chain(&e)))
+            StoreError::Unavailable(format!("the postgres store is unreachable: {}", chain(&e)))
         })
     }
 }

@@ -10,7 +10,7 @@ use crate::mcp_common as common;
 use crate::serve;
 
 #[path = "mcp_quota/client.rs"]
-mod client;
+pub mod client;
 
 use std::time::Duration;
 

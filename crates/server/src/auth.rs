@@ -3,13 +3,13 @@
 //! A key is `sbx_` + 32 random bytes (base64url, no padding); only its SHA-256 is stored, so
 //! a lookup by hash in an indexed column is the whole check (a slow KDF buys nothing for a
 //! 256-bit random secret, and the hash lookup leaks no useful timing). Failed attempts are
-//! counted per source address in a fixed one-minute window; past the limit the address gets
-//! 429 until the window ends, whether or not its next key is right.
+//! counted per source address in a one-minute window that starts at its first failure, in
+//! the store (`AuthFailures`), so every replica on one store counts into the same window;
+//! past the limit the address's failures get 429 until the window ends. Only failures are
+//! counted and checked: a valid key is never refused, and costs no throttle write.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header;
@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use crate::AppState;
 use crate::error::{ApiError, ErrorCode};
 use crate::proxies::ClientAddr;
-use sandboxd_core::store::{StoredKey, User, now_ms};
+use sandboxd_core::store::{Store, StoreError, StoredKey, User, now_ms};
 
 pub const KEY_PREFIX: &str = "sbx_";
 /// Characters of the key kept for display (`sbx_` and 6 more).
@@ -29,7 +29,9 @@ const DISPLAY_CHARS: usize = 10;
 /// last_used_at is written at most this often per user.
 const TOUCH_EVERY_MS: i64 = 60_000;
 /// Source addresses tracked at once; the oldest windows go first when full.
-const MAX_TRACKED: usize = 10_000;
+const MAX_TRACKED: u32 = 10_000;
+/// The throttle's window: a source's failures are counted for this long from its first.
+const WINDOW_MS: i64 = 60_000;
 
 /// A fresh key: the text shown once, and what the store keeps.
 pub fn new_key(expires_at: Option<i64>) -> (String, StoredKey) {
@@ -96,47 +98,33 @@ fn source(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Failed authentications per source address (at most `MAX_TRACKED` sources).
+/// Failed authentications per source address, counted in the store (at most `MAX_TRACKED`
+/// sources).
 pub struct Throttle {
     per_minute: u32,
-    windows: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    store: Arc<dyn Store>,
 }
 
 impl Throttle {
-    pub fn new(per_minute: u32) -> Self {
+    pub fn new(per_minute: u32, store: Arc<dyn Store>) -> Self {
         Self {
             per_minute: per_minute.max(1),
-            windows: Mutex::new(HashMap::new()),
+            store,
         }
     }
 
-    /// Seconds until `ip` may try again, if it is over the limit.
-    pub fn blocked(&self, ip: IpAddr) -> Option<u64> {
-        let ip = source(ip);
-        let map = self.windows.lock().ok()?;
-        let (start, n) = map.get(&ip)?;
-        let left = Duration::from_secs(60).checked_sub(start.elapsed())?;
-        (*n >= self.per_minute).then(|| left.as_secs().max(1))
-    }
-
-    pub fn failed(&self, ip: IpAddr) {
-        let ip = source(ip);
-        let Ok(mut map) = self.windows.lock() else {
-            return;
-        };
-        if map.len() >= MAX_TRACKED && !map.contains_key(&ip) {
-            map.retain(|_, (start, _)| start.elapsed() < Duration::from_secs(60));
-            if map.len() >= MAX_TRACKED
-                && let Some(oldest) = map.iter().min_by_key(|(_, (s, _))| *s).map(|(k, _)| *k)
-            {
-                map.remove(&oldest);
-            }
-        }
-        let entry = map.entry(ip).or_insert((Instant::now(), 0));
-        if entry.0.elapsed() >= Duration::from_secs(60) {
-            *entry = (Instant::now(), 0);
-        }
-        entry.1 = entry.1.saturating_add(1);
+    /// Counts a failed authentication from `ip`; the seconds until it may try again when
+    /// this failure is over the limit.
+    pub async fn failed(&self, ip: IpAddr) -> Result<Option<u64>, StoreError> {
+        let now = now_ms();
+        let window = self
+            .store
+            .auth_failed(&source(ip).to_string(), now, WINDOW_MS, MAX_TRACKED)
+            .await?;
+        Ok((window.failures > self.per_minute).then(|| {
+            let left_ms = window.ends_at.saturating_sub(now).max(0) as u64;
+            left_ms.div_ceil(1000).max(1)
+        }))
     }
 }
 
@@ -181,25 +169,27 @@ pub fn client_addr(req_ext: &axum::http::Extensions, peer: SocketAddr) -> IpAddr
         .map_or_else(|| peer.ip().to_canonical(), |c| c.0)
 }
 
-/// The answer to a failed authentication: 429 while the source is over its limit, else 401
-/// (and the failure counted).
-pub fn refuse(state: &AppState, client: IpAddr) -> Response {
-    if let Some(secs) = state.throttle.blocked(client) {
-        let mut e = ApiError::new(
-            ErrorCode::RateLimited,
-            format!(
-                "too many failed authentications from {client}; retry in {secs} s with a valid key (a valid key is never refused)"
-            ),
-        );
-        e.retry_after = Some(secs);
-        return e.into_response();
+/// The answer to a failed authentication: the failure counted, then 401, or 429 while the
+/// source is over its limit (503 when the store cannot count it).
+pub async fn refuse(state: &AppState, client: IpAddr) -> Response {
+    match state.throttle.failed(client).await {
+        Ok(Some(secs)) => {
+            let mut e = ApiError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "too many failed authentications from {client}; retry in {secs} s with a valid key (a valid key is never refused)"
+                ),
+            );
+            e.retry_after = Some(secs);
+            e.into_response()
+        }
+        Ok(None) => ApiError::new(
+            ErrorCode::Unauthorized,
+            "send a valid API key as `Authorization: Bearer sbx_…`; `sandboxd users add NAME` creates one",
+        )
+        .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
     }
-    state.throttle.failed(client);
-    ApiError::new(
-        ErrorCode::Unauthorized,
-        "send a valid API key as `Authorization: Bearer sbx_…`; `sandboxd users add NAME` creates one",
-    )
-    .into_response()
 }
 
 /// The middleware on every authenticated route: a valid key (or the web UI's sign-in cookie,
@@ -237,7 +227,7 @@ pub async fn require_user(
         },
     };
     let Some(caller) = caller else {
-        return refuse(&state, client);
+        return refuse(&state, client).await;
     };
     let name = caller.user.name.clone();
     req.extensions_mut().insert(caller);
@@ -261,34 +251,43 @@ mod tests {
         assert!(a.starts_with(&sa.prefix));
     }
 
-    #[test]
-    fn throttle_blocks_after_the_limit() {
-        let t = Throttle::new(3);
+    async fn throttle(per_minute: u32) -> (tempfile::TempDir, Throttle) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sandboxd_sqlite::SqliteStore::open(&dir.path().join("s.db"))
+            .await
+            .unwrap();
+        (dir, Throttle::new(per_minute, Arc::new(store)))
+    }
+
+    #[tokio::test]
+    async fn throttle_blocks_after_the_limit() {
+        let (_dir, t) = throttle(3).await;
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let other: IpAddr = "10.0.0.2".parse().unwrap();
         for _ in 0..3 {
-            assert!(t.blocked(ip).is_none());
-            t.failed(ip);
+            assert_eq!(t.failed(ip).await.unwrap(), None);
         }
-        assert!(t.blocked(ip).is_some_and(|s| (1..=60).contains(&s)));
-        assert!(t.blocked(other).is_none());
+        let secs = t.failed(ip).await.unwrap();
+        assert!(secs.is_some_and(|s| (1..=60).contains(&s)), "{secs:?}");
+        assert_eq!(t.failed(other).await.unwrap(), None);
     }
 
-    #[test]
-    fn ipv6_sources_are_counted_by_their_64() {
-        let t = Throttle::new(2);
+    #[tokio::test]
+    async fn ipv6_sources_are_counted_by_their_64() {
+        let (_dir, t) = throttle(2).await;
         let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
         let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
         let elsewhere: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        t.failed(a);
-        t.failed(b);
-        assert!(t.blocked(a).is_some() && t.blocked(b).is_some());
-        assert!(t.blocked(elsewhere).is_none());
+        assert_eq!(t.failed(a).await.unwrap(), None);
+        assert_eq!(t.failed(b).await.unwrap(), None);
+        assert!(t.failed(a).await.unwrap().is_some());
+        assert!(t.failed(b).await.unwrap().is_some());
+        assert_eq!(t.failed(elsewhere).await.unwrap(), None);
         // An IPv4-mapped address is its IPv4 address.
         let v4: IpAddr = "192.0.2.7".parse().unwrap();
         let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
-        t.failed(v4);
-        t.failed(mapped);
-        assert!(t.blocked(v4).is_some());
+        assert_eq!(t.failed(v4).await.unwrap(), None);
+        assert_eq!(t.failed(mapped).await.unwrap(), None);
+        assert!(t.failed(v4).await.unwrap().is_some());
     }
 }

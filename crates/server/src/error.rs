@@ -59,6 +59,8 @@ pub enum ErrorCode {
     SandboxUnavailable,
     /// 503: the server is shutting down.
     ShuttingDown,
+    /// 503: the store (the database) cannot be reached now; retry after `Retry-After`.
+    StoreUnavailable,
     /// 504: the request took longer than its time limit.
     Timeout,
 }
@@ -77,7 +79,7 @@ impl ErrorCode {
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             QuotaExceeded | RateLimited | TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            CapacityUnavailable | SandboxUnavailable | ShuttingDown => {
+            CapacityUnavailable | SandboxUnavailable | ShuttingDown | StoreUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -107,7 +109,7 @@ pub struct ErrorBody {
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub detail: ErrorDetail,
-    /// Seconds for Retry-After (429).
+    /// Seconds for Retry-After (429, and 503 when the store is unavailable).
     pub retry_after: Option<u64>,
 }
 
@@ -194,10 +196,25 @@ impl From<StoreError> for ApiError {
                     "you have {active} runs in flight and your quota is {limit}; wait for one to end, cancel one (POST /v1/runs/{{id}}/cancel) or ask the admin to raise it"
                 ),
             ),
+            StoreError::Unavailable(message) => {
+                tracing::warn!(error = %message, "the store is unavailable");
+                let mut e = ApiError::new(
+                    ErrorCode::StoreUnavailable,
+                    format!(
+                        "sandboxd cannot reach its store (database) now; retry in {STORE_RETRY_SECS} s ({message})"
+                    ),
+                );
+                e.retry_after = Some(STORE_RETRY_SECS);
+                e
+            }
             other => ApiError::internal(other),
         }
     }
 }
+
+/// Seconds a client is told to wait (`Retry-After`) when the store is unavailable: long
+/// enough not to hammer a database that is restarting, short enough to notice it is back.
+pub const STORE_RETRY_SECS: u64 = 2;
 
 impl From<SandboxError> for ApiError {
     fn from(e: SandboxError) -> Self {
@@ -448,7 +465,7 @@ pub enum ErrorResponses {
     Internal(ErrorBody),
     #[response(
         status = 503,
-        description = "capacity_unavailable, sandbox_unavailable or shutting_down"
+        description = "capacity_unavailable, sandbox_unavailable, shutting_down or store_unavailable"
     )]
     Unavailable(ErrorBody),
     #[response(status = 504, description = "timeout")]

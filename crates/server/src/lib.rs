@@ -366,6 +366,7 @@ impl Server {
             store.clone(),
             shutdown.clone(),
         );
+        let throttle = auth::Throttle::new(config.server.auth_failures_per_minute, store.clone());
         let state = Arc::new(AppState {
             replica,
             transfers,
@@ -374,7 +375,7 @@ impl Server {
             streams: streams::Streams::new(config.server.streams_per_user),
             store,
             backend: backend::Backend::new(manager),
-            throttle: auth::Throttle::new(config.server.auth_failures_per_minute),
+            throttle,
             mcp,
             tool_specs,
             shutdown,

@@ -9,6 +9,14 @@
 //! (mcp_quota.rs): same quota, same ceilings, a row in /v1/sessions and /v1/me. Removing the
 //! user closes their MCP sessions and removes their sandboxes at once (`remove_user`; the
 //! upkeep does the same for a user removed by `sandboxd users rm`).
+//!
+//! Across replicas (no sticky sessions): each MCP session is a row of the store
+//! (`mcp_sessions`: owner, the client's `initialize`, its sandbox). A request for a session
+//! this replica does not hold is restored by rmcp from that row (`StoredSessions`, the
+//! `initialize` replayed; no new handshake for the client), and its first tool call attaches
+//! the sandbox the row names (mcp_quota's admission, core's `LazySandbox::session_for`), so
+//! the client keeps its files whichever replica answers. A stateless client's `sandbox_id`
+//! is recorded the same way. Another user's session id is unknown (404) on every replica.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,8 +26,12 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+use rmcp::model::InitializeRequestParams;
 use rmcp::transport::streamable_http_server::session::SessionManager as _;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::{
+    SessionState, SessionStore, SessionStoreError,
+};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +43,7 @@ use crate::mcp_quota::{McpLedger, UserAdmission};
 use sandboxd_core::config::Config;
 use sandboxd_core::mcp::{SandboxServer, ServerState};
 use sandboxd_core::sandbox::{Owner, SandboxError, SessionManager};
-use sandboxd_core::store::{SessionRow, Store, User};
+use sandboxd_core::store::{McpSessionRow, SessionRow, Store, User, now_ms};
 
 type Service = StreamableHttpService<SandboxServer, LocalSessionManager>;
 
@@ -103,10 +115,16 @@ impl McpUsers {
         let cancel = self.shutdown.child_token();
         // The service's own Host check (the DNS-rebinding guard) runs for every route
         // before this, so rmcp's copy is off; its streams end when the server shuts down.
-        let config = StreamableHttpServerConfig::default()
+        let mut config = StreamableHttpServerConfig::default()
             .disable_allowed_hosts()
             .with_max_request_body_bytes(crate::mcp_http::MAX_BODY_BYTES)
             .with_cancellation_token(cancel.clone());
+        // A session made on another replica is restored from the store (its client's
+        // `initialize` replayed) when a request for it lands here; another user's is unknown.
+        config.session_store = Some(Arc::new(StoredSessions {
+            store: self.ledger.store().clone(),
+            user_id: user.id.clone(),
+        }));
         let factory_state = state.clone();
         let service = StreamableHttpService::new(
             move || Ok(SandboxServer::new(factory_state.clone())),
@@ -190,6 +208,55 @@ fn unknown_session() -> Response {
     (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
 }
 
+/// One user's MCP sessions in the store, as rmcp's `SessionStore`: what lets any replica
+/// serve a session another one began. A session of another user is not found.
+struct StoredSessions {
+    store: Arc<dyn Store>,
+    user_id: String,
+}
+
+impl StoredSessions {
+    async fn row(&self, id: &str) -> Result<Option<McpSessionRow>, SessionStoreError> {
+        let row = self.store.mcp_session(id).await?;
+        Ok(row.filter(|r| r.owner == self.user_id))
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionStore for StoredSessions {
+    async fn load(&self, id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        let Some(row) = self.row(id).await? else {
+            return Ok(None);
+        };
+        // A stateless client's `sandbox_id` has no `initialize`: it is no session.
+        Ok(serde_json::from_str::<InitializeRequestParams>(&row.init)
+            .ok()
+            .map(SessionState::new))
+    }
+
+    async fn store(&self, id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        let now = now_ms();
+        self.store
+            .put_mcp_session(McpSessionRow {
+                id: id.to_string(),
+                owner: self.user_id.clone(),
+                init: serde_json::to_string(&state.initialize_params)?,
+                sandbox: None,
+                created_at: now,
+                last_used_at: now,
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), SessionStoreError> {
+        if self.row(id).await?.is_some() {
+            self.store.remove_mcp_session(id).await?;
+        }
+        Ok(())
+    }
+}
+
 /// Any method on /mcp: handed to the caller's own MCP server.
 pub async fn handle(
     State(st): State<Arc<AppState>>,
@@ -197,18 +264,66 @@ pub async fn handle(
     req: Request<Body>,
 ) -> Response {
     let user = st.mcp.of(&caller.user).await;
-    // rmcp answers 202 to a DELETE of any id, closing nothing when it is not this user's;
-    // the MCP spec's answer for an unknown session is 404, as on the other methods.
-    if req.method() == Method::DELETE
-        && let Some(id) = req
-            .headers()
-            .get("mcp-session-id")
-            .and_then(|v| v.to_str().ok())
-    {
-        let known = user.sessions.has_session(&id.into()).await.unwrap_or(false);
-        if !known {
-            return unknown_session();
-        }
+    let session = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let Some(id) = session else {
+        return user.service.handle(req).await.into_response();
+    };
+    if req.method() == Method::DELETE {
+        return close(&st, &user, &caller.user.id, &id, req).await;
     }
+    // The session's last use, for the replica whose keep-alive of it runs out meanwhile
+    // (mcp_quota's `release`); not awaited, and only a session of this user is touched.
+    let store = st.store.clone();
+    let (touched, owner) = (id.clone(), caller.user.id.clone());
+    tokio::spawn(async move {
+        if let Ok(Some(row)) = store.mcp_session(&touched).await
+            && row.owner == owner
+            && let Err(e) = store.touch_mcp_session(&touched, now_ms()).await
+        {
+            tracing::debug!(mcp_session = %touched, error = %e, "could not record an MCP session's use");
+        }
+    });
     user.service.handle(req).await.into_response()
+}
+
+/// DELETE of an MCP session: the record goes first (so the handler dropped by the close
+/// removes its sandbox, `release`), then rmcp closes the session if this replica holds it;
+/// one only another replica holds is closed here through the store, its sandbox removed.
+/// rmcp answers 202 to a DELETE of any id, closing nothing when it is not this user's; the
+/// MCP spec's answer for an unknown session is 404, as on the other methods.
+async fn close(
+    st: &AppState,
+    user: &UserMcp,
+    user_id: &str,
+    id: &str,
+    req: Request<Body>,
+) -> Response {
+    let held = user.sessions.has_session(&id.into()).await.unwrap_or(false);
+    let stored = match st.store.mcp_session(id).await {
+        Ok(row) => row.filter(|r| r.owner == user_id),
+        Err(e) => return crate::error::ApiError::from(e).into_response(),
+    };
+    if stored.is_some()
+        && let Err(e) = st.store.remove_mcp_session(id).await
+    {
+        return crate::error::ApiError::from(e).into_response();
+    }
+    if held {
+        return user.service.handle(req).await.into_response();
+    }
+    let Some(row) = stored else {
+        return unknown_session();
+    };
+    if let Some(sandbox) = row.sandbox
+        && let Ok(Some(sandbox_row)) = st.store.session(&sandbox.row).await
+    {
+        st.mcp
+            .end_session(&sandbox_row, "its MCP session was closed")
+            .await;
+    }
+    StatusCode::ACCEPTED.into_response()
 }

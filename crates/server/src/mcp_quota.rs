@@ -6,8 +6,17 @@
 //! the sandboxes alive now (by the manager's session id) and ends a row however its sandbox
 //! goes: closed by the client (the admission hears it), or removed by the manager itself
 //! (the idle reaper, the memory budget: `on_end`, fed by the manager's end events, ends.rs);
-//! the periodic `sweep` catches anything both missed (a lagged event). MCP sandboxes never
-//! outlive the process, so the start-up reconcile ends every `mcp` row left active.
+//! the periodic `sweep` catches anything both missed (a lagged event, a sandbox another
+//! replica held). MCP sandboxes never outlive the replica that serves them: the start-up
+//! sweep (attach.rs) ends the `mcp` rows no live replica holds.
+//!
+//! Across replicas: the admission records which sandbox each MCP session (or stateless
+//! `sandbox_id`) holds in the store (`mcp_sessions`), owned by the user, so the replica that
+//! restores a session attaches the same sandbox (core's `LazySandbox::session_for`); a
+//! replica whose keep-alive of a session runs out keeps the sandbox when the store says the
+//! session was used since on another replica (`release`); and `sweep` carries the last use
+//! between the `sessions` row and every replica holding the sandbox, so each one's idle
+//! reaper sees the use made through the others.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -17,15 +26,20 @@ use async_trait::async_trait;
 
 use crate::quota::Quota;
 use sandboxd_core::config::{Config, LimitRequest};
-use sandboxd_core::mcp::admission::{Admission, Ticket};
+use sandboxd_core::mcp::admission::{Admission, Recorded, Ticket};
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::sandbox::{SandboxError, SessionManager};
 use sandboxd_core::store::{
-    SessionCaps, SessionKind, SessionRow, SessionState, Store, StoreError, User, now_ms,
+    McpSandbox, McpSessionRow, SessionCaps, SessionKind, SessionRow, SessionState, Store,
+    StoreError, User, now_ms,
 };
 
 /// A row still `creating` after this long belongs to a create that never finished.
 const CREATING_GRACE: Duration = Duration::from_secs(600);
+/// A use of an MCP session recorded this long before another replica's keep-alive ran out
+/// still counts as after its last request there (the replicas' clocks and the spawned
+/// touches are not exact).
+const USE_SLACK_MS: i64 = 30_000;
 
 /// The rows of this process's live /mcp sandboxes.
 pub struct McpLedger {
@@ -67,8 +81,20 @@ impl McpLedger {
         }
     }
 
-    /// Upkeep: ends the active `mcp` rows whose sandbox this process no longer holds (or
-    /// whose create never finished), and records the last use of the others.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// How long an MCP session on which nothing passes lives in one process (rmcp's
+    /// keep-alive).
+    fn keep_alive_ms(&self) -> i64 {
+        crate::mcp_http::session_keep_alive(&self.config).as_millis() as i64
+    }
+
+    /// Upkeep: ends the active `mcp` rows whose sandbox is gone (or whose create never
+    /// finished), keeps the last use of the others in step between the store and this
+    /// process (a sandbox several replicas hold is idle only when idle on all of them), and
+    /// purges the records of MCP sessions no client has used for twice their keep-alive.
     pub async fn sweep(&self, manager: &SessionManager) {
         let rows = match self.store.active_sessions().await {
             Ok(rows) => rows,
@@ -88,16 +114,21 @@ impl McpLedger {
             let reason = match (&row.runtime_id, row.state) {
                 (Some(rt), _) => match live.get(rt) {
                     Some(s) => {
-                        let used = now.saturating_sub(s.idle_for().as_millis() as i64);
-                        if row.last_used_at < used {
-                            let _ = self.store.touch_session(&row.id, used).await;
-                        }
+                        self.sync_use(&row, s, now).await;
                         continue;
                     }
-                    None => {
-                        self.open().remove(rt);
-                        "its sandbox is gone"
-                    }
+                    // Not held here: another replica's, or gone; the engine tells which.
+                    None => match manager.runtime().find(rt).await {
+                        Ok(None) => {
+                            self.open().remove(rt);
+                            "its sandbox is gone"
+                        }
+                        Ok(Some(_)) => continue,
+                        Err(e) => {
+                            tracing::warn!(session = %row.id, error = %e, "could not look for an MCP sandbox");
+                            continue;
+                        }
+                    },
                 },
                 (None, SessionState::Creating)
                     if now.saturating_sub(row.created_at) < CREATING_GRACE.as_millis() as i64 =>
@@ -107,6 +138,23 @@ impl McpLedger {
                 (None, _) => "its sandbox was never made",
             };
             self.end_row(&row.id, reason).await;
+        }
+        let cutoff = now.saturating_sub(self.keep_alive_ms().saturating_mul(2));
+        if let Err(e) = self.store.purge_mcp_sessions(cutoff).await {
+            tracing::warn!(error = %e, "could not purge old MCP sessions");
+        }
+    }
+
+    /// The later of this process's last use of `s` and the row's (which other replicas
+    /// holding the same sandbox record) goes to the other side.
+    async fn sync_use(&self, row: &SessionRow, s: &Session, now: i64) {
+        let used_here = now.saturating_sub(s.idle_for().as_millis() as i64);
+        if row.last_used_at > used_here {
+            s.used_ago(Duration::from_millis(
+                now.saturating_sub(row.last_used_at).max(0) as u64,
+            ));
+        } else if row.last_used_at < used_here {
+            let _ = self.store.touch_session(&row.id, used_here).await;
         }
     }
 
@@ -227,6 +275,99 @@ impl Admission for UserAdmission {
         let Some(row) = &ticket.record else { return };
         self.ledger.open().retain(|_, r| r != row);
         self.ledger.end_row(row, reason).await;
+    }
+
+    async fn recorded(&self, key: &str) -> Option<Recorded> {
+        let mcp = self.mcp_row(key).await?;
+        let sandbox = mcp.sandbox?;
+        // A sandbox whose row ended is no longer counted in the quota: never attached.
+        let limits = match self.ledger.store.session(&sandbox.row).await {
+            Ok(Some(row)) if row.state != SessionState::Ended => row.limits,
+            Ok(row) => {
+                tracing::debug!(mcp_session = %key, session = %sandbox.row, state = ?row.map(|r| r.state), "an MCP session's recorded sandbox has no active row; not attached");
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(session = %sandbox.row, error = %e, "the store failed while looking up an MCP sandbox");
+                return None;
+            }
+        };
+        let ticket = Ticket {
+            record: Some(sandbox.row),
+            limits: LimitRequest::default(),
+        };
+        Some(Recorded {
+            ticket,
+            session_id: sandbox.runtime_id,
+            limits: Some(limits),
+        })
+    }
+
+    async fn record(&self, key: &str, ticket: &Ticket, session: &Session) {
+        let Some(row) = &ticket.record else { return };
+        self.ledger.open().insert(session.id.clone(), row.clone());
+        let sandbox = McpSandbox {
+            row: row.clone(),
+            runtime_id: session.id.clone(),
+        };
+        let store = &self.ledger.store;
+        let now = now_ms();
+        let done = match store.mcp_session(key).await {
+            Ok(Some(mcp)) if mcp.owner == self.user().id => {
+                store.set_mcp_sandbox(key, Some(sandbox), now).await
+            }
+            // Never another user's record (ids are random; this is only defence).
+            Ok(Some(_)) => return,
+            // A stateless `sandbox_id`: the record is made here (no `initialize` to keep).
+            Ok(None) => {
+                store
+                    .put_mcp_session(McpSessionRow {
+                        id: key.to_string(),
+                        owner: self.user().id.clone(),
+                        init: String::new(),
+                        sandbox: Some(sandbox),
+                        created_at: now,
+                        last_used_at: now,
+                    })
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
+            tracing::warn!(mcp_session = %key, error = %e, "could not record an MCP session's sandbox; another replica serving it will make its own");
+        }
+    }
+
+    async fn forget(&self, key: &str) {
+        if self.mcp_row(key).await.is_some()
+            && let Err(e) = self.ledger.store.remove_mcp_session(key).await
+        {
+            tracing::warn!(mcp_session = %key, error = %e, "could not forget a closed MCP sandbox");
+        }
+    }
+
+    async fn release(&self, key: &str, session_id: &str) -> bool {
+        let Some(mcp) = self.mcp_row(key).await else {
+            return true;
+        };
+        let ours = mcp.sandbox.is_some_and(|s| s.runtime_id == session_id);
+        // Used after this process's keep-alive began: another replica serves it now.
+        let used_since = now_ms().saturating_sub(self.ledger.keep_alive_ms()) + USE_SLACK_MS;
+        !(ours && mcp.last_used_at > used_since)
+    }
+}
+
+impl UserAdmission {
+    /// The stored MCP session `key`, if it is this user's.
+    async fn mcp_row(&self, key: &str) -> Option<McpSessionRow> {
+        match self.ledger.store.mcp_session(key).await {
+            Ok(Some(row)) if row.owner == self.user().id => Some(row),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(mcp_session = %key, error = %e, "the store failed while looking up an MCP session");
+                None
+            }
+        }
     }
 }
 

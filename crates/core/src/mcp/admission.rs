@@ -6,12 +6,18 @@
 //! goes (`ended`) or never came (`failed`). `sandboxd mcp` admits everything with the
 //! admin's limits (`Open`); `serve` counts each sandbox as a session of its user, in the
 //! same quota and with the same ceilings as API sessions (server/mcp_quota.rs).
+//!
+//! Several processes may serve one MCP session (serve's replicas, which restore a session
+//! from the store when a request for it lands on them): `record` and `recorded` let the
+//! front end keep which sandbox a session (or a stateless `sandbox_id`) holds, so the
+//! process that serves it next attaches that sandbox instead of making another, and
+//! `release` lets it keep a sandbox that another process still serves.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::config::LimitRequest;
+use crate::config::{LimitRequest, Limits};
 use crate::sandbox::manager::Session;
 use crate::sandbox::{CreateOptions, Owner, SandboxError, SessionManager};
 
@@ -35,6 +41,53 @@ pub trait Admission: Send + Sync {
     async fn failed(&self, ticket: &Ticket);
     /// The sandbox is gone (closed, idled out, its user removed). Idempotent.
     async fn ended(&self, ticket: &Ticket, reason: &str);
+
+    /// The sandbox the front end recorded for `key` (an `Mcp-Session-Id`, or a stateless
+    /// client's `sandbox_id`), whichever process made it: its ticket and the manager's
+    /// session id. This is how a session another process served finds its sandbox; None
+    /// when nothing is recorded (or the front end keeps no records).
+    async fn recorded(&self, _key: &str) -> Option<Recorded> {
+        None
+    }
+
+    /// `key` now holds `session`, admitted with `ticket` (made here, or found `recorded`).
+    async fn record(&self, _key: &str, _ticket: &Ticket, _session: &Session) {}
+
+    /// The client closed `key` (`sandbox_close`): its record goes.
+    async fn forget(&self, _key: &str) {}
+
+    /// This process's handler of `key` is going (its client closed the session, or nothing
+    /// passed on it here for the keep-alive) while it holds sandbox `session_id`: whether to
+    /// remove the sandbox. False when the session lives on and another process may be
+    /// serving it with this sandbox now.
+    async fn release(&self, _key: &str, _session_id: &str) -> bool {
+        true
+    }
+}
+
+/// A sandbox the front end recorded for an MCP session: its ticket, the manager's id for it
+/// and, when known, the limits it was made with (what a warm sandbox another process
+/// claimed is attached with: its labels cannot say).
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub ticket: Ticket,
+    pub session_id: String,
+    pub limits: Option<Limits>,
+}
+
+/// Attaches the sandbox `r` names for `owner`: one labelled with the owner (made cold), or
+/// one another process's warm pool made and that process claimed (`adopt_claimed`).
+pub async fn attach_recorded(
+    manager: &SessionManager,
+    owner: &Owner,
+    r: &Recorded,
+) -> Result<Arc<Session>, SandboxError> {
+    match (manager.get(owner, &r.session_id).await, &r.limits) {
+        (Err(SandboxError::SessionNotFound { .. }), Some(limits)) => {
+            manager.adopt_claimed(owner, &r.session_id, limits).await
+        }
+        (got, _) => got,
+    }
 }
 
 /// Admits every sandbox with the admin's limits and keeps no records (`sandboxd mcp`: the

@@ -5,13 +5,18 @@
 //! Every call goes through `SessionManager::get`, which marks the session as used (so the
 //! idle reaper only takes sessions nobody calls) and notices a session the reaper already
 //! removed: the next call then gets a fresh container (admitted anew), and a warning is logged.
+//!
+//! Named by its MCP session (`session_for`), it first looks for the sandbox the front end
+//! recorded for that session (`Admission::recorded`): serve's replicas restore a session
+//! from the store wherever its next request lands, and the restored handler attaches the
+//! same container rather than making another.
 
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use tokio_util::task::TaskTracker;
 
-use super::admission::{Admission, Open, Ticket, create_admitted};
+use super::admission::{Admission, Open, Ticket, attach_recorded, create_admitted};
 use crate::sandbox::manager::Session;
 use crate::sandbox::{
     AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox, SandboxError,
@@ -30,6 +35,8 @@ pub struct LazySandbox {
     admission: Arc<dyn Admission>,
     session: tokio::sync::Mutex<Option<Held>>,
     first_id: OnceLock<String>,
+    /// The MCP session this sandbox serves (its `Mcp-Session-Id`), once a call named it.
+    key: OnceLock<String>,
     /// Where the removal on drop runs, so a server can wait for it before exiting.
     tracker: Option<TaskTracker>,
 }
@@ -66,41 +73,83 @@ impl LazySandbox {
             admission,
             session: tokio::sync::Mutex::new(None),
             first_id: OnceLock::new(),
+            key: OnceLock::new(),
             tracker,
         })
     }
 
     /// The live session, created now if there is none (or the reaper took it).
     pub async fn session(&self) -> Result<Arc<Session>, SandboxError> {
+        self.session_for(None).await
+    }
+
+    /// Like `session`, for the MCP session `key` (its `Mcp-Session-Id`): with no sandbox
+    /// held here, the one the front end recorded for `key` (made by another process that
+    /// served the session) is attached if it is still there, and a sandbox held or made
+    /// here is recorded for `key`.
+    pub async fn session_for(&self, key: Option<&str>) -> Result<Arc<Session>, SandboxError> {
+        if let Some(k) = key {
+            let _ = self.key.set(k.to_string());
+        }
+        let key = self.key.get().map(String::as_str);
         let mut slot = self.session.lock().await;
+        let mut gone = None;
         if let Some(h) = slot.as_ref() {
             match self.manager.get(&self.owner, &h.session.id).await {
                 Ok(s) => return Ok(s),
                 Err(e) => {
                     tracing::warn!(session = %h.session.id, error = %e, "the MCP session's sandbox is gone; creating a new one");
-                    if let Some(gone) = slot.take() {
+                    if let Some(g) = slot.take() {
                         self.admission
                             .ended(
-                                &gone.ticket,
+                                &g.ticket,
                                 "its sandbox was removed (idle, or over the memory budget)",
                             )
                             .await;
+                        gone = Some(g.session.id.clone());
                     }
                 }
             }
         }
-        let (s, ticket) = create_admitted(
-            self.admission.clone(),
-            self.manager.clone(),
-            self.owner.clone(),
-        )
-        .await?;
+        let found = match key {
+            Some(key) => self.recorded(key, gone.as_deref()).await,
+            None => None,
+        };
+        let (s, ticket) = match found {
+            Some(found) => found,
+            None => {
+                create_admitted(
+                    self.admission.clone(),
+                    self.manager.clone(),
+                    self.owner.clone(),
+                )
+                .await?
+            }
+        };
+        if let Some(key) = key {
+            self.admission.record(key, &ticket, &s).await;
+        }
         let _ = self.first_id.set(s.id.clone());
         *slot = Some(Held {
             session: s.clone(),
             ticket,
         });
         Ok(s)
+    }
+
+    /// The sandbox recorded for `key`, attached, unless it is the one just found `gone`.
+    async fn recorded(&self, key: &str, gone: Option<&str>) -> Option<(Arc<Session>, Ticket)> {
+        let r = self.admission.recorded(key).await?;
+        if gone == Some(r.session_id.as_str()) {
+            return None;
+        }
+        match attach_recorded(&self.manager, &self.owner, &r).await {
+            Ok(s) => Some((s, r.ticket)),
+            Err(e) => {
+                tracing::warn!(session = %r.session_id, error = %e, "the MCP session's recorded sandbox could not be attached; creating a new one");
+                None
+            }
+        }
     }
 
     /// Removes the container now (session closed). Later calls would create a new one.
@@ -134,7 +183,15 @@ impl Drop for LazySandbox {
         };
         let manager = self.manager.clone();
         let admission = self.admission.clone();
+        let key = self.key.get().cloned();
         let removal = async move {
+            if let Some(key) = &key
+                && !admission.release(key, &held.session.id).await
+            {
+                // Another process serves this MCP session with this sandbox now; it goes
+                // when unused everywhere (the reapers), or when the client closes it.
+                return;
+            }
             remove(&manager, &held.session).await;
             admission
                 .ended(&held.ticket, "its MCP session was closed")

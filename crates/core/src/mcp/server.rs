@@ -197,6 +197,13 @@ impl ServerState {
     }
 }
 
+/// The `Mcp-Session-Id` a request came with (HTTP clients with a session).
+fn mcp_session_id(ctx: &RequestContext<RoleServer>) -> Option<String> {
+    let parts = ctx.extensions.get::<http::request::Parts>()?;
+    let id = parts.headers.get("mcp-session-id")?.to_str().ok()?;
+    Some(id.to_string())
+}
+
 /// Who a request is (set in the request's extensions by the HTTP transport's bearer check), once its bearer token is verified: a digest of the token itself, never of
 /// the raw header (`Bearer T`, `bearer T` and `Bearer  T` are one client, not three, so the
 /// per-client sandbox cap cannot be multiplied by spelling the header differently).
@@ -285,7 +292,8 @@ impl ServerHandler for SandboxServer {
                 // Answered without creating a container for it.
                 return Ok(run(&ToolRegistry::new(), &name, args, &ctx).await);
             }
-            return Ok(match self.slot.sandbox.session().await {
+            let key = mcp_session_id(&ctx);
+            return Ok(match self.slot.sandbox.session_for(key.as_deref()).await {
                 Ok(session) => {
                     let registry = SessionTools::server_registry(&session, &self.state.config);
                     // Not idle while the call lasts (it may outlast the idle timeout).
@@ -338,7 +346,7 @@ impl ServerHandler for SandboxServer {
             );
         }
         match stateless
-            .get(manager, &owner, &id, admission.as_ref())
+            .get(manager, &self.state.config, &owner, &id, admission.as_ref())
             .await
         {
             Some((session, registry)) => {

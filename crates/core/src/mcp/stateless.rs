@@ -8,11 +8,15 @@
 //! shared token the id itself is the capability) and the tool registry bound to it. An id
 //! whose session the reaper took answers "no sandbox", and its entry is dropped then, or at
 //! the next create, so the map never outgrows the sessions the manager holds.
+//!
+//! The front end may also record each id (`Admission::record`; serve: in the store, owned
+//! by the user): an id this process does not hold is then looked up there and its sandbox
+//! attached, so a stateless client's calls may land on any of serve's replicas.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::admission::{Admission, Ticket, create_admitted};
+use super::admission::{Admission, Ticket, attach_recorded, create_admitted};
 use crate::config::Config;
 use crate::sandbox::manager::Session;
 use crate::sandbox::{Owner, SandboxError, SessionManager};
@@ -69,6 +73,7 @@ impl StatelessSandboxes {
             .into_iter()
             .map(|s| s.id.clone())
             .collect();
+        admission.record(&id, &ticket, &session).await;
         let mut map = self.map.lock().await;
         // Drop the ids whose sessions the reaper removed since.
         map.retain(|_, e| live.contains(&e.session_id));
@@ -85,19 +90,28 @@ impl StatelessSandboxes {
     }
 
     /// The session of `owner`'s sandbox `id` (marked used) and its tools; None when the id
-    /// is unknown, another owner's, or its session is gone (whose end is then reported).
+    /// is unknown, another owner's, or its session is gone (whose end is then reported). An
+    /// id this process does not hold is looked up in the front end's records (another
+    /// process made it) and its sandbox attached.
     pub async fn get(
         &self,
         manager: &SessionManager,
+        config: &Config,
         owner: &Owner,
         id: &str,
         admission: &dyn Admission,
     ) -> Option<(Arc<Session>, Arc<ToolRegistry>)> {
-        let (session_id, registry) = {
+        let held = {
             let map = self.map.lock().await;
-            let e = map.get(id).filter(|e| &e.owner == owner)?;
-            (e.session_id.clone(), e.registry.clone())
+            map.get(id)
+                .map(|e| (e.owner.clone(), e.session_id.clone(), e.registry.clone()))
         };
+        let Some((held_by, session_id, registry)) = held else {
+            return self.attach(manager, config, owner, id, admission).await;
+        };
+        if &held_by != owner {
+            return None;
+        }
         match manager.get(owner, &session_id).await {
             Ok(session) => Some((session, registry)),
             Err(_) => {
@@ -114,6 +128,38 @@ impl StatelessSandboxes {
         }
     }
 
+    /// The sandbox recorded for `id` by another process, attached and held here.
+    async fn attach(
+        &self,
+        manager: &SessionManager,
+        config: &Config,
+        owner: &Owner,
+        id: &str,
+        admission: &dyn Admission,
+    ) -> Option<(Arc<Session>, Arc<ToolRegistry>)> {
+        let r = admission.recorded(id).await?;
+        let session = match attach_recorded(manager, owner, &r).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::info!(sandbox = %id, session = %r.session_id, error = %e, "a stateless sandbox recorded by another process could not be attached");
+                return None;
+            }
+        };
+        let ticket = r.ticket;
+        admission.record(id, &ticket, &session).await;
+        let registry = crate::tools::session::SessionTools::server_registry(&session, config);
+        self.map.lock().await.insert(
+            id.to_string(),
+            Entry {
+                owner: owner.clone(),
+                session_id: session.id.clone(),
+                registry: registry.clone(),
+                ticket,
+            },
+        );
+        Some((session, registry))
+    }
+
     /// Removes `owner`'s sandbox `id`; false when there is no such sandbox of this owner.
     pub async fn close(
         &self,
@@ -126,18 +172,25 @@ impl StatelessSandboxes {
             let mut map = self.map.lock().await;
             match map.get(id) {
                 Some(e) if &e.owner == owner => map.remove(id),
-                _ => None,
+                Some(_) => return false,
+                None => None,
             }
         };
-        let Some(e) = taken else {
-            return false;
+        // One this process does not hold was made by another: its record says which.
+        let (ticket, session_id) = match taken {
+            Some(e) => (e.ticket, e.session_id),
+            None => match admission.recorded(id).await {
+                Some(r) => (r.ticket, r.session_id),
+                None => return false,
+            },
         };
-        admission.ended(&e.ticket, "sandbox_close").await;
-        match manager.remove(owner, &e.session_id).await {
+        admission.forget(id).await;
+        admission.ended(&ticket, "sandbox_close").await;
+        match manager.remove(owner, &session_id).await {
             Ok(()) => true,
             Err(SandboxError::SessionNotFound { .. }) => false,
             Err(err) => {
-                tracing::warn!(session = %e.session_id, error = %err, "could not remove a stateless sandbox");
+                tracing::warn!(session = %session_id, error = %err, "could not remove a stateless sandbox");
                 true
             }
         }

@@ -208,6 +208,38 @@ impl SessionManager {
         self.attach_found(owner, found).await
     }
 
+    /// Takes a sandbox that another process's warm pool made and that process claimed for
+    /// `owner` (its label names that pool's scope, not the owner), on the word of the caller's
+    /// own records, as `adopt` does for this manager's scope: serve's replicas each have a
+    /// pool of their own, and a session made on one is used through the others (an MCP
+    /// session moving between replicas). Anything but a pooled sandbox is "not found".
+    pub async fn adopt_claimed(
+        &self,
+        owner: &Owner,
+        id: &str,
+        limits: &Limits,
+    ) -> Result<Arc<Session>, SandboxError> {
+        let not_found = || SandboxError::SessionNotFound { id: id.into() };
+        if !plausible_id(id) {
+            return Err(not_found());
+        }
+        if let Some(s) = lock(&self.table).sessions.get(id) {
+            return if &s.owner == owner {
+                Ok(s.clone())
+            } else {
+                Err(not_found())
+            };
+        }
+        let mut found = self
+            .runtime
+            .find(id)
+            .await?
+            .filter(|f| f.pooled)
+            .ok_or_else(not_found)?;
+        found.limits = Some(limits.clone());
+        self.attach_found(owner, found).await
+    }
+
     /// Warm sandboxes ready now.
     pub fn pool_ready(&self) -> usize {
         lock(&self.table).pool.len()

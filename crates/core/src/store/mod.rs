@@ -7,8 +7,10 @@
 //! server) compare it with the caller on every access, the store only stores.
 
 pub mod conversation;
+mod mcp_sessions;
 mod replicas;
 mod runs;
+mod throttle;
 mod tool_records;
 pub mod wakes;
 
@@ -17,11 +19,13 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use mcp_sessions::{McpSandbox, McpSessionRow, McpSessions};
 pub use replicas::{Replicas, new_replica_id};
 pub use runs::{
     RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoredEvent,
     StoredQuestion, Turn,
 };
+pub use throttle::{AuthFailures, AuthWindow};
 pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
 pub use wakes::{RunWakes, WAKE_ALL, Woken, wait_for_run};
 
@@ -50,6 +54,10 @@ pub enum StoreError {
         "run {run_id} is not driven by replica {driver}: its lease ended, another replica took the run over, or the run has ended"
     )]
     Fenced { run_id: String, driver: String },
+    /// The store cannot be reached now (its server is down or restarting, the connections
+    /// are used up): the same request may succeed when retried later.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
     #[error("the store holds a malformed {what}: {message}")]
     Corrupt { what: &'static str, message: String },
     #[error(
@@ -326,7 +334,9 @@ pub trait Logins: Send + Sync {
 
 /// The store boundary. Every method is one short transaction.
 #[async_trait]
-pub trait Store: Logins + ToolRecords + Replicas + RunControl + Send + Sync {
+pub trait Store:
+    Logins + ToolRecords + Replicas + RunControl + AuthFailures + McpSessions + Send + Sync
+{
     /// A write that proves the store is writable (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 

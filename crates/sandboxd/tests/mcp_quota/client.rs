@@ -54,6 +54,18 @@ impl Mcp {
         m
     }
 
+    /// A client of session `sid` (begun elsewhere: on another replica) with `key`, sending
+    /// no `initialize` of its own.
+    pub fn join(serve: &Serve, key: &str, sid: &str) -> Mcp {
+        Mcp {
+            http: reqwest::Client::new(),
+            url: serve.url("/mcp"),
+            key: key.to_string(),
+            sid: Some(sid.to_string()),
+            stateless: false,
+        }
+    }
+
     /// Stateless (2026-07-28) calls: no session, the protocol in every request.
     pub fn stateless(serve: &Serve, key: &str) -> Mcp {
         Mcp {

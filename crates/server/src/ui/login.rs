@@ -150,20 +150,20 @@ pub async fn login(
     }
     let user = match authenticate(&st, form.key.trim()).await {
         Ok(Some(u)) => u,
-        Ok(None) if st.throttle.blocked(ip).is_some() => {
-            return pages::login_page(
-                Some("Too many failed sign-ins from your address; wait a minute."),
-                StatusCode::TOO_MANY_REQUESTS,
-            );
-        }
         Ok(None) => {
-            st.throttle.failed(ip);
-            return pages::login_page(
-                Some(
-                    "That key is not valid. Keys start with sbx_; an admin makes one with `sandboxd users add`.",
+            return match st.throttle.failed(ip).await {
+                Ok(Some(_)) => pages::login_page(
+                    Some("Too many failed sign-ins from your address; wait a minute."),
+                    StatusCode::TOO_MANY_REQUESTS,
                 ),
-                StatusCode::UNAUTHORIZED,
-            );
+                Ok(None) => pages::login_page(
+                    Some(
+                        "That key is not valid. Keys start with sbx_; an admin makes one with `sandboxd users add`.",
+                    ),
+                    StatusCode::UNAUTHORIZED,
+                ),
+                Err(e) => ApiError::from(e).into_response(),
+            };
         }
         Err(e) => return e.into_response(),
     };

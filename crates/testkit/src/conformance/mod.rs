@@ -10,6 +10,7 @@
 
 pub mod runtime;
 pub mod store;
+mod store_edges;
 mod store_records;
 mod store_replicas;
 mod store_runs;

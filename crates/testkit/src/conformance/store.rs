@@ -10,7 +10,8 @@
 //! recovery: the same database opened again holds everything. Kept sessions' tool records
 //! (`ToolRecords`) have their cases in store_records.rs, run wake-ups in store_wakes.rs,
 //! the replica registry (`Replicas`) in store_replicas.rs, how replicas share runs
-//! (`RunControl`: turns, fencing, takeover, cancel requests and answers) in store_runs.rs.
+//! (`RunControl`: turns, fencing, takeover, cancel requests and answers) in store_runs.rs,
+//! the sign-in throttle (`AuthFailures`) and MCP sessions (`McpSessions`) in store_edges.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
 //! see each other's rows), and a way to open the same database again for the restart case.
@@ -28,6 +29,7 @@ use sandboxd_core::store::{
 };
 
 use super::run_case;
+use super::store_edges as edges;
 use super::store_records as records;
 use super::store_replicas as replicas;
 use super::store_sessions as shared;
@@ -120,6 +122,20 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
         replicas::case_replicas_restart(factory),
     )
     .await?;
+    run_case(S, "case_auth_failures", edges::case_auth_failures(factory)).await?;
+    run_case(
+        S,
+        "case_auth_failures_concurrent",
+        edges::case_auth_failures_concurrent(factory),
+    )
+    .await?;
+    run_case(
+        S,
+        "case_auth_failures_bounded",
+        edges::case_auth_failures_bounded(factory),
+    )
+    .await?;
+    run_case(S, "case_mcp_sessions", edges::case_mcp_sessions(factory)).await?;
     Ok(())
 }
 
