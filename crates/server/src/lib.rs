@@ -284,6 +284,39 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     )
 }
 
+/// The tools every session offers, as `GET /v1/tools` lists them (read off a session that is
+/// never made).
+fn tool_specs(
+    manager: &Arc<SessionManager>,
+    config: &Config,
+) -> Result<Vec<types::ToolInfo>, sandboxd_core::sandbox::SandboxError> {
+    let probe_owner = sandboxd_core::sandbox::Owner::new("serve-probe")?;
+    let probe = sandboxd_core::mcp::lazy::LazySandbox::new(manager.clone(), probe_owner);
+    Ok(
+        sandboxd_core::tools::session::server_tools(probe, &config.limits, config)
+            .specs()
+            .into_iter()
+            .map(|s| types::ToolInfo {
+                name: s.name,
+                description: s.description,
+                parameters: s.parameters,
+            })
+            .collect(),
+    )
+}
+
+/// The LLM and config runs use, or why there is none (runs are then refused).
+fn run_context(config: &Config) -> Result<sandboxd_core::agent::RunContext, String> {
+    sandboxd_core::llm::LlmClient::from_config(&config.llm)
+        .map(|llm| sandboxd_core::agent::RunContext {
+            llm: Arc::new(llm),
+            config: config.clone(),
+            // The store keeps runs' events and conversations; no transcript files.
+            transcripts: None,
+        })
+        .map_err(|e| e.to_string())
+}
+
 /// A bound server, reconciled with the engine, not yet serving.
 pub struct Server {
     pub state: Shared,
@@ -304,26 +337,8 @@ impl Server {
             return Err(ServeError::NoUsersOffLoopback { addr }.into());
         }
         let shutdown = CancellationToken::new();
-        let probe_owner = sandboxd_core::sandbox::Owner::new("serve-probe")?;
-        let probe = sandboxd_core::mcp::lazy::LazySandbox::new(manager.clone(), probe_owner);
-        let tool_specs =
-            sandboxd_core::tools::session::server_tools(probe, &config.limits, &config)
-                .specs()
-                .into_iter()
-                .map(|s| types::ToolInfo {
-                    name: s.name,
-                    description: s.description,
-                    parameters: s.parameters,
-                })
-                .collect();
-        let run_ctx = sandboxd_core::llm::LlmClient::from_config(&config.llm)
-            .map(|llm| sandboxd_core::agent::RunContext {
-                llm: Arc::new(llm),
-                config: config.clone(),
-                // The store keeps runs' events and conversations; no transcript files.
-                transcripts: None,
-            })
-            .map_err(|e| e.to_string());
+        let tool_specs = tool_specs(&manager, &config)?;
+        let run_ctx = run_context(&config);
         let replica = replica::Replica::register(
             store.as_ref(),
             Duration::from_secs(config.server.lease_secs),
