@@ -53,6 +53,7 @@ mod serve_inflight;
 mod serve_lockout;
 mod serve_mcp_quota;
 mod serve_pool;
+mod serve_replicas;
 mod serve_restart;
 mod serve_revoke;
 mod serve_runs;
