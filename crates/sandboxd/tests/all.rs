@@ -54,6 +54,7 @@ mod serve_lockout;
 mod serve_mcp_quota;
 mod serve_pool;
 mod serve_replica_edges;
+mod serve_replicas;
 mod serve_restart;
 mod serve_revoke;
 mod serve_runs;

@@ -96,6 +96,12 @@ impl Env {
         Serve::spawn(cmd)
     }
 
+    /// Counts a user made another way (through the API) as this environment's: its drop
+    /// removes their containers too.
+    pub fn track_user(&self, id: &str) {
+        self.user_ids.lock().unwrap().push(id.to_string());
+    }
+
     pub fn user_ids(&self) -> Vec<String> {
         self.user_ids.lock().unwrap().clone()
     }
