@@ -31,6 +31,7 @@ mod events;
 mod logins;
 mod migrate;
 mod records;
+mod replicas;
 mod runs;
 mod sessions;
 mod store;

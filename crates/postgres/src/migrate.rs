@@ -11,8 +11,11 @@ use crate::sql;
 
 /// Migrations in order; the index + 1 is the version it produces. Never edit a released one:
 /// add a step.
-pub(crate) const MIGRATIONS: &[&str] =
-    &[include_str!("schema_v1.sql"), include_str!("schema_v2.sql")];
+pub(crate) const MIGRATIONS: &[&str] = &[
+    include_str!("schema_v1.sql"),
+    include_str!("schema_v2.sql"),
+    include_str!("schema_v3.sql"),
+];
 
 /// The advisory lock key every migrating process takes (the first 8 bytes of
 /// "sandboxd" read as a big-endian integer, so no other application is likely to share it).

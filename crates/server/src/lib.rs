@@ -43,6 +43,7 @@ pub mod openapi;
 pub use sandboxd_core::config::proxies;
 pub mod quota;
 pub mod reconcile;
+pub mod replica;
 pub mod runs;
 pub mod session_end;
 pub mod sessions;
@@ -107,6 +108,8 @@ pub struct AppState {
     pub streams: Arc<streams::Streams>,
     /// How many file and archive transfers may run at once, and where they spool.
     pub transfers: transfers::Transfers,
+    /// This process as a replica: its id and its lease in the store's registry.
+    pub replica: Arc<replica::Replica>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -306,6 +309,11 @@ impl Server {
                 transcripts: None,
             })
             .map_err(|e| e.to_string());
+        let replica = replica::Replica::register(
+            store.as_ref(),
+            Duration::from_secs(config.server.lease_secs),
+        )
+        .await?;
         let interrupted = runs::RunService::interrupt_stale(&store).await?;
         if !interrupted.is_empty() {
             tracing::info!(runs = ?interrupted, "runs in flight at the last stop are marked interrupted");
@@ -337,6 +345,7 @@ impl Server {
             shutdown.clone(),
         );
         let state = Arc::new(AppState {
+            replica,
             transfers,
             runs,
             proxies,
@@ -380,6 +389,8 @@ impl Server {
             // Runs end `interrupted`; a cancel request waiting on one is answered.
             runs.shutdown(run_drain).await;
         });
+        // The lease first: everything below acts on what this replica holds.
+        let beats = state.replica.spawn_beats(state.store.clone());
         let upkeep = reconcile::spawn_upkeep(state.clone());
         // Credentials revoked by another process (`sandboxd users rotate|rm`) end their streams.
         let recheck = state
@@ -430,6 +441,9 @@ impl Server {
             .ledger()
             .end_all("sandboxd stopped (MCP sandboxes do not outlive the service)")
             .await;
+        // Last: the runs' endings above were written under the lease.
+        beats.abort();
+        state.replica.leave(state.store.as_ref()).await;
         Ok(())
     }
 }

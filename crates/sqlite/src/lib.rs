@@ -26,6 +26,7 @@ use tokio::sync::Semaphore;
 mod events;
 mod logins;
 mod records;
+mod replicas;
 mod runs;
 mod sessions;
 mod usage;
@@ -43,6 +44,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v3.sql"),
     include_str!("schema_v4.sql"),
     include_str!("schema_v5.sql"),
+    include_str!("schema_v6.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

@@ -59,7 +59,15 @@ pub struct ServerConfig {
     /// without a request in flight is closed for a new one; with none, the new one is closed.
     /// Lowered at start to half the process's open-file limit if that is smaller.
     pub max_connections: u64,
+    /// How long a replica's lease lasts: every `serve` on one store renews its own every
+    /// third of this, and what a replica held (the runs it drives) is taken for orphaned by
+    /// the others once its lease has run out, so a replica killed with `kill -9` is noticed
+    /// within this bound. At least 1.
+    pub lease_secs: u64,
 }
+
+/// The longest replica lease: a dead replica's runs must not wait longer to be noticed.
+pub const MAX_LEASE_SECS: u64 = 3600;
 
 /// The longest sign-in allowed: a cookie that outlives a month is a key by another name.
 pub const MAX_SIGN_IN_SECS: u64 = 30 * 86_400;
@@ -85,6 +93,7 @@ impl Default for ServerConfig {
             header_timeout_secs: 10,
             idle_timeout_secs: 60,
             max_connections: 1024,
+            lease_secs: 5,
         }
     }
 }
@@ -104,6 +113,15 @@ impl ServerConfig {
                     ),
                 });
             }
+        }
+        if !(1..=MAX_LEASE_SECS).contains(&self.lease_secs) {
+            return Err(ConfigError::Invalid {
+                key: "server.lease_secs".into(),
+                message: format!(
+                    "{} is not a replica lease between 1 and {MAX_LEASE_SECS} seconds; the default is 5",
+                    self.lease_secs
+                ),
+            });
         }
         if !(1..=MAX_SIGN_IN_SECS).contains(&self.sign_in_secs) {
             return Err(ConfigError::Invalid {

@@ -7,6 +7,7 @@
 //! server) compare it with the caller on every access, the store only stores.
 
 pub mod conversation;
+mod replicas;
 mod runs;
 mod tool_records;
 pub mod wakes;
@@ -16,6 +17,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use replicas::{Replicas, new_replica_id};
 pub use runs::{RunPage, RunPatch, RunQuery, RunRow, RunState, StoredEvent, StoredQuestion};
 pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
 pub use wakes::{RunWakes, WAKE_ALL, Woken, wait_for_run};
@@ -291,7 +293,7 @@ pub trait Logins: Send + Sync {
 
 /// The store boundary. Every method is one short transaction.
 #[async_trait]
-pub trait Store: Logins + ToolRecords + Send + Sync {
+pub trait Store: Logins + ToolRecords + Replicas + Send + Sync {
     /// A write that proves the store is writable (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 

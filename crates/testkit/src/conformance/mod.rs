@@ -11,6 +11,7 @@
 pub mod runtime;
 pub mod store;
 mod store_records;
+mod store_replicas;
 mod store_wakes;
 
 pub use runtime::{RuntimeCaps, runtime_conformance};

@@ -8,7 +8,8 @@
 //! append (a seq that does not follow the run's last is refused and changes nothing),
 //! quotas and appends under concurrent writers, history deletion and retention, and restart
 //! recovery: the same database opened again holds everything. Kept sessions' tool records
-//! (`ToolRecords`) have their cases in store_records.rs, run wake-ups in store_wakes.rs.
+//! (`ToolRecords`) have their cases in store_records.rs, run wake-ups in store_wakes.rs,
+//! the replica registry (`Replicas`) in store_replicas.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
 //! see each other's rows), and a way to open the same database again for the restart case.
@@ -27,6 +28,7 @@ use sandboxd_core::store::{
 
 use super::run_case;
 use super::store_records as records;
+use super::store_replicas as replicas;
 use super::store_wakes as wakes;
 
 /// How the suite gets stores of one backend.
@@ -88,6 +90,18 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
         S,
         "case_tool_records_restart",
         records::case_tool_records_restart(factory),
+    )
+    .await?;
+    run_case(
+        S,
+        "case_replica_leases",
+        replicas::case_replica_leases(factory),
+    )
+    .await?;
+    run_case(
+        S,
+        "case_replicas_restart",
+        replicas::case_replicas_restart(factory),
     )
     .await?;
     Ok(())
