@@ -42,13 +42,14 @@ async fn the_replica_bench_completes_every_run_on_three_replicas_and_drops_its_d
         .expect("the replica bench runs");
     assert_eq!(b.replicas, REPLICAS);
     for (what, load) in [("replicas", &b.pg_load), ("SQLite", &b.sqlite_load)] {
+        // Two rounds of the load on each.
         assert_eq!(
-            (load.completed, load.failures.clone()),
-            (users, vec![]),
+            (load.users, load.completed, load.failures.clone()),
+            (2 * users, 2 * users, vec![]),
             "every run on {what} succeeded"
         );
         // One latency per step: `thinking` to `thinking`, the last to `run_finished`.
-        assert_eq!(load.step_latency.len(), users * steps, "{what}");
+        assert_eq!(load.step_latency.len(), 2 * users * steps, "{what}");
     }
     for l in [&b.sqlite_latency, &b.cross_latency, &b.same_latency] {
         assert!(l.by_answer.len() >= samples && !l.by_stamp.is_empty());

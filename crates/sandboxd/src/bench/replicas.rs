@@ -7,7 +7,8 @@
 //!   on the SQLite server (and, to tell the store's cost from the crossing's, on A alone),
 //!   one run on each in turn so all three see the same machine load;
 //! - load: 20 users at once, user i's run posted to replica i mod 3 and followed on the next
-//!   one, against the same 20 users on the SQLite server; step latency and completions;
+//!   one, against the same 20 users on the SQLite server; step latency and completions; two
+//!   rounds of each (SQLite, replicas, replicas, SQLite), reported together;
 //! - exec: the sync exec of `true` through replica A against the SQLite server, request by
 //!   request in turn.
 //!
@@ -224,11 +225,20 @@ async fn measure(
     let exec = exec_interleaved(&[one, a], samples)
         .await
         .context("exec round trip")?;
-    let sqlite_load = load_on(std::slice::from_ref(sqlite), model, steps)
-        .await
-        .context("the load on SQLite")?;
-    let pg_load = load_on(replicas, model, steps)
-        .await
-        .context("the load across the replicas")?;
+    // Two rounds each, in the order SQLite, replicas, replicas, SQLite, so that a drift of
+    // the machine's load over the four favours neither.
+    let on_sqlite = || async {
+        load_on(std::slice::from_ref(sqlite), model, steps)
+            .await
+            .context("the load on SQLite")
+    };
+    let on_replicas = || async {
+        load_on(replicas, model, steps)
+            .await
+            .context("the load across the replicas")
+    };
+    let sqlite_first = on_sqlite().await?;
+    let pg_load = on_replicas().await?.merge(on_replicas().await?);
+    let sqlite_load = sqlite_first.merge(on_sqlite().await?);
     Ok((latency, exec, sqlite_load, pg_load))
 }

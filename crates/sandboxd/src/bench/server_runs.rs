@@ -416,6 +416,21 @@ pub struct Load {
 }
 
 impl Load {
+    /// Two rounds of a load as one: runs, events, failures and samples together, the times
+    /// added (so events/s is over both), the slowest start the slower.
+    pub fn merge(mut self, other: Load) -> Load {
+        self.users += other.users;
+        self.completed += other.completed;
+        self.failures.extend(other.failures);
+        self.step_latency.extend(other.step_latency);
+        self.step_latency.sort();
+        self.events += other.events;
+        self.wall += other.wall;
+        self.event_window += other.event_window;
+        self.slowest_start = self.slowest_start.max(other.slowest_start);
+        self
+    }
+
     /// A run's events: how many, its start (POST to first step) and each step's latency
     /// (one `thinking` to the next, the last to `run_finished`).
     fn add_timings(&mut self, trace: &RunTrace) {

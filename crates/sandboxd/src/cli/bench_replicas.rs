@@ -110,8 +110,8 @@ fn table(b: &ReplicaBench) {
     let all = pg.completed == pg.users && one.completed == one.users;
     row(
         &format!(
-            "step latency, {} users × {STEPS}-step runs at once, spread over {} replicas (posted to one, followed on the next); {}/{} and {}/{} complete",
-            pg.users, b.replicas, pg.completed, pg.users, one.completed, one.users
+            "step latency, {USERS} users × {STEPS}-step runs at once, spread over {} replicas (posted to one, followed on the next), two rounds each; runs complete: {}/{} and {}/{}",
+            b.replicas, pg.completed, pg.users, one.completed, one.users
         ),
         &pg.step_latency,
         &one.step_latency,
