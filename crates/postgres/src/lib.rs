@@ -3,7 +3,7 @@
 //! store.rs maps the trait onto the tables' statements, which live one file per area like the
 //! SQLite store's (users.rs, sessions.rs, runs.rs, events.rs, logins.rs, usage.rs, edges.rs);
 //! wakes.rs is its run wake-ups across replicas (NOTIFY in the append, a LISTEN connection of
-//! its own).
+//! its own); scratch.rs makes and drops throw-away databases (the bench's replicas).
 //!
 //! Why tokio-postgres + deadpool-postgres and not sqlx: sqlx's `sqlite` feature links a
 //! libsqlite3-sys that cannot coexist with rusqlite's (cargo refuses two `links = "sqlite3"`),
@@ -37,12 +37,14 @@ mod migrate;
 mod records;
 mod replicas;
 mod runs;
+mod scratch;
 mod sessions;
 mod store;
 mod usage;
 mod users;
 mod wakes;
 
+pub use scratch::{ScratchDatabase, create_scratch_database};
 pub use wakes::APPLICATION_NAME as WAKES_APPLICATION_NAME;
 
 /// Connections one process keeps to the database at most.

@@ -118,3 +118,45 @@ async fn bad_urls_and_unreachable_servers_are_errors_without_the_password() {
         "postgres://sandboxd:***@127.0.0.1:1/sandboxd"
     );
 }
+
+/// The bench's throw-away database: made empty with the prefix, a store opens (and migrates)
+/// on its URL, and dropping it ends that store's open connections and removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scratch_database_is_made_used_and_dropped() {
+    let Some(admin) = support::admin_url() else {
+        return;
+    };
+    let exists = |name: String| {
+        let admin = admin.clone();
+        async move {
+            let q = format!("SELECT count(*) FROM pg_database WHERE datname = '{name}'");
+            rows(&admin, &q).await[0].get::<_, i64>(0)
+        }
+    };
+    let db = sandboxd_postgres::create_scratch_database(&admin, "sbx_scratch_test")
+        .await
+        .unwrap();
+    assert!(db.name().starts_with("sbx_scratch_test_"), "{}", db.name());
+    assert!(
+        db.url().ends_with(&format!("/{}", db.name())),
+        "{}",
+        db.url()
+    );
+    assert_eq!(exists(db.name().to_string()).await, 1);
+    // The store stays open (its pool and listener connected) while the database is dropped.
+    let store = PgStore::open(db.url()).await.unwrap();
+    store.ping().await.unwrap();
+    assert_eq!(
+        probe(db.url()).await.unwrap().schema_version,
+        probe(db.url()).await.unwrap().known_version
+    );
+    let name = db.name().to_string();
+    db.drop_database().await.unwrap();
+    assert_eq!(exists(name).await, 0, "the database is gone");
+    drop(store);
+    let refused = sandboxd_postgres::create_scratch_database(&admin, "Bad-Prefix").await;
+    assert!(
+        refused.is_err(),
+        "a prefix that is no plain identifier is refused"
+    );
+}

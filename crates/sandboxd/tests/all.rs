@@ -44,6 +44,7 @@ mod runtime_hardening;
 mod runtime_lifecycle;
 mod runtime_shell;
 mod serve_api;
+mod serve_bench;
 mod serve_connections;
 mod serve_exec;
 mod serve_fuzz;

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod browser;
 pub mod flow;
 pub mod mcp;
+pub mod replicas;
 pub mod server;
 pub mod server_runs;
 pub mod stats;

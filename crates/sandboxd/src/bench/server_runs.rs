@@ -12,7 +12,8 @@
 //!   streamed per second over the whole load.
 //!
 //! Every run's first model request waits until its client follows the event stream, so no
-//! measured event is a replay.
+//! measured event is a replay. A run is posted to one server and followed on the same one or
+//! on another replica of its store (`Route`, `placement`): replicas.rs measures both.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,7 +31,7 @@ use sandboxd_core::sandbox::SessionManager;
 
 /// The fake model: answers by the script in the task, records when it answered.
 #[derive(Default)]
-struct Model {
+pub struct Model {
     /// Per run tag: released once its client follows the events.
     gates: Mutex<HashMap<String, Arc<Notify>>>,
     /// Per run tag: when each answer was handed over.
@@ -106,14 +107,14 @@ async fn answer(State(model): State<Arc<Model>>, Json(body): Json<Value>) -> Jso
 }
 
 /// The fake model on a loopback port; aborted on drop.
-struct FakeModel {
-    model: Arc<Model>,
+pub struct FakeModel {
+    pub model: Arc<Model>,
     base_url: String,
     server: tokio::task::JoinHandle<()>,
 }
 
 impl FakeModel {
-    async fn start() -> anyhow::Result<FakeModel> {
+    pub async fn start() -> anyhow::Result<FakeModel> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let model = Arc::new(Model::default());
@@ -131,7 +132,7 @@ impl FakeModel {
     }
 
     /// The server's config with this model as its LLM.
-    fn config(&self, mut config: Config) -> Config {
+    pub fn config(&self, mut config: Config) -> Config {
         config.llm.base_url = self.base_url.clone();
         config.llm.api_key = "bench".into();
         config.llm.model = "bench".into();
@@ -212,10 +213,12 @@ struct RunTrace {
     events: Vec<Received>,
 }
 
-/// Starts a run for `key` and follows its events to the end; the model's first answer
-/// waits until the stream is open.
+/// Starts a run for `key` on `post` and follows its events to the end on `follow` (the same
+/// server, or another replica of its store); the model's first answer waits until the stream
+/// is open.
 async fn traced_run(
-    server: &BenchServer,
+    post: &BenchServer,
+    follow: &BenchServer,
     model: &Model,
     key: &str,
     tag: &str,
@@ -228,9 +231,9 @@ async fn traced_run(
         body["session_id"] = json!(s);
     }
     let started = Instant::now();
-    let r = server
+    let r = post
         .http
-        .post(format!("{}/v1/runs", server.base))
+        .post(format!("{}/v1/runs", post.base))
         .bearer_auth(key)
         .json(&body)
         .send()
@@ -244,9 +247,9 @@ async fn traced_run(
     let run: Value = r.json().await?;
     let id = run["id"].as_str().unwrap_or_default().to_string();
     let session_id = run["session_id"].as_str().unwrap_or_default().to_string();
-    let resp = server
+    let resp = follow
         .http
-        .get(format!("{}/v1/runs/{id}/events", server.base))
+        .get(format!("{}/v1/runs/{id}/events", follow.base))
         .bearer_auth(key)
         .send()
         .await?
@@ -280,57 +283,116 @@ pub async fn bench_event_latency(
 ) -> anyhow::Result<EventLatency> {
     let model = FakeModel::start().await?;
     let server = BenchServer::start(manager, model.config(config), 1).await?;
-    let result = latency_runs(&server, &model.model, samples).await;
+    let route = Route {
+        post: &server,
+        follow: &server,
+    };
+    let result = latency_interleaved(&[route], &model.model, samples).await;
     server.stop().await;
-    result
+    Ok(result?.remove(0))
 }
 
-async fn latency_runs(
-    server: &BenchServer,
+/// Where a measured run is posted (and driven) and where its events are followed: one
+/// server, or two replicas of one store.
+#[derive(Clone, Copy)]
+pub struct Route<'a> {
+    pub post: &'a BenchServer,
+    pub follow: &'a BenchServer,
+}
+
+/// Event latency over each route, a 20-step run on each in turn until every route has
+/// `samples` samples by the model's clock, so that the routes share the machine's load.
+/// Each route's runs use one session (the first run makes it on `post`), removed after.
+pub async fn latency_interleaved(
+    routes: &[Route<'_>],
     model: &Model,
     samples: usize,
-) -> anyhow::Result<EventLatency> {
-    let key = server.keys[0].clone();
-    let steps = 20;
+) -> anyhow::Result<Vec<EventLatency>> {
+    let mut out: Vec<EventLatency> = routes
+        .iter()
+        .map(|_| EventLatency {
+            by_stamp: Vec::new(),
+            by_answer: Vec::new(),
+        })
+        .collect();
+    let mut sessions: Vec<Option<String>> = vec![None; routes.len()];
+    let mut n = 0;
+    let mut result = Ok(());
+    'rounds: while out.iter().any(|l| l.by_answer.len() < samples) {
+        for (i, route) in routes.iter().enumerate() {
+            n += 1;
+            match latency_run(*route, model, &format!("lat{n}"), &sessions[i]).await {
+                Ok((session, l)) => {
+                    sessions[i] = Some(session);
+                    out[i].by_stamp.extend(l.by_stamp);
+                    out[i].by_answer.extend(l.by_answer);
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break 'rounds;
+                }
+            }
+        }
+    }
+    for (route, session) in routes.iter().zip(&sessions) {
+        if let Some(s) = session {
+            route.post.delete_session(&route.post.keys[0], s).await;
+        }
+    }
+    for l in &mut out {
+        l.by_stamp.sort();
+        l.by_answer.sort();
+    }
+    result.map(|()| out)
+}
+
+/// One 20-step run over `route` (in `session`, else a new one): its session and its samples.
+async fn latency_run(
+    route: Route<'_>,
+    model: &Model,
+    tag: &str,
+    session: &Option<String>,
+) -> anyhow::Result<(String, EventLatency)> {
+    let key = route
+        .post
+        .keys
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the benchmark server has no user"))?;
+    let trace = traced_run(
+        route.post,
+        route.follow,
+        model,
+        key,
+        tag,
+        20,
+        session.as_deref(),
+    )
+    .await?;
     let mut out = EventLatency {
         by_stamp: Vec::new(),
         by_answer: Vec::new(),
     };
-    let mut session: Option<String> = None;
-    let mut n = 0;
-    while out.by_answer.len() < samples {
-        let tag = format!("lat{n}");
-        n += 1;
-        let trace = traced_run(server, model, &key, &tag, steps, session.as_deref()).await?;
-        session = Some(trace.session_id.clone());
-        for e in &trace.events {
-            if let Some(at) = e.data["at"].as_str().and_then(parse_rfc3339) {
-                out.by_stamp
-                    .push(e.wall.duration_since(at).unwrap_or(Duration::ZERO));
-            }
-        }
-        let answers = model
-            .answered
-            .lock()
-            .map(|a| a.get(&tag).cloned().unwrap_or_default())
-            .unwrap_or_default();
-        let usage: Vec<Instant> = trace
-            .events
-            .iter()
-            .filter(|e| e.kind == "token_usage")
-            .map(|e| e.at)
-            .collect();
-        for (answered, received) in answers.iter().zip(&usage) {
-            out.by_answer
-                .push(received.saturating_duration_since(*answered));
+    for e in &trace.events {
+        if let Some(at) = e.data["at"].as_str().and_then(parse_rfc3339) {
+            out.by_stamp
+                .push(e.wall.duration_since(at).unwrap_or(Duration::ZERO));
         }
     }
-    if let Some(s) = session {
-        server.delete_session(&key, &s).await;
+    let answers = model
+        .answered
+        .lock()
+        .map(|a| a.get(tag).cloned().unwrap_or_default())
+        .unwrap_or_default();
+    let usage = trace
+        .events
+        .iter()
+        .filter(|e| e.kind == "token_usage")
+        .map(|e| e.at);
+    for (answered, received) in answers.iter().zip(usage) {
+        out.by_answer
+            .push(received.saturating_duration_since(*answered));
     }
-    out.by_stamp.sort();
-    out.by_answer.sort();
-    Ok(out)
+    Ok((trace.session_id, out))
 }
 
 fn parse_rfc3339(s: &str) -> Option<SystemTime> {
@@ -354,6 +416,21 @@ pub struct Load {
 }
 
 impl Load {
+    /// Two rounds of a load as one: runs, events, failures and samples together, the times
+    /// added (so events/s is over both), the slowest start the slower.
+    pub fn merge(mut self, other: Load) -> Load {
+        self.users += other.users;
+        self.completed += other.completed;
+        self.failures.extend(other.failures);
+        self.step_latency.extend(other.step_latency);
+        self.step_latency.sort();
+        self.events += other.events;
+        self.wall += other.wall;
+        self.event_window += other.event_window;
+        self.slowest_start = self.slowest_start.max(other.slowest_start);
+        self
+    }
+
     /// A run's events: how many, its start (POST to first step) and each step's latency
     /// (one `thinking` to the next, the last to `run_finished`).
     fn add_timings(&mut self, trace: &RunTrace) {
@@ -377,37 +454,42 @@ impl Load {
     }
 }
 
-/// A finished run's key and trace, or why it failed.
-type LoadTask = tokio::task::JoinHandle<(String, anyhow::Result<RunTrace>)>;
+/// A finished run's user (its index in the keys) and trace, or why it failed.
+type LoadTask = tokio::task::JoinHandle<(usize, anyhow::Result<RunTrace>)>;
 
-/// One run of `steps` steps per user, all released together by a barrier.
-fn all_at_once(
-    server: &Arc<BenchServer>,
-    model: &Arc<Model>,
-    users: usize,
-    steps: usize,
-) -> Vec<LoadTask> {
-    let start = Arc::new(tokio::sync::Barrier::new(users));
+/// The replica user `i`'s run is posted to and the one it is followed on: round-robin over
+/// `n` replicas, followed on the next one (on the same one when there is only one).
+fn placement(i: usize, n: usize) -> (usize, usize) {
+    (i % n, (i + 1) % n)
+}
+
+/// One run of `steps` steps per user (the first server's keys), all released together by a
+/// barrier, each placed on the servers by `placement`.
+fn all_at_once(servers: &[Arc<BenchServer>], model: &Arc<Model>, steps: usize) -> Vec<LoadTask> {
+    let keys = servers.first().map(|s| s.keys.clone()).unwrap_or_default();
+    let start = Arc::new(tokio::sync::Barrier::new(keys.len()));
     let mut tasks = Vec::new();
-    for (i, key) in server.keys.clone().into_iter().enumerate() {
-        let (server, model, start) = (server.clone(), model.clone(), start.clone());
+    for (i, key) in keys.into_iter().enumerate() {
+        let (p, f) = placement(i, servers.len());
+        let (post, follow) = (servers[p].clone(), servers[f].clone());
+        let (model, start) = (model.clone(), start.clone());
         tasks.push(tokio::spawn(async move {
             start.wait().await;
             let tag = format!("load{i}");
-            let trace = traced_run(&server, &model, &key, &tag, steps, None).await;
-            (key, trace)
+            let trace = traced_run(&post, &follow, &model, &key, &tag, steps, None).await;
+            (i, trace)
         }));
     }
     tasks
 }
 
-/// Each finished run's key and trace, and why the others failed.
-async fn finished(tasks: Vec<LoadTask>) -> (Vec<(String, RunTrace)>, Vec<String>) {
+/// Each finished run's user and trace, and why the others failed.
+async fn finished(tasks: Vec<LoadTask>) -> (Vec<(usize, RunTrace)>, Vec<String>) {
     let mut traces = Vec::new();
     let mut failures = Vec::new();
     for t in tasks {
         match t.await {
-            Ok((key, Ok(trace))) => traces.push((key, trace)),
+            Ok((i, Ok(trace))) => traces.push((i, trace)),
             Ok((_, Err(e))) => failures.push(e.to_string()),
             Err(e) => failures.push(e.to_string()),
         }
@@ -415,6 +497,7 @@ async fn finished(tasks: Vec<LoadTask>) -> (Vec<(String, RunTrace)>, Vec<String>
     (traces, failures)
 }
 
+/// The load on one server of its own SQLite store, with `users` users.
 pub async fn bench_load(
     manager: Arc<SessionManager>,
     mut config: Config,
@@ -425,39 +508,42 @@ pub async fn bench_load(
     config.sessions.max_per_owner = config.sessions.max_per_owner.max(users + 4);
     let model = FakeModel::start().await?;
     let server = Arc::new(BenchServer::start(manager, model.config(config), users).await?);
-    let tasks = all_at_once(&server, &model.model, users, steps);
+    let result = load_on(std::slice::from_ref(&server), &model.model, steps).await;
+    server.stop().await;
+    result
+}
+
+/// One `steps`-step run per user of the first server's keys at once, placed over `servers`
+/// (replicas of one store, or one server) by `placement`; each run's session is removed
+/// through the server that made it. The servers keep running.
+pub async fn load_on(
+    servers: &[Arc<BenchServer>],
+    model: &Arc<Model>,
+    steps: usize,
+) -> anyhow::Result<Load> {
+    let first = servers
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("a load needs a server"))?;
+    let tasks = all_at_once(servers, model, steps);
     let began = Instant::now();
     let (traces, failures) = finished(tasks).await;
-    let wall = began.elapsed();
     let mut load = Load {
-        users,
+        users: first.keys.len(),
         completed: 0,
         failures,
         step_latency: Vec::new(),
         events: 0,
-        wall,
+        wall: began.elapsed(),
         event_window: Duration::ZERO,
         slowest_start: Duration::ZERO,
     };
-    for (key, trace) in &traces {
+    for (i, trace) in &traces {
         load.add_timings(trace);
-        let state: Value = server
-            .http
-            .get(format!("{}/v1/runs/{}", server.base, trace.id))
-            .bearer_auth(key)
-            .send()
-            .await?
-            .json()
+        let post = &servers[placement(*i, servers.len()).0];
+        load.check_state(post, &first.keys[*i], trace, steps)
             .await?;
-        if state["state"] == "succeeded" && state["steps"] == json!(steps) {
-            load.completed += 1;
-        } else {
-            load.failures.push(format!(
-                "run {} ended {} after {} steps",
-                trace.id, state["state"], state["steps"]
-            ));
-        }
-        server.delete_session(key, &trace.session_id).await;
+        post.delete_session(&first.keys[*i], &trace.session_id)
+            .await;
     }
     let firsts = traces
         .iter()
@@ -469,8 +555,34 @@ pub async fn bench_load(
         load.event_window = b.saturating_duration_since(a);
     }
     load.step_latency.sort();
-    if let Ok(server) = Arc::try_unwrap(server) {
-        server.stop().await;
-    }
     Ok(load)
+}
+
+impl Load {
+    /// Counts the run as completed if `server` says it succeeded after `steps` steps.
+    async fn check_state(
+        &mut self,
+        server: &BenchServer,
+        key: &str,
+        trace: &RunTrace,
+        steps: usize,
+    ) -> anyhow::Result<()> {
+        let state: Value = server
+            .http
+            .get(format!("{}/v1/runs/{}", server.base, trace.id))
+            .bearer_auth(key)
+            .send()
+            .await?
+            .json()
+            .await?;
+        if state["state"] == "succeeded" && state["steps"] == json!(steps) {
+            self.completed += 1;
+        } else {
+            self.failures.push(format!(
+                "run {} ended {} after {} steps",
+                trace.id, state["state"], state["steps"]
+            ));
+        }
+        Ok(())
+    }
 }

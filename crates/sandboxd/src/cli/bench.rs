@@ -22,6 +22,12 @@ pub(crate) struct BenchArgs {
     /// Repetitions of each fast measurement.
     #[arg(long, default_value_t = 200)]
     pub iterations: usize,
+    /// A PostgreSQL cluster for `serve`'s replica measurements, `postgres://USER:PASSWORD@HOST:PORT/postgres`
+    /// (the user may CREATE DATABASE: the bench makes a database with a random name and drops
+    /// it after). Else SANDBOXD_BENCH_PG_URL, else SANDBOXD_TEST_PG_URL; without one those
+    /// measurements are skipped.
+    #[arg(long, value_name = "URL")]
+    pub store_url: Option<String>,
 }
 
 /// The owner of the benchmark's sessions.
@@ -133,6 +139,8 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     }
     if all || args.group == "serve" {
         serve(manager.clone(), &ctx, args.iterations).await?;
+        super::bench_replicas::serve_replicas(&ctx, args.store_url.as_deref(), args.iterations)
+            .await?;
     }
     if all || args.group == "pool" {
         super::bench_pool::pool(&ctx, args.iterations).await?;
@@ -674,22 +682,8 @@ async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Res
                 &mut [],
                 "all complete",
             );
-            let per_s = |d: Duration| l.events as f64 / d.as_secs_f64().max(1e-9);
-            let mut note = format!(
-                "Load: {}/{} runs succeeded; {} events in {:.2} s from the first POST ({:.0} events/s), {:.2} s from the first event to the last ({:.0} events/s); the slowest run's first step came {:.2} s after its POST (session creation included).",
-                l.completed,
-                l.users,
-                l.events,
-                l.wall.as_secs_f64(),
-                per_s(l.wall),
-                l.event_window.as_secs_f64(),
-                per_s(l.event_window),
-                l.slowest_start.as_secs_f64(),
-            );
-            for f in l.failures.iter().take(5) {
-                note.push_str(&format!("\n- failed: {f}"));
-            }
-            note
+            // The slowest start includes creating its session's container.
+            format!("Load: {}", super::bench_replicas::load_note(&l))
         }
         Err(e) => format!("Load: not measured: {e}"),
     };
