@@ -168,7 +168,10 @@ pub async fn type_into(page: &Page, selector: &str, text: &str) {
 /// may not be shown yet.
 async fn act(page: &Page, selector: &str, text: Option<&str>) {
     let mut last = String::new();
-    for _ in 0..40 {
+    // Bounded by time, not tries: on a loaded machine a page's script can take seconds to
+    // enable what it handles.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
         let done = match page.find_element(selector).await {
             Ok(el) => match text {
                 None => dom_click(&el).await,

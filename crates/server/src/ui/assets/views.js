@@ -4,6 +4,35 @@
 
 UI.views.runs = async function () {
   const { api, el, $, toast, enc, when, duration, stateBadge } = UI;
+  // The form is rendered with its button disabled: a submit before this handler exists would
+  // be the browser's own (a reload that loses the task). Enabled once the handler is in place.
+  $('#new-run').addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const button = e.target.querySelector('button');
+    button.disabled = true;
+    try {
+      let session = $('#session').value;
+      const files = $('#files').files;
+      if (files.length && !session) {
+        const s = await api('POST', '/v1/sessions', {});
+        if (s.status !== 201) { toast('No session: ' + UI.errorText(s), true); return; }
+        session = s.data.id;
+      }
+      for (const f of files) {
+        const up = await api('PUT', '/v1/sessions/' + enc(session) + '/files/content?path=' + enc(f.name), f);
+        if (up.status !== 200) { toast(f.name + ' was not uploaded: ' + UI.errorText(up), true); return; }
+      }
+      const body = { task: $('#task').value, mode: $('#mode').value };
+      if (session) body.session_id = session;
+      const r = await api('POST', '/v1/runs', body);
+      if (r.status === 201) location.assign('/runs/' + enc(r.data.id));
+      else toast('The run was not started: ' + UI.errorText(r), true);
+    } finally {
+      button.disabled = false;
+    }
+  });
+  $('#new-run button[type=submit]').disabled = false;
+
   const me = (await api('GET', '/v1/me')).data;
   let cursor = null;
   const owner = $('#owner-filter');
@@ -48,31 +77,6 @@ UI.views.runs = async function () {
   $('#more').addEventListener('click', load);
   await load();
 
-  $('#new-run').addEventListener('submit', async (e) => {
-    e.preventDefault();
-    const button = e.target.querySelector('button');
-    button.disabled = true;
-    try {
-      let session = $('#session').value;
-      const files = $('#files').files;
-      if (files.length && !session) {
-        const s = await api('POST', '/v1/sessions', {});
-        if (s.status !== 201) { toast('No session: ' + UI.errorText(s), true); return; }
-        session = s.data.id;
-      }
-      for (const f of files) {
-        const up = await api('PUT', '/v1/sessions/' + enc(session) + '/files/content?path=' + enc(f.name), f);
-        if (up.status !== 200) { toast(f.name + ' was not uploaded: ' + UI.errorText(up), true); return; }
-      }
-      const body = { task: $('#task').value, mode: $('#mode').value };
-      if (session) body.session_id = session;
-      const r = await api('POST', '/v1/runs', body);
-      if (r.status === 201) location.assign('/runs/' + enc(r.data.id));
-      else toast('The run was not started: ' + UI.errorText(r), true);
-    } finally {
-      button.disabled = false;
-    }
-  });
 };
 
 UI.views.files = async function () {
