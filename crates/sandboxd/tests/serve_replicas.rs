@@ -82,8 +82,10 @@ fn psql(url: &str, statement: &str) {
 /// Replicas of one service: one store, one engine, a data directory each. The first
 /// environment's users are the test's (its drop removes their containers).
 struct Cluster {
-    envs: Vec<Env>,
+    /// Dropped first (fields drop in order): a replica still running when its environment
+    /// cleans up could refill its warm pool after the cleanup.
     serves: Vec<Option<Serve>>,
+    envs: Vec<Env>,
     /// Dropped last: the replicas hold connections to it.
     _db: Db,
 }

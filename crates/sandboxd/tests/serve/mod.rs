@@ -106,9 +106,11 @@ impl Env {
         self.user_ids.lock().unwrap().clone()
     }
 
-    /// The owner label of this environment's serve's warm sandboxes.
+    /// The owner label of this environment's serve's warm sandboxes: of its data directory,
+    /// or, with a `[store] url`, of the store it shares with other replicas.
     pub fn pool_owner(&self) -> String {
-        sandboxd_server::pool_owner(&self.dir.path().join("data"))
+        let config = sandboxd_core::config::Config::load(Some(&self.config)).unwrap();
+        sandboxd_server::pool_owner_for(&config)
             .unwrap()
             .to_string()
     }
