@@ -184,28 +184,10 @@ impl SessionManager {
         id: &str,
         limits: &Limits,
     ) -> Result<Arc<Session>, SandboxError> {
-        let not_found = || SandboxError::SessionNotFound { id: id.into() };
-        let Some(scope) = &self.pool_scope else {
-            return Err(not_found());
+        let Some(scope) = self.pool_scope.clone() else {
+            return Err(SandboxError::SessionNotFound { id: id.into() });
         };
-        if !plausible_id(id) {
-            return Err(not_found());
-        }
-        if let Some(s) = lock(&self.table).sessions.get(id) {
-            return if &s.owner == owner {
-                Ok(s.clone())
-            } else {
-                Err(not_found())
-            };
-        }
-        let mut found = self
-            .runtime
-            .find(id)
-            .await?
-            .filter(|f| f.pooled && f.owner.as_ref() == Some(scope))
-            .ok_or_else(not_found)?;
-        found.limits = Some(limits.clone());
-        self.attach_found(owner, found).await
+        self.adopt_pooled(owner, id, limits, Some(&scope)).await
     }
 
     /// Takes a sandbox that another process's warm pool made and that process claimed for
@@ -218,6 +200,18 @@ impl SessionManager {
         owner: &Owner,
         id: &str,
         limits: &Limits,
+    ) -> Result<Arc<Session>, SandboxError> {
+        self.adopt_pooled(owner, id, limits, None).await
+    }
+
+    /// `adopt` and `adopt_claimed`: a pooled sandbox (of `scope`, when given) bound to
+    /// `owner` with `limits`; one this manager holds already is returned if it is `owner`'s.
+    async fn adopt_pooled(
+        &self,
+        owner: &Owner,
+        id: &str,
+        limits: &Limits,
+        scope: Option<&Owner>,
     ) -> Result<Arc<Session>, SandboxError> {
         let not_found = || SandboxError::SessionNotFound { id: id.into() };
         if !plausible_id(id) {
@@ -234,7 +228,7 @@ impl SessionManager {
             .runtime
             .find(id)
             .await?
-            .filter(|f| f.pooled)
+            .filter(|f| f.pooled && scope.is_none_or(|sc| f.owner.as_ref() == Some(sc)))
             .ok_or_else(not_found)?;
         found.limits = Some(limits.clone());
         self.attach_found(owner, found).await
