@@ -4,11 +4,12 @@
 //! and the binary (sandboxd) is the one place that picks a runtime and a store.
 //!
 //! Floors, lowest first: `events`, `config`, `datadir` (the ground floor: serde and std only);
-//! `llm`, `research`, `sandbox`, `store`; `tools`; `mcp`; `agent`; `flow`.
+//! `llm`, `research`, `sandbox`, `store`; `egress`, `tools`; `mcp`; `agent`; `flow`.
 
 pub mod agent;
 pub mod config;
 pub mod datadir;
+pub mod egress;
 pub mod events;
 pub mod flow;
 pub mod llm;

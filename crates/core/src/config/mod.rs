@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod egress;
 pub mod flow;
 pub mod proxies;
 
@@ -13,6 +14,7 @@ pub mod server;
 pub mod store;
 
 pub use crate::research::ResearchConfig;
+pub use egress::{EgressConfig, EgressPolicy};
 pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
 pub use server::{QuotasConfig, ServerConfig};
 pub use store::{StoreConfig, StoreKind};
@@ -56,6 +58,8 @@ pub struct Config {
     pub quotas: QuotasConfig,
     /// Which store keeps the service's state: SQLite (default) or a PostgreSQL URL.
     pub store: StoreConfig,
+    /// The per-session egress proxy: default and widest policy, caps.
+    pub egress: EgressConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
 }
@@ -414,6 +418,10 @@ impl Config {
             .research
             .validate()
             .map_err(|(key, message)| ConfigError::Invalid { key, message })?;
+        config
+            .egress
+            .validate()
+            .map_err(|(key, message)| ConfigError::Invalid { key, message })?;
         Ok(config)
     }
 
@@ -434,7 +442,7 @@ impl Config {
 
 const SECTIONS: &[&str] = &[
     "docker", "limits", "sessions", "pool", "llm", "agent", "mcp", "flow", "research", "server",
-    "quotas", "store",
+    "quotas", "store", "egress",
 ];
 
 fn apply_env(
