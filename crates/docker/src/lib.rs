@@ -52,9 +52,8 @@ pub async fn connect() -> Result<Docker, SandboxError> {
     // bollard's TLS takes the process's default rustls provider, and the workspace links two
     // (ring and aws-lc-rs, through different HTTP clients), so none is chosen by itself.
     // Installing one that is already installed is refused, and harmless.
-    let _ = rustls::crypto::CryptoProvider::install_default(
-        rustls::crypto::ring::default_provider(),
-    );
+    let _ =
+        rustls::crypto::CryptoProvider::install_default(rustls::crypto::ring::default_provider());
     let host = std::env::var("DOCKER_HOST").unwrap_or_default();
     let tls = std::env::var_os("DOCKER_TLS_VERIFY").is_some_and(|v| !v.is_empty());
     let docker = if host.is_empty() {
