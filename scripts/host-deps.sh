@@ -11,6 +11,9 @@ SUDO=""
 missing=()
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# stunnel4: the TLS front of tests/serve_docker_tls.rs (an engine reached as tcp:// over mutual TLS)
+command -v stunnel4 >/dev/null 2>&1 || missing+=(stunnel4)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if ! docker info >/dev/null 2>&1; then
     command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
     command -v docker >/dev/null 2>&1 || missing+=(docker-cli)

@@ -43,15 +43,48 @@ pub struct DockerRuntime {
 /// The engine client, named so that callers outside this module need not import bollard.
 pub type Engine = Docker;
 
-/// Connects to the local engine (DOCKER_HOST or the default socket) and negotiates the
-/// API version: Debian 12's engine speaks 1.41, bollard defaults to 1.53.
+/// Connects to the engine `DOCKER_HOST` names, as the docker CLI would: the default socket
+/// when it is unset, `unix://PATH`, `tcp://HOST:PORT` (with `DOCKER_TLS_VERIFY` set: mutual
+/// TLS with `ca.pem`, `cert.pem` and `key.pem` from `DOCKER_CERT_PATH`, else `~/.docker`), or
+/// `https://`. Then negotiates the API version: Debian 12's engine speaks 1.41, bollard
+/// defaults to 1.53. Replicas on several hosts share one engine this way.
 pub async fn connect() -> Result<Docker, SandboxError> {
-    Docker::connect_with_local_defaults()
-        .map_err(engine_err)?
+    // bollard's TLS takes the process's default rustls provider, and the workspace links two
+    // (ring and aws-lc-rs, through different HTTP clients), so none is chosen by itself.
+    // Installing one that is already installed is refused, and harmless.
+    let _ =
+        rustls::crypto::CryptoProvider::install_default(rustls::crypto::ring::default_provider());
+    let host = std::env::var("DOCKER_HOST").unwrap_or_default();
+    let tls = std::env::var_os("DOCKER_TLS_VERIFY").is_some_and(|v| !v.is_empty());
+    let docker = if host.is_empty() {
+        Docker::connect_with_local_defaults()
+    } else {
+        Docker::connect_with_defaults()
+    };
+    docker
+        .map_err(|e| engine_err_at(e, &host, tls))?
         .with_timeout(Duration::from_secs(120))
         .negotiate_version()
         .await
-        .map_err(engine_err)
+        .map_err(|e| engine_err_at(e, &host, tls))
+}
+
+/// An engine error that says which engine was tried, and with which certificates.
+fn engine_err_at(e: bollard::errors::Error, host: &str, tls: bool) -> SandboxError {
+    if host.is_empty() {
+        return engine_err(e);
+    }
+    let certs = std::env::var("DOCKER_CERT_PATH").unwrap_or_else(|_| "~/.docker".into());
+    let how = if tls {
+        format!("over TLS with the certificates in {certs} (ca.pem, cert.pem, key.pem)")
+    } else {
+        "without TLS (set DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH for a TLS engine)".into()
+    };
+    SandboxError::BackendUnavailable {
+        backend: ENGINE,
+        message: format!("DOCKER_HOST={host} {how}: {e}"),
+        fix: ENGINE_FIX,
+    }
 }
 
 impl DockerRuntime {

@@ -61,17 +61,19 @@ async fn engine_and_image(
     engine: &Result<docker::Engine, SandboxError>,
     check: &mut impl FnMut(bool, String, &str),
 ) {
-    match engine {
+    const FIX: &str = "install and start Docker (apt-get install docker.io && systemctl start docker), or set DOCKER_HOST";
+    // The version is a request of its own: an engine that answered the connect may still
+    // refuse the next one (a TLS front that breaks resumed sessions does).
+    let version = match engine {
         Ok(e) => {
             let rt = docker::DockerRuntime::new(e.clone(), String::new(), None);
-            let version = rt.engine_version().await.unwrap_or_else(|e| e.to_string());
-            check(true, format!("Docker engine reachable: {version}"), "");
+            rt.engine_version().await.map_err(|e| e.to_string())
         }
-        Err(e) => check(
-            false,
-            format!("Docker engine: {e}"),
-            "install and start Docker (apt-get install docker.io && systemctl start docker), or set DOCKER_HOST",
-        ),
+        Err(e) => Err(e.to_string()),
+    };
+    match version {
+        Ok(v) => check(true, format!("Docker engine reachable: {v}"), ""),
+        Err(e) => check(false, format!("Docker engine: {e}"), FIX),
     }
     if let Ok(e) = engine {
         let tag = docker_image::image_tag();
