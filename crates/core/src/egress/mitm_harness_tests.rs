@@ -197,10 +197,18 @@ pub(super) struct Session {
 }
 
 pub(super) async fn connect(up: &Upstream, tls: UpstreamTls) -> Session {
+    connect_with(up, tls, Arc::new(MitmCounters::default())).await
+}
+
+/// `connect` with the caller's counters (and so its byte cap).
+pub(super) async fn connect_with(
+    up: &Upstream,
+    tls: UpstreamTls,
+    counters: Arc<MitmCounters>,
+) -> Session {
     let ca = Arc::new(SessionCa::new("test-session", &[HOST.to_string()]).unwrap());
     let (sandbox_end, proxy_end) = tokio::io::duplex(64 * 1024);
     let tcp = TcpStream::connect(up.addr).await.unwrap();
-    let counters = Arc::new(MitmCounters::default());
     let (c, ca2) = (counters.clone(), ca.clone());
     let relay = tokio::spawn(async move {
         intercept(proxy_end, tcp, HOST, &credential(), &ca2, &tls, &c).await

@@ -23,6 +23,9 @@ const MAX_HEADERS: usize = 100;
 /// Interim (1xx) responses passed on before the final one.
 const MAX_INTERIM: usize = 8;
 const BUF: usize = 16 * 1024;
+/// How long the relay waits for the sandbox's next request head: the keep-alive idle
+/// timeout, and the bound on a head sent a byte at a time.
+const HEAD_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Headers never forwarded from the sandbox: hop-by-hop ones, and those the relay sets.
 const DROPPED: &[&str] = &[
@@ -290,10 +293,11 @@ where
     let mut client = BufReader::with_capacity(BUF, client);
     let mut upstream = BufReader::with_capacity(BUF, upstream);
     loop {
-        let head = match read_head(&mut client).await {
-            Ok(Some(h)) => h,
-            Ok(None) => break,
-            Err(e) => {
+        let head = match tokio::time::timeout(HEAD_WAIT, read_head(&mut client)).await {
+            // Idle between requests, or a head trickled in too slowly: close, as servers do.
+            Err(_) | Ok(Ok(None)) => break,
+            Ok(Ok(Some(h))) => h,
+            Ok(Err(e)) => {
                 let (status, reason) = head_err(e, "request");
                 refuse(&mut client, status, &reason, counters).await;
                 return Err(bad(status, reason));

@@ -3,6 +3,7 @@
 //! come before `intercept` is called.
 
 use std::io::Write as _;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use sha2::{Digest, Sha256};
@@ -176,6 +177,23 @@ async fn hostile_request_heads_are_refused_before_the_upstream() {
     assert!(
         up.seen.lock().unwrap().is_empty(),
         "a hostile request reached the upstream"
+    );
+}
+
+/// A connection that reaches its byte cap is cut there, mid-body.
+#[tokio::test]
+async fn the_byte_cap_cuts_the_connection() {
+    let up = upstream().await;
+    up.gate.notify_one();
+    let counters = Arc::new(MitmCounters::with_cap(2 * 1024 * 1024));
+    let mut s = connect_with(&up, tls_for(&up), counters.clone()).await;
+    let got = exchange(&mut s, b"GET /big HTTP/1.1\r\nHost: api.mitm.test\r\n\r\n").await;
+    assert!(matches!(s.relay.await.unwrap(), Err(MitmError::Cap(c)) if c == 2 * 1024 * 1024));
+    assert!(got.len() < BIG, "the whole body passed the cap");
+    let moved = counters.up() + counters.down();
+    assert!(
+        moved > 2 * 1024 * 1024 && moved <= 2 * 1024 * 1024 + 64 * 1024,
+        "{moved}"
     );
 }
 
