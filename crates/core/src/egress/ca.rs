@@ -120,6 +120,19 @@ impl SessionCa {
         })
     }
 
+    /// The CA of a session under `config`: None when no host has a credential (nothing is
+    /// intercepted, and the sandbox is given no CA to trust).
+    pub fn for_config(
+        session: &str,
+        config: &crate::config::EgressConfig,
+    ) -> Result<Option<SessionCa>, CaError> {
+        let hosts: Vec<String> = config.credentials.iter().map(|c| c.host.clone()).collect();
+        if hosts.is_empty() {
+            return Ok(None);
+        }
+        SessionCa::new(session, &hosts).map(Some)
+    }
+
     /// The CA certificate (PEM): what the sandbox trusts.
     pub fn cert_pem(&self) -> String {
         self.ca.pem()

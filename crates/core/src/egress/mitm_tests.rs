@@ -267,3 +267,74 @@ fn bad_extra_roots_are_named() {
         .to_string();
     assert!(err.contains("holds no CERTIFICATE block"), "{err}");
 }
+
+/// ALPN: a client offering h2 and http/1.1 (curl, Chromium) gets http/1.1; one offering only
+/// h2 fails the handshake instead of speaking a protocol the relay does not parse.
+#[tokio::test]
+async fn only_http_1_1_is_negotiated() {
+    let up = upstream().await;
+    let ca = Arc::new(SessionCa::new("alpn", &[HOST.to_string()]).unwrap());
+    for (offer, expect) in [
+        (
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            Some(b"http/1.1".to_vec()),
+        ),
+        (vec![b"h2".to_vec()], None),
+    ] {
+        let (sandbox_end, proxy_end) = tokio::io::duplex(64 * 1024);
+        let tcp = tokio::net::TcpStream::connect(up.addr).await.unwrap();
+        let (ca2, tls) = (ca.clone(), tls_for(&up));
+        let relay = tokio::spawn(async move {
+            let counters = MitmCounters::default();
+            intercept(proxy_end, tcp, HOST, &credential(), &ca2, &tls, &counters).await
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.cert_der().clone()).unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = offer;
+        let name = rustls::pki_types::ServerName::try_from(HOST).unwrap();
+        let conn = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, sandbox_end)
+            .await;
+        match expect {
+            Some(proto) => {
+                let mut conn = conn.expect("h2 and http/1.1 offered: http/1.1 is chosen");
+                assert_eq!(conn.get_ref().1.alpn_protocol(), Some(&proto[..]));
+                let req = b"GET /echo HTTP/1.1\r\nHost: api.mitm.test\r\nConnection: close\r\n\r\n";
+                conn.write_all(req).await.unwrap();
+                let mut got = Vec::new();
+                let _ = conn.read_to_end(&mut got).await;
+                assert!(got.starts_with(b"HTTP/1.1 200 OK"));
+                relay.await.unwrap().unwrap();
+            }
+            None => {
+                let err = conn
+                    .expect_err("an h2-only client was accepted")
+                    .to_string();
+                assert!(err.contains("NoApplicationProtocol"), "{err}");
+                assert!(matches!(relay.await.unwrap(), Err(MitmError::ClientTls(_))));
+            }
+        }
+    }
+    assert_eq!(
+        up.seen.lock().unwrap().len(),
+        1,
+        "only the http/1.1 client's request"
+    );
+}
+
+#[test]
+fn no_credentials_no_ca() {
+    let none = SessionCa::for_config("s", &EgressConfig::default()).unwrap();
+    assert!(none.is_none());
+    let config = EgressConfig {
+        credentials: vec![credential()],
+        ..EgressConfig::default()
+    };
+    let ca = SessionCa::for_config("s", &config).unwrap().unwrap();
+    assert_eq!(ca.hosts(), [HOST.to_string()]);
+}
