@@ -172,6 +172,20 @@ fn check_host(host: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Loads the credentials of `[egress]` and checks its `extra_roots_pem` (a file that does not
+/// parse is named now, not at the first intercepted connection).
+pub fn load_section(
+    egress: &mut super::EgressConfig,
+    env: &[(String, String)],
+) -> Result<(), (String, String)> {
+    load_all(&mut egress.credentials, env)?;
+    if !egress.extra_roots_pem.is_empty() {
+        crate::egress::mitm::UpstreamTls::new(&egress.extra_roots_pem)
+            .map_err(|e| ("egress.extra_roots_pem".to_string(), e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// Loads every credential of the section; one host has at most one credential.
 pub fn load_all(
     credentials: &mut [EgressCredential],

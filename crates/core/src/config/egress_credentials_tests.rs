@@ -116,3 +116,18 @@ fn an_unknown_field_is_named() {
     let msg = err.to_string();
     assert!(msg.contains("unknown field `value`"), "{msg}");
 }
+
+#[test]
+fn extra_roots_that_do_not_parse_are_named_at_load() {
+    let roots = file("not a certificate\n");
+    let text = format!(
+        "[egress]\nextra_roots_pem = {:?}\n",
+        roots.path().to_str().unwrap()
+    );
+    let err = load(&text, &[]).unwrap_err();
+    assert!(
+        err.contains("invalid setting egress.extra_roots_pem"),
+        "{err}"
+    );
+    assert!(err.contains("holds no CERTIFICATE block"), "{err}");
+}

@@ -424,7 +424,7 @@ impl Config {
             .validate()
             .map_err(|(key, message)| ConfigError::Invalid { key, message })?;
         // The credentials' values come from the same environment as everything else.
-        egress_credentials::load_all(&mut config.egress.credentials, env)
+        egress_credentials::load_section(&mut config.egress, env)
             .map_err(|(key, message)| ConfigError::Invalid { key, message })?;
         Ok(config)
     }

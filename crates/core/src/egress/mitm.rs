@@ -211,7 +211,7 @@ where
         Err(e) => {
             let message = e.to_string();
             let reason = format!("TLS to {host} failed: {message}");
-            super::mitm_http::refuse(&mut client, 502, &reason, counters).await;
+            super::mitm_body::refuse(&mut client, 502, &reason, counters).await;
             return Err(MitmError::UpstreamTls { host, message });
         }
     };

@@ -3,7 +3,8 @@
 //! fixed-size buffer, and masking the secret in what goes back to the sandbox.
 //!
 //! Nothing here holds a whole body: a body moves at most one buffer (`BUF`) plus the
-//! scrubber's carry (the secret's length less one) at a time.
+//! scrubber's carry (the secret's length less one) at a time. `refuse` is the relay's one
+//! answer of its own: a status and our reason, never anything the request carried.
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -286,4 +287,36 @@ where
     }
     scrub.finish(&mut tail);
     send(w, &tail, up, counters).await
+}
+
+fn status_text(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        405 => "Method Not Allowed",
+        417 => "Expectation Failed",
+        421 => "Misdirected Request",
+        431 => "Request Header Fields Too Large",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        505 => "HTTP Version Not Supported",
+        _ => "Error",
+    }
+}
+
+/// Answers the sandbox with `status` and `reason` (our words only) and closes; best effort.
+pub(crate) async fn refuse<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    status: u16,
+    reason: &str,
+    counters: &MitmCounters,
+) {
+    let body = format!("sandboxd egress proxy: {reason}\n");
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\nX-Sandboxd-Egress: refused\r\n\r\n",
+        status_text(status),
+        body.len()
+    );
+    let _ = send(w, format!("{head}{body}").as_bytes(), false, counters).await;
+    let _ = w.shutdown().await;
 }

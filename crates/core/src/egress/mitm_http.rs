@@ -16,7 +16,9 @@
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::mitm::{MitmCounters, MitmError};
-use super::mitm_body::{self, Framing, HeadError, MAX_HEAD, copy_body, mask, read_head, send};
+use super::mitm_body::{
+    self, Framing, HeadError, MAX_HEAD, copy_body, mask, read_head, refuse, send,
+};
 use crate::config::egress::EgressCredential;
 
 const MAX_HEADERS: usize = 100;
@@ -40,38 +42,6 @@ const DROPPED: &[&str] = &[
     "content-length",
     "transfer-encoding",
 ];
-
-fn status_text(status: u16) -> &'static str {
-    match status {
-        400 => "Bad Request",
-        405 => "Method Not Allowed",
-        417 => "Expectation Failed",
-        421 => "Misdirected Request",
-        431 => "Request Header Fields Too Large",
-        501 => "Not Implemented",
-        502 => "Bad Gateway",
-        505 => "HTTP Version Not Supported",
-        _ => "Error",
-    }
-}
-
-/// Answers the sandbox with `status` and `reason` (our words only) and closes; best effort.
-pub(crate) async fn refuse<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    status: u16,
-    reason: &str,
-    counters: &MitmCounters,
-) {
-    let body = format!("sandboxd egress proxy: {reason}\n");
-    let head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\n\
-         Content-Length: {}\r\nConnection: close\r\nX-Sandboxd-Egress: refused\r\n\r\n",
-        status_text(status),
-        body.len()
-    );
-    let _ = send(w, format!("{head}{body}").as_bytes(), false, counters).await;
-    let _ = w.shutdown().await;
-}
 
 fn bad(status: u16, reason: impl Into<String>) -> MitmError {
     MitmError::BadRequest {
