@@ -18,6 +18,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use super::egress_credentials::{CredentialValue, EgressCredential};
+
 /// One rule of a list policy.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum EgressRule {
@@ -349,6 +351,13 @@ pub struct EgressConfig {
     pub session_mb: u64,
     /// New connections (or forwarded requests) one session may start per minute.
     pub requests_per_minute: u32,
+    /// Secrets the proxy adds to requests for exact hosts (TLS to those hosts is terminated
+    /// by a per-session CA); the values come from the host's environment at load.
+    pub credentials: Vec<EgressCredential>,
+    /// A PEM file of extra roots the proxy trusts when it connects to a credential's host
+    /// (beside the public web PKI): a private CA of the admin's, or the tests' local server.
+    /// Empty: none.
+    pub extra_roots_pem: String,
 }
 
 impl Default for EgressConfig {
@@ -360,6 +369,8 @@ impl Default for EgressConfig {
             connection_mb: 256,
             session_mb: 1024,
             requests_per_minute: 600,
+            credentials: Vec::new(),
+            extra_roots_pem: String::new(),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub mod egress;
+pub mod egress_credentials;
 pub mod flow;
 pub mod proxies;
 
@@ -405,7 +406,7 @@ impl Config {
             }
             apply_env(&mut tree, var, rest, value)?;
         }
-        let config =
+        let mut config =
             Config::deserialize(toml::Value::Table(tree)).map_err(|e| ConfigError::Env {
                 var: "SANDBOXD_*".into(),
                 message: e.to_string(),
@@ -421,6 +422,9 @@ impl Config {
         config
             .egress
             .validate()
+            .map_err(|(key, message)| ConfigError::Invalid { key, message })?;
+        // The credentials' values come from the same environment as everything else.
+        egress_credentials::load_section(&mut config.egress, env)
             .map_err(|(key, message)| ConfigError::Invalid { key, message })?;
         Ok(config)
     }

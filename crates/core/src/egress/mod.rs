@@ -13,6 +13,12 @@
 
 use std::fmt;
 
+pub mod ca;
+pub mod mitm;
+mod mitm_body;
+mod mitm_http;
+pub mod mitm_trust;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
