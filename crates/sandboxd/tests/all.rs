@@ -46,6 +46,7 @@ mod runtime_shell;
 mod serve_api;
 mod serve_bench;
 mod serve_connections;
+mod serve_egress;
 mod serve_exec;
 mod serve_fuzz;
 mod serve_history;
