@@ -480,6 +480,9 @@ impl Server {
         if let Some(pool) = pool {
             pool.abort();
         }
+        // The egress proxies of this replica's sessions: another replica starts its own
+        // when it next attaches them.
+        state.egress_proxies.stop_all().await;
         state.mcp.close_all().await;
         state.backend.remove_mcp_sessions().await;
         ends.abort();
