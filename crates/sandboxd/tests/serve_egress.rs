@@ -282,6 +282,23 @@ async fn the_cli_sets_quotas_and_checks_its_egress_flag() {
         "{err}"
     );
 
+    // A malformed policy on any command that makes a sandbox: clap's error, naming the flag
+    // and what is wrong with the policy.
+    for args in [
+        &["tool", "--egress", "off,a.example.org", "bash", "{}"][..],
+        &["run", "--egress", "*.", "--prompt", "x"][..],
+    ] {
+        let out = env.cmd().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains("--egress <POLICY>"), "{args:?}: {err}");
+    }
+    let out = env
+        .cmd()
+        .args(["tool", "--egress", "off,a.example.org", "bash", "{}"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"off\" stands alone"));
     let out = env
         .cmd()
         .args(["exec", "--egress", "any", "--", "true"])
