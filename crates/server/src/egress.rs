@@ -24,7 +24,9 @@ use sandboxd_core::agent::EventKind;
 use sandboxd_core::config::egress::{EgressConfig, EgressPolicy};
 use sandboxd_core::egress::{EgressAudit, EgressRecord, PolicySource, TRACE_TARGET};
 use sandboxd_core::store::egress::bounded;
-use sandboxd_core::store::{EgressCounters, QuotaOverride, RunPatch, SessionState, Store};
+use sandboxd_core::store::{
+    EgressCounters, QuotaOverride, RunPatch, SessionKind, SessionState, Store,
+};
 
 /// The most recent records GET /v1/sessions/{id}/egress and the session page show.
 pub const RECENT: u32 = 50;
@@ -196,6 +198,14 @@ pub async fn put_egress(
     ApiJson(body): ApiJson<SetEgress>,
 ) -> Result<Json<EgressView>, ApiError> {
     let row = owned_row(&st, &caller, &id).await?;
+    if row.kind == SessionKind::Mcp {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "session {id} is the sandbox of an MCP client, whose egress is off; create an API session with POST /v1/sessions {{\"egress\": …}}"
+            ),
+        ));
+    }
     if row.state == SessionState::Ended {
         return Err(ApiError::new(
             ErrorCode::Conflict,
