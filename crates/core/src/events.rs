@@ -228,6 +228,12 @@ pub enum EventKind {
         completion_tokens: u64,
         duration_ms: u64,
     },
+    /// A connection through the session's egress proxy, allowed or refused, when it ended:
+    /// destination, the rule that decided, bytes each way. Never a header, a body or a
+    /// query string. Only in the service's runs (the CLI's go to its log).
+    Egress {
+        record: crate::egress::EgressRecord,
+    },
 }
 
 /// A plan as the events show it.

@@ -31,6 +31,7 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
 mod edges;
+mod egress;
 mod events;
 mod logins;
 mod migrate;

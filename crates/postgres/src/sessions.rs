@@ -8,11 +8,12 @@ use tokio_postgres::types::ToSql;
 use crate::{
     Args, arg_refs, col, corrupt, execute, page_split, page_tail, query, to_json, unsigned,
 };
+use sandboxd_core::config::egress::EgressPolicy;
 use sandboxd_core::store::{
     SessionCaps, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
 };
 
-const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind";
+const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress";
 
 /// The advisory-lock class of an owner's session cap (the second key is the owner's hash).
 const SESSION_CAP_LOCK: i32 = 1;
@@ -25,6 +26,7 @@ fn from_row(r: &Row) -> Result<(i64, SessionRow), StoreError> {
     let limits: String = col(r, 4)?;
     let metadata: String = col(r, 5)?;
     let kind: String = col(r, 13)?;
+    let egress: String = col(r, 14)?;
     let row = SessionRow {
         id: col(r, 1)?,
         owner: col(r, 2)?,
@@ -39,6 +41,7 @@ fn from_row(r: &Row) -> Result<(i64, SessionRow), StoreError> {
         last_used_at: col(r, 10)?,
         ended_at: col(r, 11)?,
         end_reason: col(r, 12)?,
+        egress: EgressPolicy::parse(&egress).map_err(|e| corrupt("session egress", e))?,
     };
     Ok((col(r, 0)?, row))
 }
@@ -126,8 +129,8 @@ pub(crate) async fn reserve(
     }
     execute(
         c,
-        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind)
-         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $6, $7)",
+        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $6, $7, $8)",
         &[
             &row.id,
             &row.owner,
@@ -136,6 +139,7 @@ pub(crate) async fn reserve(
             &(row.idle_timeout_secs.min(i64::MAX as u64) as i64),
             &row.created_at,
             &row.kind.as_str(),
+            &row.egress.to_string(),
         ],
     )
     .await?;

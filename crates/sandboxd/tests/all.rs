@@ -48,6 +48,7 @@ mod serve_api;
 mod serve_bench;
 mod serve_connections;
 mod serve_docker_tls;
+mod serve_egress;
 mod serve_exec;
 mod serve_fuzz;
 mod serve_history;

@@ -100,12 +100,16 @@ impl SharedSessions for Books {
 pub async fn live(st: &AppState, row: &SessionRow) -> Option<Arc<Live>> {
     if let Some(live) = st.backend.get(row).await {
         note_use(st, &live);
+        // The row was just read: another replica's change of the policy reaches this
+        // replica's shell and python here, before the caller's command.
+        live.sandbox.set_proxy_env(!row.egress.is_off());
         return Some(live);
     }
     let runtime_id = row.runtime_id.as_deref()?;
     let holders = holders_of(st, &row.id).await.ok()?;
     let live = attach(st, row, runtime_id, &holders).await?;
     note_use(st, &live);
+    crate::egress_proxies::follow(st, &live.sandbox, row).await;
     Some(live)
 }
 

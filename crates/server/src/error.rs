@@ -21,7 +21,8 @@ use sandboxd_core::store::StoreError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
-    /// 400: the request is malformed; the message names the field.
+    /// 400: the request is malformed; the message names the field. 403 with this code: the
+    /// request asks for more than the caller may have (an egress policy wider than allowed).
     InvalidRequest,
     /// 400: the Host header is not in the allow-list.
     HostNotAllowed,
@@ -111,6 +112,8 @@ pub struct ApiError {
     pub detail: ErrorDetail,
     /// Seconds for Retry-After (429, and 503 when the store is unavailable).
     pub retry_after: Option<u64>,
+    /// A status other than the code's (see `not_allowed`).
+    pub status: Option<StatusCode>,
 }
 
 impl ApiError {
@@ -123,7 +126,17 @@ impl ApiError {
                 limit: None,
             },
             retry_after: None,
+            status: None,
         }
+    }
+
+    /// 403 with `invalid_request`: a well-formed request for more than the caller may have
+    /// (an egress policy wider than the admin's or the user's quota). Retrying the same
+    /// request never helps, so it is not a 429; the message names the rule that reaches too far.
+    pub fn not_allowed(message: impl Into<String>) -> Self {
+        let mut e = Self::new(ErrorCode::InvalidRequest, message);
+        e.status = Some(StatusCode::FORBIDDEN);
+        e
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -156,7 +169,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.detail.code.status();
+        let status = self.status.unwrap_or(self.detail.code.status());
         let mut resp = (
             status,
             axum::Json(ErrorBody {

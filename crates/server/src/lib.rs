@@ -30,6 +30,8 @@ pub mod admin;
 pub mod attach;
 pub mod auth;
 pub mod backend;
+pub mod egress;
+pub mod egress_proxies;
 pub mod ends;
 pub mod error;
 pub mod exec_stream;
@@ -125,6 +127,8 @@ pub struct AppState {
     pub transfers: transfers::Transfers,
     /// This process as a replica: its id and its lease in the store's registry.
     pub replica: Arc<replica::Replica>,
+    /// The egress proxies of the sessions this replica holds.
+    pub egress_proxies: egress_proxies::Proxies,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +200,7 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
             Short,
             routes!(sessions::get_session, session_end::delete_session),
         ))
+        .routes(l(Short, routes!(egress::get_egress, egress::put_egress)))
         .routes(l(Short, routes!(session_end::delete_history)))
         .routes(l(Long, routes!(sessions::exec)))
         .routes(l(Long, routes!(exec_stream::exec_stream)))
@@ -387,6 +392,7 @@ impl Server {
             transfers,
             runs,
             proxies,
+            egress_proxies: Default::default(),
             streams: streams::Streams::new(config.server.streams_per_user),
             store,
             backend: backend::Backend::new(manager),
@@ -474,6 +480,9 @@ impl Server {
         if let Some(pool) = pool {
             pool.abort();
         }
+        // The egress proxies of this replica's sessions: another replica starts its own
+        // when it next attaches them.
+        state.egress_proxies.stop_all().await;
         state.mcp.close_all().await;
         state.backend.remove_mcp_sessions().await;
         ends.abort();

@@ -110,6 +110,7 @@ async fn api_upkeep(st: &AppState) {
     // unclaimed sessions wait for the next pass.
     let live = st.backend.all().await;
     if live.is_empty() {
+        st.egress_proxies.keep_only(&[]).await;
         return;
     }
     let rows = match st.store.active_sessions().await {
@@ -125,6 +126,7 @@ async fn api_upkeep(st: &AppState) {
         .filter(|r| r.state == SessionState::Creating)
         .map(|r| r.owner.as_str())
         .collect();
+    let mut held = Vec::new();
     for session in live {
         let row = api
             .clone()
@@ -136,6 +138,9 @@ async fn api_upkeep(st: &AppState) {
             .unwrap_or_default();
         match row {
             Some(row) => {
+                held.push(row.id.clone());
+                // The proxy variables and a proxy that died (egress_proxies.rs).
+                crate::egress_proxies::follow(st, &session.sandbox, row).await;
                 let used = last_used_ms(&session);
                 if row.last_used_at < used
                     && let Err(e) = st.store.touch_session(&row.id, used).await
@@ -157,6 +162,7 @@ async fn api_upkeep(st: &AppState) {
             }
         }
     }
+    st.egress_proxies.keep_only(&held).await;
 }
 
 /// Runs `tick` every `[sessions] reap_interval_secs` until shutdown.

@@ -172,6 +172,8 @@ pub async fn create(
             ),
         ));
     }
+    let egress =
+        crate::egress::for_new_session(&st.config.egress, &caller.user.quota, body.egress)?;
     let filled = quota.fill(&asked);
     let limits = st
         .config
@@ -185,7 +187,8 @@ pub async fn create(
         body.metadata,
         idle,
         now_ms(),
-    );
+    )
+    .with_egress(egress);
     // The global cap is counted in the store with the owner's, across every replica; the
     // row records this replica as its first holder (a create it does not finish is ended
     // by another once its lease is out).
@@ -230,6 +233,7 @@ async fn make(st: &AppState, row: &SessionRow, filled: &LimitRequest) -> Result<
                 let _ = st.store.delete_session(&row.id).await;
                 return Err(e.into());
             }
+            crate::egress_proxies::follow(st, &live.sandbox, row).await;
             Ok(())
         }
         Err(e) => {

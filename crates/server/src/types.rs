@@ -82,6 +82,12 @@ pub struct CreateSession {
     #[schema(minimum = 1, maximum = 31536000)]
     #[serde(default, deserialize_with = "integral")]
     pub idle_timeout: Option<u64>,
+    /// Which hosts the sandbox may reach through its egress proxy: `"off"`, `"any"` (any
+    /// public host), `"a.org,*.b.org,!c.b.org"` or an array of such rules. Absent: the
+    /// admin's `[egress] default`. Never wider than `[egress] widest` and your quota's.
+    #[serde(default)]
+    #[schema(schema_with = crate::egress::policy_schema)]
+    pub egress: Option<sandboxd_core::config::egress::EgressPolicy>,
 }
 
 fn metadata_schema() -> utoipa::openapi::Object {
@@ -191,6 +197,9 @@ pub struct Session {
     pub ended_at: Option<DateTime<Utc>>,
     /// Why the session ended.
     pub end_reason: Option<String>,
+    /// Its egress policy as rules (`["off"]`, `["any"]`, `["a.org", "!b.a.org"]`);
+    /// GET /v1/sessions/{id}/egress has its counters and recent connections.
+    pub egress: Vec<String>,
 }
 
 pub fn time(ms: i64) -> DateTime<Utc> {
@@ -211,6 +220,7 @@ impl From<&SessionRow> for Session {
             last_used_at: time(r.last_used_at),
             ended_at: r.ended_at.map(time),
             end_reason: r.end_reason.clone(),
+            egress: r.egress.items(),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! serve tests in crates/sandboxd/tests keep what needs a container).
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
+mod egress_audit;
 mod harness;
 mod in_process;
 mod reaper;

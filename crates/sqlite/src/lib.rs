@@ -1,7 +1,7 @@
 //! SqliteStore: the embedded store, one SQLite file in the data directory. This file opens
 //! it, applies the migrations and runs calls on its two connections; the tables' statements
 //! and row mapping live beside it, one file per table (users.rs, sessions.rs, runs.rs, events.rs,
-//! usage.rs, logins.rs, records.rs, edges.rs).
+//! usage.rs, logins.rs, records.rs, edges.rs, egress.rs).
 //!
 //! Why rusqlite (+ tokio-rusqlite) and not sqlx: sqlx would give PostgreSQL from the same
 //! crate, but on this project's 2-core builders it adds ~105 crates and ~137 s to a cold build
@@ -24,6 +24,7 @@ use rusqlite::{TransactionBehavior, params};
 use tokio::sync::Semaphore;
 
 mod edges;
+mod egress;
 mod events;
 mod logins;
 mod records;
@@ -49,6 +50,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v7.sql"),
     include_str!("schema_v8.sql"),
     include_str!("schema_v9.sql"),
+    include_str!("schema_v10.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

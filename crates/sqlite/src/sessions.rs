@@ -4,11 +4,12 @@
 use rusqlite::{Connection, Params, Transaction, params};
 
 use crate::{page, sql, to_json};
+use sandboxd_core::config::egress::EgressPolicy;
 use sandboxd_core::store::{
     SessionCaps, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
 };
 
-const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind";
+const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress";
 
 /// The sessions matching `tail` with their rowids (the paging cursor), JSON decoded.
 pub(super) fn select(
@@ -27,6 +28,7 @@ pub(super) fn select(
                 r.get::<_, String>(4)?,
                 r.get::<_, String>(5)?,
                 r.get::<_, String>(13)?,
+                r.get::<_, String>(14)?,
                 SessionRow {
                     id: r.get(1)?,
                     owner: r.get(2)?,
@@ -41,13 +43,15 @@ pub(super) fn select(
                     last_used_at: r.get(10)?,
                     ended_at: r.get(11)?,
                     end_reason: r.get(12)?,
+                    egress: Default::default(),
                 },
             ))
         })
         .map_err(sql)?;
     let corrupt = |what, message: String| StoreError::Corrupt { what, message };
     rows.map(|row| {
-        let (rowid, state, limits, metadata, kind, mut row) = row.map_err(sql)?;
+        let (rowid, state, limits, metadata, kind, egress, mut row) = row.map_err(sql)?;
+        row.egress = EgressPolicy::parse(&egress).map_err(|e| corrupt("session egress", e))?;
         row.kind =
             SessionKind::parse(&kind).ok_or_else(|| corrupt("session kind", kind.clone()))?;
         row.state =
@@ -103,8 +107,8 @@ pub(super) fn reserve(
         });
     }
     tx.execute(
-        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind)
-         VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?6, ?7)",
+        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress)
+         VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?6, ?7, ?8)",
         params![
             row.id,
             row.owner,
@@ -112,7 +116,8 @@ pub(super) fn reserve(
             to_json(&row.metadata)?,
             row.idle_timeout_secs as i64,
             row.created_at,
-            row.kind.as_str()
+            row.kind.as_str(),
+            row.egress.to_string()
         ],
     )
     .map_err(sql)?;

@@ -85,6 +85,7 @@ impl<B: ExecBackend> ExecSandbox<B> {
         let started = Instant::now();
         let mut spawn = SpawnRequest::new(req.argv.iter().cloned()).env("SANDBOXD_TAG", tag);
         spawn.env.splice(0..0, req.env.iter().cloned());
+        spawn.env.splice(0..0, self.proxy.spawn_env());
         spawn.cwd = req.cwd.clone();
         let mut process = self.backend.spawn(&spawn, req.stdin.is_some()).await?;
         let writer = req.stdin.clone().map(|data| {

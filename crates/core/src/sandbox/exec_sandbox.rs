@@ -15,6 +15,7 @@ use tokio::sync::Mutex;
 
 use super::framed::FramedProcess;
 use super::fs_client;
+use super::proxy_env::{ProxyEnvState, ProxySwitch};
 use super::shell::PersistentShell;
 use super::tar_safety::{self, TarLimits};
 use super::{
@@ -60,6 +61,8 @@ pub struct ExecSandbox<B> {
     shell: PersistentShell,
     /// The file helper's channel and the SANDBOXD_TAG that can kill it.
     pub(super) fs: Mutex<Option<(FramedProcess, String)>>,
+    /// Whether processes see the egress proxy's variables.
+    pub(super) proxy: ProxySwitch,
 }
 
 impl<B: ExecBackend> ExecSandbox<B> {
@@ -70,6 +73,7 @@ impl<B: ExecBackend> ExecSandbox<B> {
             limits,
             shell: PersistentShell::new(),
             fs: Mutex::new(None),
+            proxy: ProxySwitch::default(),
         }
     }
 
@@ -183,7 +187,17 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         if req.argv.is_empty() {
             return Err(SandboxError::InvalidRequest("empty command".into()));
         }
+        let mut req = req;
+        req.env.splice(0..0, self.proxy.spawn_env());
         self.backend.spawn(&req, true).await
+    }
+
+    fn set_proxy_env(&self, on: bool) {
+        self.proxy.set(on);
+    }
+
+    fn proxy_env_state(&self) -> Option<ProxyEnvState> {
+        Some(self.proxy.state())
     }
 
     async fn shell(&self, command: &str, opts: ShellOptions) -> Result<ShellOutput, SandboxError> {

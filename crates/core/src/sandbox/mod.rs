@@ -22,6 +22,7 @@ pub mod manager;
 mod output;
 mod owner;
 mod pool;
+pub mod proxy_env;
 pub mod records;
 pub mod runtime;
 pub mod shared;
@@ -162,6 +163,18 @@ pub trait Sandbox: Send + Sync {
     /// sandbox. A sandbox with nothing to start answers at once.
     async fn warm_up(&self) -> Result<(), SandboxError> {
         Ok(())
+    }
+
+    /// Turns the egress proxy's variables (`egress::proxy_env()`) on or off for this
+    /// sandbox's processes: those started from now on, the persistent shell before its
+    /// next command and the python interpreter before its next cell (proxy_env.rs). A
+    /// sandbox without processes of its own ignores it.
+    fn set_proxy_env(&self, _on: bool) {}
+
+    /// The wanted proxy environment, for a tool that keeps a process of its own (the python
+    /// interpreter) up to date; None when this sandbox does not manage one.
+    fn proxy_env_state(&self) -> Option<proxy_env::ProxyEnvState> {
+        None
     }
 }
 

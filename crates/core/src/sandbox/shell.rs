@@ -71,6 +71,8 @@ pub fn shell_tag() -> &'static str {
 struct Running {
     process: AttachedProcess,
     pid: u32,
+    /// The generation of the proxy environment this shell has (None: not known yet).
+    proxy_env: Option<u64>,
 }
 
 #[derive(Default)]
@@ -148,18 +150,15 @@ impl PersistentShell {
         };
 
         let nonce = format!("{:032x}", rand::random::<u128>());
+        let mut line = proxy_prefix(host, running);
+        line.push_str(&command_line(command, &nonce));
         if let Some(to) = to
             && !to.send(ShellPiece::Started).await
         {
             self.restore_note(note);
             return Ok(ShellOutput::stopped_before_start());
         }
-        if let Err(e) = running
-            .process
-            .stdin
-            .write_all(command_line(command, &nonce).as_bytes())
-            .await
-        {
+        if let Err(e) = running.process.stdin.write_all(line.as_bytes()).await {
             *guard = None;
             self.set_note(format!("the shell had died ({e}); it will be restarted"));
             return Err(SandboxError::Protocol {
@@ -418,6 +417,9 @@ fn join_notes(a: Option<String>, b: Option<String>) -> Option<String> {
 }
 
 async fn start(host: &dyn Sandbox) -> Result<Running, SandboxError> {
+    // The shell is spawned with the proxy variables of this generation (or a later one,
+    // which the first command then applies again).
+    let proxy_env = host.proxy_env_state().map(|s| s.generation);
     let mut process = host
         .spawn(
             SpawnRequest::new(["bash", "--noprofile", "--norc"])
@@ -458,8 +460,24 @@ async fn start(host: &dyn Sandbox) -> Result<Running, SandboxError> {
                     helper: "bash".into(),
                     message: format!("unexpected greeting {text:?}"),
                 })?;
-            return Ok(Running { process, pid });
+            return Ok(Running {
+                process,
+                pid,
+                proxy_env,
+            });
         }
+    }
+}
+
+/// The session's proxy variables, exported or unset, when they changed since this shell last
+/// had them (sandbox/proxy_env.rs); empty otherwise.
+fn proxy_prefix(host: &dyn Sandbox, running: &mut Running) -> String {
+    match host.proxy_env_state() {
+        Some(want) if running.proxy_env != Some(want.generation) => {
+            running.proxy_env = Some(want.generation);
+            super::proxy_env::shell_line(want.on)
+        }
+        _ => String::new(),
     }
 }
 

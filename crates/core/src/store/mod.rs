@@ -7,6 +7,7 @@
 //! server) compare it with the caller on every access, the store only stores.
 
 pub mod conversation;
+pub mod egress;
 mod mcp_sessions;
 mod replicas;
 mod runs;
@@ -19,6 +20,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use egress::{EgressCounters, EgressLog};
 pub use mcp_sessions::{McpSandbox, McpSessionRow, McpSessions};
 pub use replicas::{Replicas, new_replica_id};
 pub use runs::{
@@ -30,6 +32,7 @@ pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
 pub use wakes::{RunWakes, WAKE_ALL, Woken, wait_for_run};
 
 use crate::config::Limits;
+use crate::config::egress::EgressPolicy;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -83,6 +86,10 @@ pub struct QuotaOverride {
     pub pids: Option<i64>,
     pub workspace_mb: Option<u64>,
     pub tmp_mb: Option<u64>,
+    /// The widest egress policy the user may give a session (None: the admin's
+    /// `[egress] widest`); never wider than the admin's, whatever is stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressPolicy>,
 }
 
 impl QuotaOverride {
@@ -97,6 +104,7 @@ impl QuotaOverride {
             pids: other.pids.or(self.pids),
             workspace_mb: other.workspace_mb.or(self.workspace_mb),
             tmp_mb: other.tmp_mb.or(self.tmp_mb),
+            egress: other.egress.clone().or_else(|| self.egress.clone()),
         }
     }
 }
@@ -210,6 +218,8 @@ pub struct SessionRow {
     pub last_used_at: i64,
     pub ended_at: Option<i64>,
     pub end_reason: Option<String>,
+    /// Which hosts its sandbox may reach through its egress proxy (read at every connection).
+    pub egress: EgressPolicy,
 }
 
 impl SessionRow {
@@ -236,6 +246,7 @@ impl SessionRow {
             last_used_at: now,
             ended_at: None,
             end_reason: None,
+            egress: EgressPolicy::Off,
         }
     }
 }
@@ -244,6 +255,12 @@ impl SessionRow {
     /// The same row with another kind (what `reserve_session` records).
     pub fn with_kind(mut self, kind: SessionKind) -> Self {
         self.kind = kind;
+        self
+    }
+
+    /// The same row with another egress policy (what `reserve_session` records).
+    pub fn with_egress(mut self, egress: EgressPolicy) -> Self {
+        self.egress = egress;
         self
     }
 }
@@ -335,7 +352,7 @@ pub trait Logins: Send + Sync {
 /// The store boundary. Every method is one short transaction.
 #[async_trait]
 pub trait Store:
-    Logins + ToolRecords + Replicas + RunControl + AuthFailures + McpSessions + Send + Sync
+    Logins + ToolRecords + Replicas + RunControl + AuthFailures + McpSessions + EgressLog + Send + Sync
 {
     /// A write that proves the store is writable (readiness).
     async fn ping(&self) -> Result<(), StoreError>;

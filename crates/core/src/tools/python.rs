@@ -41,6 +41,9 @@ struct Slot {
     lost: Option<String>,
     /// The connection (not the interpreter) was lost: the next one should find its variables.
     reconnecting: bool,
+    /// The generation of the sandbox's proxy environment this interpreter's `os.environ`
+    /// has (None: not known, e.g. a daemon an earlier process started).
+    proxy_env: Option<u64>,
 }
 
 impl Python {
@@ -73,6 +76,7 @@ impl Python {
             if slot.driver.is_some() {
                 return Ok(());
             }
+            let env_before = self.sandbox.proxy_env_state().map(|s| s.generation);
             let driver = Driver::start(&*self.sandbox, self.max_body()).await?;
             if let Some(why) = slot.lost.take() {
                 notes.push(format!(
@@ -84,6 +88,9 @@ impl Python {
                         .to_string(),
                 );
             }
+            // A fresh interpreter was started with the proxy variables of then; one an
+            // earlier process started has whatever it had.
+            slot.proxy_env = env_before.filter(|_| driver.cells_before == 0);
             slot.driver = Some(driver);
             // A cell an earlier connection left running (its process ended mid-call).
             self.settle(slot).await;
@@ -165,6 +172,35 @@ impl Python {
                 ))
             }
         })
+    }
+
+    /// Brings the interpreter's `os.environ` to the sandbox's proxy environment when it
+    /// changed (the session's egress turned on or off), with a cell of its own before the
+    /// caller's. A failure is left for the caller's cell to meet; the next call tries again.
+    async fn sync_proxy_env(&self, slot: &mut Slot) {
+        let Some(want) = self.sandbox.proxy_env_state() else {
+            return;
+        };
+        if slot.proxy_env == Some(want.generation) {
+            return;
+        }
+        let Some(driver) = slot.driver.as_mut() else {
+            return;
+        };
+        let cell = crate::sandbox::proxy_env::python_cell(want.on);
+        let quiet = tokio_util::sync::CancellationToken::new();
+        match driver
+            .run(&cell, 4096, Duration::from_secs(10), &quiet)
+            .await
+        {
+            CellEnd::Done(out) if out.error.is_none() => slot.proxy_env = Some(want.generation),
+            CellEnd::Done(out) => {
+                tracing::warn!(error = ?out.error, "could not update the python interpreter's proxy variables")
+            }
+            CellEnd::TimedOut(_) | CellEnd::Died(_) | CellEnd::Cancelled => {
+                tracing::warn!("the python interpreter did not take its proxy variables")
+            }
+        }
     }
 
     /// Brings back a cell left in flight (a cancelled call's, or an earlier process's); one
@@ -249,6 +285,7 @@ impl Tool for Python {
             return Ok(ToolResult::error("the code is empty"));
         }
         self.ready(&mut slot, &mut notes).await?;
+        self.sync_proxy_env(&mut slot).await;
         let Some(driver) = slot.driver.as_mut() else {
             return Err(ToolError::Internal(
                 "the python interpreter did not start".into(),

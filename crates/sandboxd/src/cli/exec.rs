@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::Ctx;
 use super::signals::StopSignals;
+use sandboxd_core::config::egress::EgressPolicy;
 
 /// Limits a command-line user may lower for one session.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -37,6 +38,10 @@ pub(crate) struct LimitFlags {
     /// Size of /workspace in MiB (at most the configured limit).
     #[arg(long)]
     pub workspace_mb: Option<u64>,
+    /// Which hosts the sandbox may reach through its egress proxy: "off", "any" or
+    /// "a.org,*.b.org,!c.b.org" (default: [egress] default; at most [egress] widest).
+    #[arg(long, value_name = "POLICY")]
+    pub egress: Option<EgressPolicy>,
 }
 
 impl LimitFlags {
@@ -90,13 +95,17 @@ pub(crate) async fn open_session(
     keep: bool,
 ) -> anyhow::Result<Arc<Session>> {
     let owner = ctx.owner()?;
-    match session {
-        Some(id) => Ok(manager.get(&owner, id).await?),
-        None => Ok(manager
+    // Checked before a sandbox is made for nothing.
+    let egress = super::egress::policy(ctx, limits.egress.as_ref())?;
+    let session = match session {
+        Some(id) => manager.get(&owner, id).await?,
+        None => manager
             .create(&owner, &limits.request(), CreateOptions { keep })
             .await
-            .context("cannot create the sandbox session")?),
-    }
+            .context("cannot create the sandbox session")?,
+    };
+    super::egress::start(ctx, &session, &egress).await;
+    Ok(session)
 }
 
 /// Removes the session, or says how to reach it again when it is kept.

@@ -10,6 +10,7 @@ pub(crate) mod bench_pool;
 pub(crate) mod bench_replicas;
 pub(crate) mod copy_out;
 pub(crate) mod doctor;
+pub(crate) mod egress;
 pub(crate) mod exec;
 pub(crate) mod image;
 pub(crate) mod mcp;

@@ -142,6 +142,7 @@ fn show(ev: &Event, in_flow: bool) {
             *continued_messages,
         ),
         EventKind::Notice { message } => sayln!("sandboxd: {}", clean(message)),
+        EventKind::Egress { record } => sayln!("🌐 {}", clean(&record.to_string())),
         EventKind::AssistantText { text, .. } => sayln!("💭 {}", short(text, 400)),
         EventKind::ToolCall {
             name, arguments, ..

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
+use sandboxd_core::config::egress::EgressPolicy;
 use sandboxd_core::store::{QuotaOverride, Store, now_ms};
 use sandboxd_server::accounts::{self, AccountError, expiry};
 use sandboxd_server::quota::Quota;
@@ -64,6 +65,10 @@ pub(crate) struct QuotaArgs {
     workspace_mb: Option<u64>,
     #[arg(long)]
     tmp_mb: Option<u64>,
+    /// The widest egress policy the user's sessions may have ("off", "any",
+    /// "a.org,*.b.org"); never wider than [egress] widest, which is checked too.
+    #[arg(long, value_name = "POLICY")]
+    egress: Option<EgressPolicy>,
 }
 
 impl QuotaArgs {
@@ -77,6 +82,7 @@ impl QuotaArgs {
             pids: self.pids,
             workspace_mb: self.workspace_mb,
             tmp_mb: self.tmp_mb,
+            egress: self.egress.clone(),
         }
     }
 }
@@ -142,6 +148,20 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
                 q.ceiling.workspace_mb,
                 q.ceiling.tmp_mb
             );
+            match &merged.egress {
+                Some(e) => {
+                    eprintln!("{name}: egress at most {e} (and [egress] widest)");
+                    if let Err(m) = e.within(&ctx.config.egress.widest) {
+                        eprintln!(
+                            "sandboxd: note: {m}: [egress] widest still applies, so {name}'s sessions get only what both allow"
+                        );
+                    }
+                }
+                None => eprintln!(
+                    "{name}: egress at most [egress] widest ({})",
+                    ctx.config.egress.widest
+                ),
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -263,6 +263,15 @@ impl RunService {
         self.live.lock().ok()?.get(id).cloned()
     }
 
+    /// The run of session `session_id` this process drives now, if any (runs of a session
+    /// take turns: at most one of them is past its queue).
+    pub fn live_in_session(&self, session_id: &str) -> Option<Arc<LiveRun>> {
+        let m = self.live.lock().ok()?;
+        m.values()
+            .find(|r| r.session_id == session_id && r.inserted.load(Ordering::SeqCst))
+            .cloned()
+    }
+
     /// Checks that runs can start at all (an LLM is configured).
     pub fn ready(&self) -> Result<(), RunServiceError> {
         self.ctx

@@ -220,7 +220,12 @@ pub async fn get_run(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Run>, ApiError> {
     let row = owned_run(&st, &caller, &id).await?;
-    Ok(Json((&row).into()))
+    let mut run: Run = (&row).into();
+    let from = row.started_at.unwrap_or(row.created_at);
+    run.egress = Some(
+        crate::egress::run_summary(st.store.as_ref(), &row.session_id, from, row.ended_at).await?,
+    );
+    Ok(Json(run))
 }
 
 #[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs", params(("id" = String, Path)),

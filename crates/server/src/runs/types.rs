@@ -75,6 +75,9 @@ pub struct Run {
     pub ended_at: Option<DateTime<Utc>>,
     /// The seq of the run's last event (0 before the first).
     pub last_seq: u64,
+    /// How much left the host through the session's egress proxy during the run, and to
+    /// where (GET /v1/runs/{id} only; null in lists).
+    pub egress: Option<crate::egress::RunEgress>,
 }
 
 impl From<&RunRow> for Run {
@@ -106,6 +109,7 @@ impl From<&RunRow> for Run {
             started_at: r.started_at.map(time),
             ended_at: r.ended_at.map(time),
             last_seq: r.last_seq,
+            egress: None,
         }
     }
 }

@@ -131,7 +131,8 @@ pub fn files(login: &Login, session: &str) -> Response {
         "files",
         &format!(" data-session=\"{}\"", esc(session)),
         "<section class=\"panel\"><div class=\"row between\"><h1>/workspace</h1><a id=\"archive\" class=\"button\" href=\"#\" download=\"workspace.tar\">Download all (tar)</a></div>\
-<div class=\"files\"><nav id=\"tree\" class=\"tree\" aria-label=\"Files\"></nav><div id=\"viewer\" class=\"viewer\"><p class=\"hint\">Choose a file.</p></div></div></section>",
+<div class=\"files\"><nav id=\"tree\" class=\"tree\" aria-label=\"Files\"></nav><div id=\"viewer\" class=\"viewer\"><p class=\"hint\">Choose a file.</p></div></div></section>\
+<section class=\"panel\"><h1>Egress</h1><p id=\"egress-summary\" class=\"hint\"></p><div class=\"scroll\"><table class=\"list\"><thead><tr><th>Started</th><th>Destination</th><th>Rule</th><th>Bytes up / down</th></tr></thead><tbody id=\"egress\"></tbody></table></div></section>",
         StatusCode::OK,
     )
 }

@@ -190,6 +190,7 @@ fn event_html(kind: &str, ev: &Value) -> String {
             markdown::to_html(s(ev, "text"))
         ),
         "tool_call" => tool_call(ev),
+        "egress" => egress(ev.get("record").unwrap_or(&Value::Null)),
         "error" => note("ev-error", s(ev, "message")),
         "question_asked" => format!(
             "<div class=\"ev ev-question\"><div class=\"label\">The agent asks</div><div>{}</div></div>",
@@ -221,6 +222,32 @@ fn event_html(kind: &str, ev: &Value) -> String {
         ),
         other => note("ev-note", other),
     }
+}
+
+/// One connection through the session's egress proxy: where, which rule, bytes.
+pub(super) fn egress(r: &Value) -> String {
+    let allowed = r.get("allowed").and_then(Value::as_bool) == Some(true);
+    let (class, verdict) = if allowed {
+        ("ev-note", "allowed")
+    } else {
+        ("ev-error", "refused")
+    };
+    let reason = match r.get("reason").and_then(Value::as_str) {
+        Some(why) => format!(": {why}"),
+        None => String::new(),
+    };
+    note(
+        class,
+        &format!(
+            "egress {} {}:{} {verdict} by {}{reason} ({} B up, {} B down)",
+            s(r, "method"),
+            s(r, "host"),
+            n(r, "port"),
+            s(r, "rule"),
+            n(r, "bytes_up"),
+            n(r, "bytes_down")
+        ),
+    )
 }
 
 fn run_started(ev: &Value) -> String {
@@ -344,6 +371,22 @@ mod tests {
         )
         .unwrap();
         assert!(!f.html.contains("<img"));
+    }
+
+    #[test]
+    fn egress_events_say_where_and_why_escaped() {
+        let ev = serde_json::json!({"seq": 4, "type": "egress", "record": {
+            "method": "CONNECT", "host": "<script>x</script>.test", "port": 443, "allowed": false,
+            "rule": "not in the allowlist", "reason": "<b>no</b>", "bytes_up": 0, "bytes_down": 0}});
+        let f = fragment(&ev).unwrap();
+        assert_eq!(f.kind, "egress");
+        assert!(f.html.contains("ev-error"), "{}", f.html);
+        assert!(f.html.contains("&lt;script&gt;x&lt;/script&gt;.test:443 refused by not in the allowlist: &lt;b&gt;no&lt;/b&gt;"), "{}", f.html);
+        assert!(
+            !f.html.contains("<script>") && !f.html.contains("<b>"),
+            "{}",
+            f.html
+        );
     }
 
     #[test]

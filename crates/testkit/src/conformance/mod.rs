@@ -11,6 +11,7 @@
 pub mod runtime;
 pub mod store;
 mod store_edges;
+mod store_egress;
 mod store_records;
 mod store_replicas;
 mod store_runs;

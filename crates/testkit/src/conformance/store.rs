@@ -30,6 +30,7 @@ use sandboxd_core::store::{
 
 use super::run_case;
 use super::store_edges as edges;
+use super::store_egress as egress;
 use super::store_records as records;
 use super::store_replicas as replicas;
 use super::store_sessions as shared;
@@ -136,6 +137,19 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     )
     .await?;
     run_case(S, "case_mcp_sessions", edges::case_mcp_sessions(factory)).await?;
+    run_case(
+        S,
+        "case_session_egress",
+        egress::case_session_egress(factory),
+    )
+    .await?;
+    run_case(S, "case_egress_log", egress::case_egress_log(factory)).await?;
+    run_case(
+        S,
+        "case_egress_log_bounded",
+        egress::case_egress_log_bounded(factory),
+    )
+    .await?;
     Ok(())
 }
 

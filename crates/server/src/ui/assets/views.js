@@ -144,7 +144,23 @@ UI.views.files = async function () {
     viewer.append(el('pre', { class: 'file-text', text: new TextDecoder().decode(bytes) }));
   }
 
-  await list('/workspace', $('#tree'));
+  // The session's egress: its policy, counters and newest connections (all as text).
+  async function egress() {
+    const r = await api('GET', base + '/egress');
+    if (r.status !== 200) { $('#egress-summary').textContent = UI.errorText(r); return; }
+    const e = r.data, c = e.counters;
+    $('#egress-summary').textContent = 'Policy ' + e.policy.join(', ') + ' (at most ' + e.widest.join(', ') +
+      (e.quota ? '; your quota ' + e.quota.join(', ') : '') + '). ' + c.connections + ' connections, ' +
+      c.refused + ' refused, ' + c.bytes_up + ' B up, ' + c.bytes_down + ' B down.';
+    const rows = e.recent.map((x) => el('tr', { class: x.allowed ? '' : 'refused' },
+      el('td', { text: x.started_at }), el('td', { text: x.method + ' ' + x.host + ':' + x.port }),
+      el('td', { text: (x.allowed ? 'allowed by ' : 'refused by ') + x.rule + (x.reason ? ': ' + x.reason : '') }),
+      el('td', { text: x.bytes_up + ' / ' + x.bytes_down })));
+    if (!rows.length) rows.push(el('tr', {}, el('td', { colspan: 4, class: 'hint', text: 'No connections yet.' })));
+    $('#egress').replaceChildren(...rows);
+  }
+
+  await Promise.all([list('/workspace', $('#tree')), egress()]);
 };
 
 UI.views.admin = async function () {

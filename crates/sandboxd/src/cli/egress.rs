@@ -1,0 +1,69 @@
+//! `--egress` of `sandboxd run|exec|shell|tool`: the session's egress policy for this
+//! process (absent: `[egress] default`), never wider than `[egress] widest`. Checked before
+//! the sandbox is made; then the sandbox's processes see the proxy variables while it is
+//! not `off`, and this process runs the session's proxy (`start_proxy`, the one call).
+//!
+//! The CLI keeps no session row: a kept session continued later gets the policy of that
+//! later invocation.
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::bail;
+use sandboxd_core::config::egress::EgressPolicy;
+use sandboxd_core::egress::TRACE_TARGET;
+use sandboxd_core::sandbox::manager::Session;
+
+use super::Ctx;
+
+/// The policy this invocation asks for, checked against `[egress] widest`.
+pub(crate) fn policy(ctx: &Ctx, asked: Option<&EgressPolicy>) -> anyhow::Result<EgressPolicy> {
+    let policy = asked
+        .cloned()
+        .unwrap_or_else(|| ctx.config.egress.default.clone());
+    if let Err(m) = policy.within(&ctx.config.egress.widest) {
+        bail!("--egress {policy}: {m}; ask for less, or widen [egress] widest in the config");
+    }
+    Ok(policy)
+}
+
+/// A running proxy of this process. MERGE(issue 24): `sandboxd_core::egress::EgressProxy`.
+struct RunningProxy;
+
+/// This process's proxy (one session per invocation), kept until the process ends.
+static PROXY: Mutex<Option<RunningProxy>> = Mutex::new(None);
+
+/// Turns the session's proxy variables on or off and, when the policy is not `off`, starts
+/// its proxy. A proxy that cannot start is said on stderr (the sandbox then reaches
+/// nothing, as with `off`), never a failure of the command.
+pub(crate) async fn start(ctx: &Ctx, session: &Arc<Session>, policy: &EgressPolicy) {
+    let on = !policy.is_off();
+    session.sandbox.set_proxy_env(on);
+    if !on {
+        return;
+    }
+    match start_proxy(ctx, session, policy).await {
+        Ok(p) => {
+            if let Ok(mut slot) = PROXY.lock() {
+                *slot = Some(p);
+            }
+        }
+        Err(why) => {
+            tracing::warn!(target: TRACE_TARGET, session = %session.id, error = %why, "the egress proxy did not start");
+            eprintln!(
+                "sandboxd: --egress {policy}: the egress proxy did not start ({why}); the sandbox reaches nothing"
+            );
+        }
+    }
+}
+
+/// The one call that starts the CLI's proxy. MERGE(issue 24): `EgressProxy::start(
+/// session.sandbox.clone(), EgressDeps { config: ctx.config.egress.clone(), ssrf, resolver:
+/// Arc::new(SystemResolver), policy: Arc::new(FixedPolicy(policy.clone())), audit:
+/// Arc::new(LogOnly), session: session.id.clone(), owner: String::new() })`.
+async fn start_proxy(
+    _ctx: &Ctx,
+    _session: &Arc<Session>,
+    _policy: &EgressPolicy,
+) -> Result<RunningProxy, String> {
+    Err("this build has no egress proxy yet (issue 24)".into())
+}

@@ -1,0 +1,29 @@
+-- sandboxd store, schema version 10 (issue 24): each session's egress. `egress` is the
+-- session's policy in its canonical form ("off", "any", "a.org,*.b.org,!c.b.org"), read by
+-- every replica's proxy at each connection; the counters add up every record of the
+-- session (the log below keeps only the newest); `egress_seq` numbers its records.
+ALTER TABLE sessions ADD COLUMN egress TEXT NOT NULL DEFAULT 'off';
+ALTER TABLE sessions ADD COLUMN egress_connections INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN egress_refused INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN egress_bytes_up INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN egress_bytes_down INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN egress_seq INTEGER NOT NULL DEFAULT 0;
+
+-- egress_log: one row per connection through a session's proxy (an EgressRecord), gone
+-- with its session (retention, history deletion) and bounded per session.
+CREATE TABLE egress_log (
+    session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    method TEXT NOT NULL,
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    allowed INTEGER NOT NULL,
+    rule TEXT NOT NULL,
+    reason TEXT,
+    bytes_up INTEGER NOT NULL,
+    bytes_down INTEGER NOT NULL,
+    started_ms INTEGER NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
