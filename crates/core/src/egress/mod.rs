@@ -16,7 +16,15 @@ use std::fmt;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+mod channel;
+mod conn;
+mod decide;
+mod frame;
+mod http;
+mod proxy;
+
 pub use crate::config::egress::{EgressPolicy, Host, Verdict};
+pub use proxy::{EgressDeps, EgressError, EgressProxy, EgressStats};
 
 /// Where programs in the sandbox find the proxy (`HTTP_PROXY=http://127.0.0.1:3128`).
 pub const PROXY_HOST: &str = "127.0.0.1";
