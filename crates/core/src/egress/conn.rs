@@ -10,9 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
 use super::channel::{ConnCtl, ConnIo, Inbound};
@@ -126,6 +125,26 @@ async fn run(shared: &Shared, io: &mut ConnIo, over_cap: bool, tally: &mut Tally
             return;
         }
     };
+    let handed = shared.intercept.as_ref().filter(|i| match &req {
+        Request::Connect { .. } => i.wants(&tally.host, tally.port),
+        Request::Forward { .. } => false,
+    });
+    if let Some(intercept) = handed {
+        let end = handover(
+            shared,
+            io,
+            tally,
+            intercept.as_ref(),
+            upstream,
+            leftover,
+            received,
+        )
+        .await;
+        if let Some(end) = end {
+            finish(tally, end);
+        }
+        return;
+    }
     let (r, mut w) = upstream.into_split();
     let first = match &req {
         Request::Connect { .. } => {
@@ -150,10 +169,51 @@ async fn run(shared: &Shared, io: &mut ConnIo, over_cap: bool, tally: &mut Tally
         None => relay(shared, io, tally, r, w).await,
     };
     if let Some(end) = end {
-        if !end.rule.is_empty() {
-            tally.rule = end.rule;
+        finish(tally, end);
+    }
+}
+
+/// A cut or failure ends the record: its rule (when it has one) and why.
+fn finish(tally: &mut Tally, end: Refused) {
+    if !end.rule.is_empty() {
+        tally.rule = end.rule;
+    }
+    tally.reason = Some(end.reason);
+}
+
+/// Hands an allowed CONNECT to the interceptor: the relay (counted, capped) runs between the
+/// sandbox and one end of an in-memory pipe, the interceptor serves the other end.
+async fn handover(
+    shared: &Shared,
+    io: &mut ConnIo,
+    tally: &Tally,
+    intercept: &dyn super::Intercept,
+    upstream: TcpStream,
+    leftover: Bytes,
+    received: usize,
+) -> Option<Refused> {
+    if !io.ctl.send(http::ESTABLISHED).await {
+        return None;
+    }
+    let (near, far) = tokio::io::duplex(CHUNK * 4);
+    let (r, mut w) = tokio::io::split(near);
+    let served = intercept.serve(far, upstream, &tally.host);
+    let relayed = async {
+        let cut = match forward_up(shared, tally, &mut w, &leftover).await {
+            Ok(cut) => cut,
+            Err(e) => Some(refused("", format!("the interceptor failed: {e}"))),
+        };
+        io.ctl.grant(received);
+        match cut {
+            Some(cut) => Some(cut),
+            None => relay(shared, io, tally, r, w).await,
         }
-        tally.reason = Some(end.reason);
+    };
+    let (served, relayed) = futures::future::join(served, relayed).await;
+    match (relayed, served) {
+        (Some(end), _) => Some(end),
+        (None, Err(e)) => Some(refused("", format!("the interceptor failed: {e}"))),
+        (None, Ok(())) => None,
     }
 }
 
@@ -251,10 +311,10 @@ fn budget(shared: &Shared, tally: &Tally, n: usize) -> (usize, Option<Refused>) 
 }
 
 /// Writes bytes from the client to the destination, within the caps.
-async fn forward_up(
+async fn forward_up<W: AsyncWrite + Unpin>(
     shared: &Shared,
     tally: &Tally,
-    w: &mut OwnedWriteHalf,
+    w: &mut W,
     data: &[u8],
 ) -> std::io::Result<Option<Refused>> {
     let (take, cut) = budget(shared, tally, data.len());
@@ -276,12 +336,12 @@ enum Half {
 
 /// Copies both ways until both sides are done, either side aborts, or a cap cuts; the
 /// reason when it did not end normally.
-async fn relay(
+async fn relay<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     shared: &Shared,
     io: &mut ConnIo,
     tally: &Tally,
-    mut r: OwnedReadHalf,
-    mut w: OwnedWriteHalf,
+    mut r: R,
+    mut w: W,
 ) -> Option<Refused> {
     let (rx, ctl) = (&mut io.rx, &io.ctl);
     let failed =

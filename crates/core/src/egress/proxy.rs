@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::channel::{Demux, Event, write_frames};
 use super::decide::Caps;
 use super::frame::{HELLO, HELLO_PAYLOAD};
-use super::{EgressAudit, PROXY_PORT, PolicySource, conn};
+use super::{EgressAudit, Intercept, PROXY_PORT, PolicySource, conn};
 use crate::config::EgressConfig;
 use crate::research::{resolver::NameResolver, ssrf};
 use crate::sandbox::{Sandbox, SandboxError, SpawnRequest, helpers};
@@ -72,6 +72,7 @@ pub enum EgressError {
 /// What the connection tasks share.
 pub(crate) struct Shared {
     pub(crate) deps: EgressDeps,
+    pub(crate) intercept: Option<Arc<dyn Intercept>>,
     pub(crate) caps: Caps,
     pub(crate) stop: CancellationToken,
     pub(crate) open: AtomicU64,
@@ -96,7 +97,18 @@ impl EgressProxy {
     ) -> Result<EgressProxy, EgressError> {
         let (port, max) = (PROXY_PORT.to_string(), max_open(&deps).to_string());
         let argv = helpers::argv("sandboxd_egress.py", &["--port", &port, "--max", &max]);
-        Self::start_command(sandbox, deps, argv).await
+        Self::launch(sandbox, deps, argv, None).await
+    }
+
+    /// `start`, with the CONNECTs `intercept` wants handed to it instead of tunneled.
+    pub async fn start_intercepting(
+        sandbox: Arc<dyn Sandbox>,
+        deps: EgressDeps,
+        intercept: Arc<dyn Intercept>,
+    ) -> Result<EgressProxy, EgressError> {
+        let (port, max) = (PROXY_PORT.to_string(), max_open(&deps).to_string());
+        let argv = helpers::argv("sandboxd_egress.py", &["--port", &port, "--max", &max]);
+        Self::launch(sandbox, deps, argv, Some(intercept)).await
     }
 
     /// `start` with `argv` run in place of the image's helper: the tests' misbehaving helpers.
@@ -105,6 +117,15 @@ impl EgressProxy {
         sandbox: Arc<dyn Sandbox>,
         deps: EgressDeps,
         argv: Vec<String>,
+    ) -> Result<EgressProxy, EgressError> {
+        Self::launch(sandbox, deps, argv, None).await
+    }
+
+    async fn launch(
+        sandbox: Arc<dyn Sandbox>,
+        deps: EgressDeps,
+        argv: Vec<String>,
+        intercept: Option<Arc<dyn Intercept>>,
     ) -> Result<EgressProxy, EgressError> {
         let max_open = max_open(&deps);
         let mut req = SpawnRequest::new(argv).env("SANDBOXD_TAG", "sandboxd-egress");
@@ -142,6 +163,7 @@ impl EgressProxy {
         let caps = Caps::new(&deps);
         let shared = Arc::new(Shared {
             deps,
+            intercept,
             caps,
             stop: stop.clone(),
             open: AtomicU64::new(0),

@@ -268,3 +268,82 @@ async fn a_policy_change_takes_effect_on_the_next_connection() {
     assert_eq!(web.hits(), 1);
     proxy.stop().await;
 }
+
+/// Serves what it is handed itself: answers the tunnel's first request with its own text.
+struct Answering;
+
+#[async_trait::async_trait]
+impl sandboxd_core::egress::Intercept for Answering {
+    fn wants(&self, host: &str, _port: u16) -> bool {
+        host == "good.test"
+    }
+
+    async fn serve(
+        &self,
+        mut client: tokio::io::DuplexStream,
+        _upstream: tokio::net::TcpStream,
+        host: &str,
+    ) -> Result<(), String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = client.read(&mut buf).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("the client left".into());
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        let body = format!("intercepted {host}\n");
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        client
+            .write_all(reply.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        client.shutdown().await.map_err(|e| e.to_string())
+    }
+}
+
+#[tokio::test]
+async fn a_connect_the_interceptor_wants_is_handed_to_it_and_still_counted() {
+    let web = support::http_server("tunneled").await;
+    let m = base::manager().await;
+    let (s, _g) = base::session(&m).await;
+    let sb = &s.sandbox;
+    let audit = Arc::new(Collect::default());
+    let deps = support::deps(
+        EgressConfig::default(),
+        &[web.port],
+        Switch::new("good.test,other.test"),
+        audit.clone(),
+    );
+    let proxy = EgressProxy::start_intercepting(sb.clone(), deps, Arc::new(Answering))
+        .await
+        .unwrap();
+    // -p: a CONNECT tunnel even for http://, so the request inside is what the interceptor reads.
+    let got = sb
+        .shell(&curl(&format!("-p http://good.test:{}/", web.port)), opts())
+        .await
+        .unwrap();
+    assert_eq!(got.stdout_lossy(), "intercepted good.test\n", "{got:?}");
+    let rec = audit.of("good.test", 0).await;
+    assert!(
+        rec.allowed && rec.method == "CONNECT" && rec.bytes_down > 0 && rec.bytes_up > 0,
+        "{rec:?}"
+    );
+    // Another allowed host is tunneled untouched.
+    let other = sb
+        .shell(
+            &curl(&format!("-p http://other.test:{}/", web.port)),
+            opts(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(other.stdout_lossy(), "hello tunneled /\n", "{other:?}");
+    // The interceptor got the connection to the checked address but did not use it.
+    assert_eq!(web.hits(), 2);
+    proxy.stop().await;
+}
