@@ -125,31 +125,49 @@ async fn run(shared: &Shared, io: &mut ConnIo, over_cap: bool, tally: &mut Tally
             return;
         }
     };
+    let head = Head {
+        req,
+        leftover,
+        received,
+    };
+    if let Some(end) = carry(shared, io, tally, head, upstream).await {
+        finish(tally, end);
+    }
+}
+
+/// A parsed request head, the bytes that came after it, and all the bytes read for it.
+struct Head {
+    req: Request,
+    leftover: Bytes,
+    received: usize,
+}
+
+/// Carries an allowed, connected request: tunneled, forwarded or handed to the interceptor.
+async fn carry(
+    shared: &Shared,
+    io: &mut ConnIo,
+    tally: &Tally,
+    head: Head,
+    upstream: TcpStream,
+) -> Option<Refused> {
+    let Head {
+        req,
+        leftover,
+        received,
+    } = head;
     let handed = shared.intercept.as_ref().filter(|i| match &req {
         Request::Connect { .. } => i.wants(&tally.host, tally.port),
         Request::Forward { .. } => false,
     });
     if let Some(intercept) = handed {
-        let end = handover(
-            shared,
-            io,
-            tally,
-            intercept.as_ref(),
-            upstream,
-            leftover,
-            received,
-        )
-        .await;
-        if let Some(end) = end {
-            finish(tally, end);
-        }
-        return;
+        let i = intercept.as_ref();
+        return handover(shared, io, tally, i, upstream, leftover, received).await;
     }
     let (r, mut w) = upstream.into_split();
     let first = match &req {
         Request::Connect { .. } => {
             if !io.ctl.send(http::ESTABLISHED).await {
-                return;
+                return None;
             }
             leftover
         }
@@ -164,12 +182,9 @@ async fn run(shared: &Shared, io: &mut ConnIo, over_cap: bool, tally: &mut Tally
         Err(e) => Some(refused("", format!("the destination failed: {e}"))),
     };
     io.ctl.grant(received);
-    let end = match cut {
+    match cut {
         Some(end) => Some(end),
         None => relay(shared, io, tally, r, w).await,
-    };
-    if let Some(end) = end {
-        finish(tally, end);
     }
 }
 
