@@ -204,9 +204,7 @@ impl EgressPolicy {
             }
         }
         if allow.is_empty() {
-            return Err(format!(
-                "{EMPTY} (denials alone allow nothing: add \"any\")"
-            ));
+            return Err(format!("{EMPTY} (denials alone allow nothing: add \"any\")"));
         }
         Ok(EgressPolicy::List { allow, deny })
     }
@@ -238,9 +236,7 @@ impl EgressPolicy {
             EgressPolicy::List { allow, deny } => (allow, deny),
         };
         let (w_allow, w_deny) = match widest {
-            EgressPolicy::Off => {
-                return Err("egress is off at most: only \"off\" is allowed".into());
-            }
+            EgressPolicy::Off => return Err("egress is off at most: only \"off\" is allowed".into()),
             EgressPolicy::List { allow, deny } => (allow, deny),
         };
         if let Some(a) = allow
@@ -367,20 +363,14 @@ impl Default for EgressConfig {
 impl EgressConfig {
     /// Checks the section at load: (key, message) on error.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        self.default.within(&self.widest).map_err(|m| {
-            (
-                "egress.default".into(),
-                format!("must be within egress.widest: {m}"),
-            )
-        })?;
+        self.default
+            .within(&self.widest)
+            .map_err(|m| ("egress.default".into(), format!("must be within egress.widest: {m}")))?;
         for (key, v) in [
             ("egress.connections", u64::from(self.connections)),
             ("egress.connection_mb", self.connection_mb),
             ("egress.session_mb", self.session_mb),
-            (
-                "egress.requests_per_minute",
-                u64::from(self.requests_per_minute),
-            ),
+            ("egress.requests_per_minute", u64::from(self.requests_per_minute)),
         ] {
             if v == 0 {
                 return Err((key.into(), "must be at least 1".into()));

@@ -15,40 +15,20 @@ fn parsing_names_what_is_wrong() {
     assert_eq!(p("off"), EgressPolicy::Off);
     assert_eq!(p(" OFF "), EgressPolicy::Off);
     assert_eq!(p("any"), EgressPolicy::any());
-    assert_eq!(
-        p("Example.ORG., *.b.org").to_string(),
-        "example.org,*.b.org"
-    );
-    for bad in [
-        "",
-        " , ",
-        "off,a.org",
-        "!a.org",
-        "a..org",
-        "-a.org",
-        "*.",
-        "a/b",
-        "*.*.a",
-    ] {
+    assert_eq!(p("Example.ORG., *.b.org").to_string(), "example.org,*.b.org");
+    for bad in ["", " , ", "off,a.org", "!a.org", "a..org", "-a.org", "*.", "a/b", "*.*.a"] {
         let err = EgressPolicy::parse(bad).unwrap_err();
         assert!(!err.is_empty(), "{bad:?}");
     }
     let many = vec!["a.org"; MAX_RULES + 1];
-    assert!(
-        EgressPolicy::from_items(&many)
-            .unwrap_err()
-            .contains("at most")
-    );
+    assert!(EgressPolicy::from_items(&many).unwrap_err().contains("at most"));
 }
 
 #[test]
 fn rules_match_names_wildcards_and_addresses_and_denials_win() {
     assert!(!allows("off", "a.org"));
     assert!(allows("any", "a.org"));
-    assert!(
-        allows("any", "10.0.0.1"),
-        "the SSRF rules, not the policy, refuse private hosts"
-    );
+    assert!(allows("any", "10.0.0.1"), "the SSRF rules, not the policy, refuse private hosts");
     assert!(allows("*.wikipedia.org", "en.wikipedia.org"));
     assert!(allows("*.wikipedia.org", "EN.Wikipedia.org."));
     assert!(!allows("*.wikipedia.org", "wikipedia.org"));
@@ -63,10 +43,7 @@ fn rules_match_names_wildcards_and_addresses_and_denials_win() {
     let v = p("any,!*.ads.example").check(&Host::parse("x.ads.example"));
     assert_eq!((v.allowed, v.rule.as_str()), (false, "!*.ads.example"));
     let v = p("*.b.org").check(&Host::parse("c.org"));
-    assert_eq!(
-        (v.allowed, v.rule.as_str()),
-        (false, "not in the allowlist")
-    );
+    assert_eq!((v.allowed, v.rule.as_str()), (false, "not in the allowlist"));
     let v = p("off").check(&Host::parse("c.org"));
     assert_eq!(v.rule, "egress off");
     let v = p("a.org,*.b.org").check(&Host::parse("x.b.org"));
@@ -84,10 +61,7 @@ fn within_is_proved_on_the_rules() {
     assert!(!ok("any", "a.org"));
     assert!(ok("x.b.org,*.c.b.org", "*.b.org"));
     assert!(ok("*.b.org", "*.b.org"));
-    assert!(
-        !ok("b.org", "*.b.org"),
-        "the wildcard does not match the domain itself"
-    );
+    assert!(!ok("b.org", "*.b.org"), "the wildcard does not match the domain itself");
     assert!(!ok("*.org", "*.b.org"));
     assert!(ok("192.0.2.1", "192.0.2.1,a.org"));
     assert!(!ok("192.0.2.1", "a.org"));
@@ -105,8 +79,7 @@ fn within_is_proved_on_the_rules() {
 fn serialized_as_a_string_or_an_array() {
     let one: EgressPolicy = serde_json::from_str("\"any\"").unwrap();
     assert_eq!(serde_json::to_string(&one).unwrap(), "\"any\"");
-    let many: EgressPolicy =
-        serde_json::from_str("[\"a.org\", \"!b.a.org\", \"*.a.org\"]").unwrap();
+    let many: EgressPolicy = serde_json::from_str("[\"a.org\", \"!b.a.org\", \"*.a.org\"]").unwrap();
     assert_eq!(
         serde_json::to_string(&many).unwrap(),
         "[\"a.org\",\"*.a.org\",\"!b.a.org\"]"
