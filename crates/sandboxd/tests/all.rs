@@ -26,6 +26,7 @@ mod browser_lifecycle;
 mod cli_copy_out;
 mod cli_exec;
 mod cli_lifecycle;
+mod egress;
 mod egress_trust;
 mod flow_cli;
 mod flow_plan;

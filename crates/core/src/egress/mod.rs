@@ -22,7 +22,15 @@ pub mod mitm_trust;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+mod channel;
+mod conn;
+mod decide;
+mod frame;
+mod http;
+mod proxy;
+
 pub use crate::config::egress::{EgressPolicy, Host, Verdict};
+pub use proxy::{EgressDeps, EgressError, EgressProxy, EgressStats};
 
 /// Where programs in the sandbox find the proxy (`HTTP_PROXY=http://127.0.0.1:3128`).
 pub const PROXY_HOST: &str = "127.0.0.1";
@@ -57,6 +65,24 @@ impl PolicySource for FixedPolicy {
     async fn policy(&self) -> Result<EgressPolicy, String> {
         Ok(self.0.clone())
     }
+}
+
+/// The seam for TLS interception (credentials injected for hosts that have one): a CONNECT
+/// that passed every check, whose destination `wants` says, is handed to `serve` instead of
+/// being tunneled. The proxy still counts and caps the bytes between the sandbox and `client`.
+#[async_trait]
+pub trait Intercept: Send + Sync {
+    /// Whether this destination (as the sandbox named it, normalised) is to be handed over.
+    fn wants(&self, host: &str, port: u16) -> bool;
+
+    /// Serves one connection: `client` is the sandbox's side, just after the proxy answered
+    /// `200 Connection Established`; `upstream` is connected to the checked address.
+    async fn serve(
+        &self,
+        client: tokio::io::DuplexStream,
+        upstream: tokio::net::TcpStream,
+        host: &str,
+    ) -> Result<(), String>;
 }
 
 /// One connection through a session's proxy, allowed or refused: what the audit keeps.

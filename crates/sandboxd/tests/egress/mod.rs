@@ -1,0 +1,6 @@
+//! The per-session egress proxy (issue 24): the in-container helper, the host's checks and
+//! caps, and its abuse, against the real engine and image with local "internet" servers.
+
+mod abuse;
+mod proxy;
+mod support;
