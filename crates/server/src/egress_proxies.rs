@@ -15,45 +15,53 @@ use std::sync::Arc;
 use tokio::sync::Mutex;
 
 use crate::AppState;
-use sandboxd_core::egress::TRACE_TARGET;
+use crate::egress::{StoreAudit, StorePolicy};
+use sandboxd_core::egress::{EgressDeps, EgressError, EgressProxy, TRACE_TARGET};
+use sandboxd_core::research::resolver::SystemResolver;
+use sandboxd_core::research::ssrf::Policy;
 use sandboxd_core::sandbox::Sandbox;
 use sandboxd_core::store::SessionRow;
 
-/// A session's running proxy. MERGE(issue 24): `sandboxd_core::egress::EgressProxy` once
-/// the proxy (egress-core) is merged; this stand-in never runs.
-pub struct RunningProxy;
-
-impl RunningProxy {
-    fn is_running(&self) -> bool {
-        false
-    }
-
-    async fn stop(self) {}
-}
+/// A session's running proxy.
+pub type RunningProxy = EgressProxy;
 
 /// Why a proxy did not start.
 #[derive(Debug)]
 enum StartError {
     /// Another replica's helper serves the sandbox already.
-    #[allow(dead_code)] // MERGE(issue 24): made by start_proxy once the proxy is merged.
     Taken,
     Failed(String),
 }
 
-/// The one call that starts a session's proxy. MERGE(issue 24): with the proxy merged this
-/// becomes `EgressProxy::start(sandbox.clone(), EgressDeps { config:
-/// st.config.egress.clone(), ssrf, resolver: Arc::new(SystemResolver), policy:
-/// Arc::new(egress::StorePolicy { store, session: row.id }), audit:
-/// Arc::new(egress::StoreAudit { store, runs: st.runs.clone() }), session: row.id, owner:
-/// row.owner })`, with `EgressError::PortTaken` mapped to `Taken`.
+/// The one call that starts a session's proxy: the policy is the session's row, read at
+/// every connection (so a PUT on any replica counts at once); the audit is the store and
+/// the run in flight.
 async fn start_proxy(
-    _st: &AppState,
-    _sandbox: &Arc<dyn Sandbox>,
-    _row: &SessionRow,
+    st: &AppState,
+    sandbox: &Arc<dyn Sandbox>,
+    row: &SessionRow,
 ) -> Result<RunningProxy, StartError> {
-    Err(StartError::Failed(
-        "this build has no egress proxy yet (issue 24)".into(),
-    ))
+    let ssrf = Policy::from_config(&st.config.research).map_err(StartError::Failed)?;
+    let deps = EgressDeps {
+        config: st.config.egress.clone(),
+        ssrf: Arc::new(ssrf),
+        resolver: Arc::new(SystemResolver),
+        policy: Arc::new(StorePolicy {
+            store: st.store.clone(),
+            session: row.id.clone(),
+        }),
+        audit: Arc::new(StoreAudit {
+            store: st.store.clone(),
+            runs: st.runs.clone(),
+        }),
+        session: row.id.clone(),
+        owner: row.owner.clone(),
+    };
+    match EgressProxy::start(sandbox.clone(), deps).await {
+        Ok(p) => Ok(p),
+        Err(EgressError::PortTaken) => Err(StartError::Taken),
+        Err(e) => Err(StartError::Failed(e.to_string())),
+    }
 }
 
 /// The proxies of this replica, by API session id.

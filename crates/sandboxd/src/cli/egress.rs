@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::bail;
 use sandboxd_core::config::egress::EgressPolicy;
-use sandboxd_core::egress::TRACE_TARGET;
+use sandboxd_core::egress::{EgressDeps, EgressProxy, FixedPolicy, LogOnly, TRACE_TARGET};
+use sandboxd_core::research::resolver::SystemResolver;
+use sandboxd_core::research::ssrf::Policy;
 use sandboxd_core::sandbox::manager::Session;
 
 use super::Ctx;
@@ -26,8 +28,8 @@ pub(crate) fn policy(ctx: &Ctx, asked: Option<&EgressPolicy>) -> anyhow::Result<
     Ok(policy)
 }
 
-/// A running proxy of this process. MERGE(issue 24): `sandboxd_core::egress::EgressProxy`.
-struct RunningProxy;
+/// A running proxy of this process.
+type RunningProxy = EgressProxy;
 
 /// This process's proxy (one session per invocation), kept until the process ends.
 static PROXY: Mutex<Option<RunningProxy>> = Mutex::new(None);
@@ -56,14 +58,24 @@ pub(crate) async fn start(ctx: &Ctx, session: &Arc<Session>, policy: &EgressPoli
     }
 }
 
-/// The one call that starts the CLI's proxy. MERGE(issue 24): `EgressProxy::start(
-/// session.sandbox.clone(), EgressDeps { config: ctx.config.egress.clone(), ssrf, resolver:
-/// Arc::new(SystemResolver), policy: Arc::new(FixedPolicy(policy.clone())), audit:
-/// Arc::new(LogOnly), session: session.id.clone(), owner: String::new() })`.
+/// The one call that starts the CLI's proxy: a fixed policy (this invocation's), records
+/// only logged (under `sandboxd::egress`).
 async fn start_proxy(
-    _ctx: &Ctx,
-    _session: &Arc<Session>,
-    _policy: &EgressPolicy,
+    ctx: &Ctx,
+    session: &Arc<Session>,
+    policy: &EgressPolicy,
 ) -> Result<RunningProxy, String> {
-    Err("this build has no egress proxy yet (issue 24)".into())
+    let ssrf = Policy::from_config(&ctx.config.research)?;
+    let deps = EgressDeps {
+        config: ctx.config.egress.clone(),
+        ssrf: Arc::new(ssrf),
+        resolver: Arc::new(SystemResolver),
+        policy: Arc::new(FixedPolicy(policy.clone())),
+        audit: Arc::new(LogOnly),
+        session: session.id.clone(),
+        owner: String::new(),
+    };
+    EgressProxy::start(session.sandbox.clone(), deps)
+        .await
+        .map_err(|e| e.to_string())
 }
