@@ -18,9 +18,9 @@ use sandboxd_core::config::Config;
 use sandboxd_core::egress::{EgressPolicy, FixedPolicy};
 use sandboxd_core::research::{Research, ResearchConfig};
 use sandboxd_core::sandbox::{Sandbox, ShellOptions};
-use sandboxd_core::tools::Tool;
 use sandboxd_core::tools::browser::{BrowserUse, Egress};
-use sandboxd_core::tools::session::{SessionTools, ToolOptions};
+use sandboxd_core::tools::session::{SessionTools, ToolOptions, server_tools};
+use sandboxd_core::tools::{Tool, ToolContext};
 use serde_json::json;
 use support::fake_web::FakeWeb;
 
@@ -113,6 +113,35 @@ async fn urls_of_other_hosts_are_refused_by_the_rule_before_chromium_starts() {
             .contains("now: a.example, *.b.example"),
         "{}",
         tools.browser.description()
+    );
+
+    // The MCP server without `[research] mcp`: the browser's web_search (a host-side
+    // search) is off there too; with it, the browser has it.
+    let mut config = Config::load_with_env(None, &[]).unwrap();
+    config.research.mcp = false;
+    let reg = server_tools(s.sandbox.clone(), &s.limits, &config);
+    let browser = reg.get("browser_use").unwrap();
+    assert!(
+        !browser.description().contains("web_search"),
+        "{}",
+        browser.description()
+    );
+    let r = reg
+        .execute(
+            "browser_use",
+            &json!({"action": "web_search", "query": "x"}).to_string(),
+            &ToolContext::default(),
+        )
+        .await
+        .unwrap();
+    assert!(r.error.unwrap().contains("[research] mcp = false"));
+    config.research.mcp = true;
+    let reg = server_tools(s.sandbox.clone(), &s.limits, &config);
+    assert!(
+        reg.get("browser_use")
+            .unwrap()
+            .description()
+            .contains("web_search(query)")
     );
 }
 

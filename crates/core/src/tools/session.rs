@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::ask_human::{AskHuman, Asker};
 use super::bash::Bash;
 use super::browser::extract::Extractor;
-use super::browser::{BrowserUse, Egress};
+use super::browser::{self, BrowserUse, Egress, WithoutSearch};
 use super::editor::StrReplaceEditor;
 use super::files::{ListDir, ReadFile, WriteFile};
 use super::python::Python;
@@ -239,6 +239,9 @@ impl SessionTools {
             && let Some((sandbox, research)) = &self.research
         {
             tools.extend(research_tools(sandbox.clone(), research, &self.owner));
+        } else if let Some(browser) = tools.iter_mut().find(|t| t.name() == browser::NAME) {
+            // The browser's web_search is the host-side search too: off where research is.
+            *browser = Arc::new(WithoutSearch::new(self.browser.clone()));
         }
         let sandbox = self.sandbox.clone();
         tools.push(Arc::new(ReadFile::new(sandbox.clone(), self.output_cap)));

@@ -40,6 +40,7 @@ pub const NAME: &str = "browser_use";
 pub use self::extract::Extractor;
 pub use self::net::Egress;
 pub use self::state::{BrowserState, ElementInfo, TabInfo};
+pub use self::tool::WithoutSearch;
 
 /// One action may take this long (plus its own `wait`); chromiumoxide's own limit is 30 s.
 const ACTION_TIMEOUT: Duration = Duration::from_secs(25);
@@ -84,14 +85,14 @@ impl BrowserUse {
             last: std::sync::Mutex::new(None),
             egress: None,
             research: None,
-            description: tool::describe(None),
+            description: tool::describe(None, true),
         }
     }
 
     /// The live web: go_to_url, open_tab and web_search open the hosts the session's egress
     /// policy allows (Chromium reaches them through the session's proxy).
     pub fn with_egress(mut self, egress: Egress) -> Self {
-        self.description = tool::describe(Some(&egress.at_start));
+        self.description = tool::describe(Some(&egress.at_start), true);
         self.egress = Some(egress);
         self
     }

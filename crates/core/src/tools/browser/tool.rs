@@ -11,9 +11,9 @@ use super::{BrowserUse, NAME, net, search};
 use crate::egress::EgressPolicy;
 use crate::tools::{Tool, ToolContext, ToolError, ToolResult};
 
-/// The description: what opens (egress), then the actions.
-pub(super) fn describe(policy: Option<&EgressPolicy>) -> String {
-    format!(
+/// The description: what opens (egress), then the actions (web_search only with `search`).
+pub(super) fn describe(policy: Option<&EgressPolicy>, search: bool) -> String {
+    let text = format!(
         "Drive a headless Chromium inside the sandbox. {} Each action returns the page state (URL, title, tabs, \
          numbered interactive elements of the viewport, pixels above/below) and a screenshot. Actions: \
          go_to_url(url); click_element(index); input_text(index, text); scroll_down/scroll_up(scroll_amount px, \
@@ -22,7 +22,79 @@ pub(super) fn describe(policy: Option<&EgressPolicy>) -> String {
          switch_tab(tab_id); open_tab(url); close_tab(tab_id); screenshot; web_search(query): search, open the \
          first allowed result. Downloads go to /workspace. Indexes refer to the latest state.",
         net::reach(policy)
-    )
+    );
+    if search {
+        text
+    } else {
+        text.replace(
+            " web_search(query): search, open the first allowed result.",
+            "",
+        )
+    }
+}
+
+/// The ways of calling browser_use, shared by the browser and `WithoutSearch`.
+fn parameters() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": ACTIONS, "description": "The browser action to perform."},
+            "url": {"type": "string", "description": "URL for go_to_url and open_tab."},
+            "query": {"type": "string", "description": "What to search for, for web_search."},
+            "index": {"type": "integer", "description": "Element index for click_element, input_text, get_dropdown_options, select_dropdown_option."},
+            "text": {"type": "string", "description": "Text for input_text, scroll_to_text, select_dropdown_option."},
+            "scroll_amount": {"type": "integer", "description": "Pixels for scroll_down / scroll_up (default: one viewport)."},
+            "tab_id": {"type": "integer", "description": "Tab id for switch_tab and close_tab."},
+            "goal": {"type": "string", "description": "What to extract, for extract_content."},
+            "keys": {"type": "string", "description": "Key or combination for send_keys."},
+            "seconds": {"type": "integer", "description": "Seconds for wait (default 3, at most 10)."}
+        },
+        "required": ["action"]
+    })
+}
+
+/// The session's browser where the host-side search is not offered (the MCP server without
+/// `[research] mcp`): every action but web_search, on the same browser.
+pub struct WithoutSearch {
+    browser: std::sync::Arc<BrowserUse>,
+    description: String,
+}
+
+impl WithoutSearch {
+    pub fn new(browser: std::sync::Arc<BrowserUse>) -> Self {
+        let description = browser.description.replace(
+            " web_search(query): search, open the first allowed result.",
+            "",
+        );
+        Self {
+            browser,
+            description,
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for WithoutSearch {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn description(&self) -> &str {
+        &self.description
+    }
+
+    fn parameters(&self) -> Value {
+        parameters()
+    }
+
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<ToolResult, ToolError> {
+        if args.get("action").and_then(Value::as_str) == Some("web_search") {
+            return Ok(ToolResult::error(
+                "web_search is not offered here: the admin keeps the host-side search off this server ([research] mcp = false); open known URLs with go_to_url",
+            ));
+        }
+        self.browser.execute(args, ctx).await
+    }
 }
 
 impl BrowserUse {
@@ -86,22 +158,7 @@ impl Tool for BrowserUse {
     }
 
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "action": {"type": "string", "enum": ACTIONS, "description": "The browser action to perform."},
-                "url": {"type": "string", "description": "URL for go_to_url and open_tab."},
-                "query": {"type": "string", "description": "What to search for, for web_search."},
-                "index": {"type": "integer", "description": "Element index for click_element, input_text, get_dropdown_options, select_dropdown_option."},
-                "text": {"type": "string", "description": "Text for input_text, scroll_to_text, select_dropdown_option."},
-                "scroll_amount": {"type": "integer", "description": "Pixels for scroll_down / scroll_up (default: one viewport)."},
-                "tab_id": {"type": "integer", "description": "Tab id for switch_tab and close_tab."},
-                "goal": {"type": "string", "description": "What to extract, for extract_content."},
-                "keys": {"type": "string", "description": "Key or combination for send_keys."},
-                "seconds": {"type": "integer", "description": "Seconds for wait (default 3, at most 10)."}
-            },
-            "required": ["action"]
-        })
+        parameters()
     }
 
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<ToolResult, ToolError> {
@@ -159,11 +216,16 @@ mod tests {
             Some(EgressPolicy::any()),
             Some(EgressPolicy::from_items(&long).unwrap()),
         ] {
-            let d = describe(policy.as_ref());
+            let d = describe(policy.as_ref(), true);
             assert!(d.len() <= MAX_DESCRIPTION, "{}: {d}", d.len());
             assert!(d.contains("web_search(query)"), "{d}");
         }
-        assert!(describe(None).contains("NO network"));
-        assert!(describe(Some(&EgressPolicy::parse("a.org").unwrap())).contains("now: a.org"));
+        assert!(describe(None, true).contains("NO network"));
+        assert!(
+            describe(Some(&EgressPolicy::parse("a.org").unwrap()), true).contains("now: a.org")
+        );
+        let without = describe(None, false);
+        assert!(!without.contains("web_search"), "{without}");
+        assert!(without.contains("screenshot; Downloads"), "{without}");
     }
 }
