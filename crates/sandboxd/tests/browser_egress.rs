@@ -262,6 +262,11 @@ async fn a_navigation_that_downloads_lands_in_the_workspace_and_the_tab_carries_
         .filter(|n| n.starts_with("report"))
         .collect();
     assert_eq!(names.len(), 2, "{names:?}\n{}", r.output);
+    // Nothing of the staging is left in the workspace.
+    assert!(
+        s.sandbox.stat("/workspace/.sandboxd-downloads").await.is_err(),
+        "the staging directory is left behind"
+    );
     assert_eq!(
         s.sandbox.read_file("/workspace/report.bin").await.unwrap(),
         body

@@ -30,6 +30,7 @@ use crate::sandbox::{ExecRequest, Sandbox};
 /// Where downloads land inside the sandbox.
 pub const DOWNLOAD_DIR: &str = "/workspace";
 /// Where Chromium writes them (by GUID) until they are complete: the same file system.
+/// Chromium makes it for a download; the move removes it again once it is empty.
 pub const STAGING_DIR: &str = "/workspace/.sandboxd-downloads";
 /// Moves a finished download to a free name, never replacing a file: argv is the staged
 /// file, the directory and the name.
@@ -44,6 +45,10 @@ for i in range(1000):
     except FileExistsError:
         continue
     os.unlink(src)
+    try:
+        os.rmdir(os.path.dirname(src))  # only when empty: nothing left behind in /workspace
+    except OSError:
+        pass
     print(dest)
     sys.exit(0)
 sys.exit(3)
@@ -109,8 +114,6 @@ impl Downloads {
     ) -> Result<Self, BrowserError> {
         let mut began = browser.event_listener::<EventDownloadWillBegin>().await?;
         let mut progress = browser.event_listener::<EventDownloadProgress>().await?;
-        // Chromium may not make it; already there is fine (a kept session's, or made again).
-        let _ = sandbox.mkdir(STAGING_DIR).await;
         let params = SetDownloadBehaviorParams::builder()
             .behavior(SetDownloadBehaviorBehavior::AllowAndName)
             .download_path(STAGING_DIR)
