@@ -264,7 +264,10 @@ async fn a_navigation_that_downloads_lands_in_the_workspace_and_the_tab_carries_
     assert_eq!(names.len(), 2, "{names:?}\n{}", r.output);
     // Nothing of the staging is left in the workspace.
     assert!(
-        s.sandbox.stat("/workspace/.sandboxd-downloads").await.is_err(),
+        s.sandbox
+            .stat("/workspace/.sandboxd-downloads")
+            .await
+            .is_err(),
         "the staging directory is left behind"
     );
     assert_eq!(

@@ -103,7 +103,14 @@ async fn ws_echo() -> (tokio::process::Child, u16) {
         .spawn()
         .expect("python3 on the host");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let port = lines.next_line().await.unwrap().unwrap().trim().parse().unwrap();
+    let port = lines
+        .next_line()
+        .await
+        .unwrap()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     (child, port)
 }
 
@@ -181,7 +188,11 @@ async fn the_browser_loads_allowed_origins_and_websockets_through_the_proxy_and_
         at_start: policy,
     });
 
-    let r = ok(&tool, json!({"action": "go_to_url", "url": format!("http://a.test:{pa}/")})).await;
+    let r = ok(
+        &tool,
+        json!({"action": "go_to_url", "url": format!("http://a.test:{pa}/")}),
+    )
+    .await;
     assert!(r.output.contains("Title: \"Live page\""), "{}", r.output);
     // The script's fetches and the socket finish on their own time: look again a few times.
     let mut text = String::new();
@@ -196,7 +207,11 @@ async fn the_browser_loads_allowed_origins_and_websockets_through_the_proxy_and_
     assert!(text.contains("second origin says: from b"), "{text}");
     assert!(text.contains("third origin refused"), "{text}");
     assert!(text.contains("websocket echo: ping over connect"), "{text}");
-    assert_eq!(c_hits.load(Ordering::SeqCst), 0, "the third origin was reached");
+    assert_eq!(
+        c_hits.load(Ordering::SeqCst),
+        0,
+        "the third origin was reached"
+    );
 
     // The audit: a.test's page and b.test's data allowed, the socket a CONNECT, c.test refused.
     assert!(audit.of("a.test").iter().any(|r| r.allowed && r.port == pa));
@@ -211,20 +226,31 @@ async fn the_browser_loads_allowed_origins_and_websockets_through_the_proxy_and_
     assert!(audit.of("b.test").iter().any(|r| r.allowed && r.port == pb));
     let refused = audit.of("c.test");
     assert!(
-        !refused.is_empty() && refused.iter().all(|r| !r.allowed && r.rule == "not in the allowlist"),
+        !refused.is_empty()
+            && refused
+                .iter()
+                .all(|r| !r.allowed && r.rule == "not in the allowlist"),
         "{refused:?}"
     );
 
     // A navigation the page makes (a click, not go_to_url) reaches the proxy, whose page
     // says which rule refused it.
-    let r = ok(&tool, json!({"action": "go_to_url", "url": format!("http://a.test:{pa}/")})).await;
+    let r = ok(
+        &tool,
+        json!({"action": "go_to_url", "url": format!("http://a.test:{pa}/")}),
+    )
+    .await;
     let link = index_of(&r, "third origin link");
     ok(&tool, json!({"action": "click_element", "index": link})).await;
     let shown = page_text(&tool, "why").await;
     assert!(shown.contains("not in the allowlist"), "{shown}");
     assert_eq!(c_hits.load(Ordering::SeqCst), 0);
     // And go_to_url refuses it before Chromium is asked.
-    let r = call(&tool, json!({"action": "go_to_url", "url": format!("http://c.test:{pc}/")})).await;
+    let r = call(
+        &tool,
+        json!({"action": "go_to_url", "url": format!("http://c.test:{pc}/")}),
+    )
+    .await;
     assert!(r.error.unwrap().contains("rule \"not in the allowlist\""));
     proxy.stop().await;
 }
