@@ -22,6 +22,7 @@ mod agent_research;
 mod agent_session;
 mod browser_actions;
 mod browser_bench;
+mod browser_egress;
 mod browser_lifecycle;
 mod cli_copy_out;
 mod cli_exec;

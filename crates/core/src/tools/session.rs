@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::ask_human::{AskHuman, Asker};
 use super::bash::Bash;
-use super::browser::BrowserUse;
 use super::browser::extract::Extractor;
+use super::browser::{self, BrowserUse, Egress, WithoutSearch};
 use super::editor::StrReplaceEditor;
 use super::files::{ListDir, ReadFile, WriteFile};
 use super::python::Python;
@@ -16,8 +16,17 @@ use super::terminate::Terminate;
 use super::web::research_tools;
 use super::{Tool, ToolRegistry};
 use crate::config::{Config, Limits};
+use crate::research::Research;
 use crate::sandbox::Sandbox;
 use crate::sandbox::manager::Session;
+
+/// What a session's tools are built with beyond its sandbox, limits and config.
+#[derive(Clone, Default)]
+pub struct ToolOptions {
+    /// The session's egress: the browser opens the hosts its policy allows (through the
+    /// session's proxy). None: egress off, the browser opens only the sandbox's own pages.
+    pub egress: Option<Egress>,
+}
 
 /// The tools that act inside one sandbox, with their state: bash (its shell lives in the
 /// sandbox handle), the python interpreter, the editor's undo history and the browser.
@@ -39,9 +48,46 @@ pub struct SessionTools {
 
 impl SessionTools {
     pub fn new(sandbox: Arc<dyn Sandbox>, limits: &Limits, config: &Config) -> Self {
+        let owner = config.sessions.default_owner.clone();
+        Self::build(
+            sandbox,
+            limits,
+            config,
+            &owner,
+            ToolOptions::default(),
+            None,
+        )
+    }
+
+    /// The tools with `options`, research quotas charged to `owner`; `saved` keeps what a
+    /// later process needs (a kept session's editor history and browser).
+    fn build(
+        sandbox: Arc<dyn Sandbox>,
+        limits: &Limits,
+        config: &Config,
+        owner: &str,
+        options: ToolOptions,
+        saved: Option<SavedTools>,
+    ) -> Self {
         let max_timeout = Duration::from_secs(limits.max_timeout_secs.max(1));
         let default_timeout = Duration::from_secs(config.agent.bash_timeout_secs.max(1));
         let output_cap = limits.output_cap();
+        let mut editor = StrReplaceEditor::new(sandbox.clone(), limits.max_file_bytes());
+        let mut browser = BrowserUse::new(sandbox.clone());
+        if let Some(saved) = saved {
+            editor = editor.with_saved(saved.clone());
+            browser = browser.with_saved(saved);
+        }
+        if let Some(egress) = options.egress {
+            browser = browser.with_egress(egress);
+        }
+        // The browser's web_search: the session's own engines and quotas (it outlives runs).
+        if config.research.enabled {
+            let research = Research::new(&config.research, owner);
+            if research.can_search() {
+                browser = browser.with_research(research);
+            }
+        }
         Self {
             bash: Arc::new(Bash::new(
                 sandbox.clone(),
@@ -55,14 +101,11 @@ impl SessionTools {
                 max_timeout,
                 output_cap,
             )),
-            editor: Arc::new(StrReplaceEditor::new(
-                sandbox.clone(),
-                limits.max_file_bytes(),
-            )),
+            editor: Arc::new(editor),
             research: Some((sandbox.clone(), config.research.clone())),
-            owner: config.sessions.default_owner.clone(),
+            owner: owner.to_string(),
             output_cap,
-            browser: Arc::new(BrowserUse::new(sandbox.clone())),
+            browser: Arc::new(browser),
             sandbox,
         }
     }
@@ -114,24 +157,31 @@ impl SessionTools {
     /// (the browser's endpoint and tabs, the undo history; see saved.rs) and start from what
     /// an earlier one saved. The python interpreter needs nothing: it is found in the sandbox.
     pub fn of(session: &Session, config: &Config) -> Arc<SessionTools> {
+        Self::of_with(session, config, ToolOptions::default)
+    }
+
+    /// `session`'s tools, made with `options()` on first use (later calls get the same
+    /// tools, whatever their options: the browser's egress is the session's for its life).
+    pub fn of_with(
+        session: &Session,
+        config: &Config,
+        options: impl FnOnce() -> ToolOptions,
+    ) -> Arc<SessionTools> {
         session.slots.get_or_insert_with(|| {
-            let mut tools = SessionTools::new(session.sandbox.clone(), &session.limits, config);
-            tools.owner = session.owner.as_str().to_string();
             let saved = session
                 .keep
                 .then(|| {
                     SavedTools::new(session.records.clone(), &session.id, session.owner.as_str())
                 })
                 .flatten();
-            if let Some(saved) = saved {
-                tools.editor = Arc::new(
-                    StrReplaceEditor::new(session.sandbox.clone(), session.limits.max_file_bytes())
-                        .with_saved(saved.clone()),
-                );
-                tools.browser =
-                    Arc::new(BrowserUse::new(session.sandbox.clone()).with_saved(saved));
-            }
-            tools
+            Self::build(
+                session.sandbox.clone(),
+                &session.limits,
+                config,
+                session.owner.as_str(),
+                options(),
+                saved,
+            )
         })
     }
 }
@@ -189,6 +239,9 @@ impl SessionTools {
             && let Some((sandbox, research)) = &self.research
         {
             tools.extend(research_tools(sandbox.clone(), research, &self.owner));
+        } else if let Some(browser) = tools.iter_mut().find(|t| t.name() == browser::NAME) {
+            // The browser's web_search is the host-side search too: off where research is.
+            *browser = Arc::new(WithoutSearch::new(self.browser.clone()));
         }
         let sandbox = self.sandbox.clone();
         tools.push(Arc::new(ReadFile::new(sandbox.clone(), self.output_cap)));

@@ -21,6 +21,9 @@
 //! The guarantee is the tunnel's `WsGuard`, which cuts any frame or message over
 //! `DEVTOOLS_LIMITS` before chromiumoxide (which disables tungstenite's limits) buffers it.
 //!
+//! `--proxy-server`: the session's egress proxy on the sandbox's loopback (see net.rs); the
+//! container has no network device, so nothing else could leave anyway.
+//!
 //! `--no-sandbox`: Chromium's own sandbox needs user namespaces or a setuid helper, which the
 //! hardened container denies (no capabilities, no-new-privileges, Docker's seccomp profile).
 //! The container IS the sandbox here: the browser has no network, a read-only root, no
@@ -40,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::stderr_log::{self, Announced, StderrWatch, parse_announcement};
+use crate::egress::{PROXY_HOST, PROXY_PORT};
 use crate::sandbox::tunnel::Tunnel;
 use crate::sandbox::ws_guard::DEVTOOLS_LIMITS;
 use crate::sandbox::{Sandbox, SandboxError, SpawnRequest, helpers};
@@ -169,6 +173,11 @@ pub fn chromium_argv(user_data_dir: &str, port: u16) -> Vec<String> {
         "--remote-debugging-address=127.0.0.1".into(),
         format!("--remote-debugging-port={port}"),
         format!("--window-size={VIEWPORT_WIDTH},{VIEWPORT_HEIGHT}"),
+        // Everything that leaves the sandbox goes through the session's egress proxy, which
+        // decides every connection; with egress off nothing listens there (or it refuses),
+        // so pages of other hosts fail. Chromium never proxies loopback: the sandbox's own
+        // servers stay direct.
+        format!("--proxy-server=http://{PROXY_HOST}:{PROXY_PORT}"),
     ];
     for flag in [
         "--disable-gpu",

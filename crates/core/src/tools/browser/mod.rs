@@ -10,11 +10,15 @@
 
 pub mod actions;
 pub mod chromium;
+pub mod downloads;
 pub mod elements;
 pub mod extract;
+pub mod net;
+pub mod search;
 pub mod session;
 pub mod state;
 mod stderr_log;
+mod tool;
 #[cfg(test)]
 mod watch_tests;
 
@@ -22,13 +26,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use serde_json::{Value, json};
-
-use self::actions::{ACTIONS, Action, Outcome};
+use self::actions::{Action, Outcome};
 use self::chromium::BrowserError;
 use self::session::Live;
-use super::{Tool, ToolContext, ToolError, ToolResult};
+use super::{ToolContext, ToolError};
+use crate::research::Research;
 use crate::sandbox::watch::while_alive;
 use crate::sandbox::{Sandbox, SandboxError};
 
@@ -36,7 +38,9 @@ use crate::sandbox::{Sandbox, SandboxError};
 pub const NAME: &str = "browser_use";
 
 pub use self::extract::Extractor;
+pub use self::net::Egress;
 pub use self::state::{BrowserState, ElementInfo, TabInfo};
+pub use self::tool::WithoutSearch;
 
 /// One action may take this long (plus its own `wait`); chromiumoxide's own limit is 30 s.
 const ACTION_TIMEOUT: Duration = Duration::from_secs(25);
@@ -45,17 +49,6 @@ const CAPTURE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a sandbox that answered "running" right after Chromium's end gets to show that it
 /// is in fact stopping (as the exec calls' own check allows, exec_sandbox.rs).
 const DYING_SETTLE: Duration = Duration::from_millis(250);
-
-const DESCRIPTION: &str = "Drive a headless Chromium inside the sandbox. The sandbox has NO network: only file://, \
-         data:, about: and http(s)://localhost (servers you start in the sandbox) can be opened. \
-         Every action returns the page state: URL, title, tabs, the numbered interactive elements \
-         in the viewport, pixels above/below, and a screenshot. Actions: go_to_url(url); \
-         click_element(index); input_text(index, text); scroll_down / scroll_up(scroll_amount in \
-         pixels, default one screen); scroll_to_text(text); send_keys(keys, e.g. \"Enter\", \
-         \"Control+a\"); get_dropdown_options(index); select_dropdown_option(index, text); go_back; \
-         refresh; wait(seconds); extract_content(goal): read the page and pull out what goal asks \
-         for; switch_tab(tab_id); open_tab(url); close_tab(tab_id); screenshot. Indexes refer to \
-         the latest state: after the page changes, use the new ones.";
 
 /// The record kind in `tools::saved`.
 const RECORD: &str = "browser";
@@ -71,6 +64,13 @@ pub struct BrowserUse {
     /// The LLM step of extract_content; set per run, since the browser outlives runs.
     extractor: std::sync::Mutex<Option<Arc<dyn Extractor>>>,
     last: std::sync::Mutex<Option<BrowserState>>,
+    /// The session's egress (None: off, nothing but the sandbox's own pages), read at every
+    /// go_to_url, open_tab and web_search (net.rs).
+    egress: Option<Egress>,
+    /// The host-side search engines of the web_search action (search.rs).
+    research: Option<Arc<Research>>,
+    /// What the model reads: built per session, it says what the browser can open.
+    description: String,
 }
 
 impl BrowserUse {
@@ -83,7 +83,24 @@ impl BrowserUse {
             starts: AtomicU32::new(0),
             extractor: std::sync::Mutex::new(None),
             last: std::sync::Mutex::new(None),
+            egress: None,
+            research: None,
+            description: tool::describe(None, true),
         }
+    }
+
+    /// The live web: go_to_url, open_tab and web_search open the hosts the session's egress
+    /// policy allows (Chromium reaches them through the session's proxy).
+    pub fn with_egress(mut self, egress: Egress) -> Self {
+        self.description = tool::describe(Some(&egress.at_start), true);
+        self.egress = Some(egress);
+        self
+    }
+
+    /// The engines the web_search action asks (without them it says there are none).
+    pub fn with_research(mut self, research: Arc<Research>) -> Self {
+        self.research = Some(research);
+        self
     }
 
     /// Saves the browser's endpoint and tabs in `saved` after every action, so it outlives
@@ -392,80 +409,5 @@ impl Drop for BrowserUse {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(live.running.shutdown());
         }
-    }
-}
-
-#[async_trait]
-impl Tool for BrowserUse {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn description(&self) -> &str {
-        DESCRIPTION
-    }
-
-    fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "action": {"type": "string", "enum": ACTIONS, "description": "The browser action to perform."},
-                "url": {"type": "string", "description": "URL for go_to_url and open_tab."},
-                "index": {"type": "integer", "description": "Element index for click_element, input_text, get_dropdown_options, select_dropdown_option."},
-                "text": {"type": "string", "description": "Text for input_text, scroll_to_text, select_dropdown_option."},
-                "scroll_amount": {"type": "integer", "description": "Pixels for scroll_down / scroll_up (default: one viewport)."},
-                "tab_id": {"type": "integer", "description": "Tab id for switch_tab and close_tab."},
-                "goal": {"type": "string", "description": "What to extract, for extract_content."},
-                "keys": {"type": "string", "description": "Key or combination for send_keys."},
-                "seconds": {"type": "integer", "description": "Seconds for wait (default 3, at most 10)."}
-            },
-            "required": ["action"]
-        })
-    }
-
-    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<ToolResult, ToolError> {
-        let action = match Action::parse(&args) {
-            Ok(a) => a,
-            Err(e) => return Ok(ToolResult::error(e)),
-        };
-        // Refuse before anything starts: no network means no waiting for a timeout.
-        if let Action::GoToUrl { url } | Action::OpenTab { url } = &action
-            && let Err(e) = actions::check_url(url)
-        {
-            return Ok(ToolResult::error(e));
-        }
-        let (outcome, state, notes) = self.perform(&action, ctx).await?;
-        let state_text = state
-            .as_ref()
-            .map(BrowserState::to_prompt)
-            .unwrap_or_default();
-        let mut result = match outcome {
-            Ok(message) if state_text.is_empty() => ToolResult::ok(message),
-            Ok(message) => ToolResult::ok(format!("{message}\n\n{state_text}")),
-            Err(e) => ToolResult {
-                output: state_text,
-                error: Some(e),
-                ..ToolResult::default()
-            },
-        };
-        if let Some(shot) = state.and_then(|s| s.screenshot) {
-            result = result.with_image(shot);
-        }
-        if !notes.is_empty() {
-            result = result.with_system(notes.join("; "));
-        }
-        Ok(result)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn description_fits() {
-        assert!(
-            super::DESCRIPTION.len() <= super::super::registry::MAX_DESCRIPTION,
-            "{}",
-            super::DESCRIPTION.len()
-        );
     }
 }

@@ -20,6 +20,7 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::chromium::{self, BrowserError, Running};
+use super::downloads::Downloads;
 use super::state::{BrowserState, INDEX_SCRIPT, PageInfo, TabInfo};
 use crate::sandbox::Sandbox;
 
@@ -44,6 +45,8 @@ pub struct Live {
     closed: HashSet<TargetId>,
     /// Dialogs answered since the last state, for the model.
     dialogs: Arc<Mutex<Vec<String>>>,
+    /// Downloads into /workspace, for the model.
+    pub downloads: Downloads,
 }
 
 impl Live {
@@ -51,6 +54,12 @@ impl Live {
         let started = std::time::Instant::now();
         let running = chromium::start(sandbox, n).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "browser: connected");
+        let downloads = Downloads::watch(
+            &running.browser,
+            running.sandbox.clone(),
+            running.dead.clone(),
+        )
+        .await?;
         let page = running.browser.new_page("about:blank").await?;
         tracing::debug!(elapsed = ?started.elapsed(), "browser: first tab open");
         let mut live = Live {
@@ -59,6 +68,7 @@ impl Live {
             current: 0,
             closed: HashSet::new(),
             dialogs: Arc::new(Mutex::new(Vec::new())),
+            downloads,
         };
         live.watch_dialogs(&live.tabs[0]);
         live.sync_tabs().await;
@@ -70,6 +80,13 @@ impl Live {
     pub async fn adopt(sandbox: Arc<dyn Sandbox>, saved: &Saved) -> Result<Live, BrowserError> {
         let mut running = chromium::adopt(sandbox, &saved.endpoint).await?;
         running.browser.fetch_targets().await?;
+        // The setting may have ended with the connection that made it: made again here.
+        let downloads = Downloads::watch(
+            &running.browser,
+            running.sandbox.clone(),
+            running.dead.clone(),
+        )
+        .await?;
         // The driver attaches to the existing pages in the background: wait until the
         // recorded ones are there (a tab closed meanwhile never comes, hence the bound).
         let mut pages = Vec::new();
@@ -98,6 +115,7 @@ impl Live {
             current: 0,
             closed: HashSet::new(),
             dialogs: Arc::new(Mutex::new(Vec::new())),
+            downloads,
         };
         let current = saved.tabs.get(saved.current).and_then(|id| {
             pages
@@ -167,6 +185,31 @@ impl Live {
         self.watch_dialogs(&page);
         self.tabs.push(page);
         self.current = self.tabs.len() - 1;
+    }
+
+    /// Replaces the current tab by a fresh one on the same URL (a GET, never a form sent
+    /// again; the tab's back history is lost): for a tab whose navigation the driver would
+    /// wait on until its deadline.
+    pub async fn renew_tab(&mut self) -> Result<(), BrowserError> {
+        let old = self.page()?.clone();
+        let url: String = self.eval("location.href").await.unwrap_or_default();
+        let reopenable = ["http:", "https:", "file:", "data:", "about:"]
+            .iter()
+            .any(|s| url.starts_with(s));
+        let url = if reopenable {
+            url
+        } else {
+            "about:blank".into()
+        };
+        let fresh = self.running.browser.new_page(url.as_str()).await?;
+        self.watch_dialogs(&fresh);
+        if let Some(slot) = self.tabs.get_mut(self.current) {
+            *slot = fresh;
+        } else {
+            self.push_tab(fresh);
+        }
+        self.close_page(old).await;
+        Ok(())
     }
 
     /// alert/confirm/prompt/beforeunload block the page until answered, and with them every
@@ -289,6 +332,7 @@ impl Live {
             .lock()
             .map(|mut d| std::mem::take(&mut *d))
             .unwrap_or_default();
+        state.downloads = self.downloads.unreported();
         Ok(state)
     }
 }

@@ -121,6 +121,9 @@ pub struct BrowserState {
     /// Dialogs (alert, confirm, ...) the page opened since the last state; all were accepted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dialogs: Vec<String>,
+    /// Downloads into /workspace the model was not told of yet (downloads.rs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub downloads: Vec<String>,
     /// The viewport as a base64 JPEG.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub screenshot: Option<String>,
@@ -147,6 +150,7 @@ impl BrowserState {
             viewport_width: info.viewport_width.max(0.0) as u32,
             viewport_height: info.viewport_height.max(0.0) as u32,
             dialogs: Vec::new(),
+            downloads: Vec::new(),
             screenshot,
         }
     }
@@ -192,6 +196,9 @@ impl BrowserState {
             s.push_str(&format!(
                 "The page opened a dialog, which was accepted: {dialog}\n"
             ));
+        }
+        for download in &self.downloads {
+            s.push_str(&format!("Browser download: {download}\n"));
         }
         s.push_str(&format!(
             "Scroll: {} pixels above and {} pixels below the {}x{} viewport.",
