@@ -24,6 +24,7 @@ mod browser_actions;
 mod browser_bench;
 mod browser_egress;
 mod browser_lifecycle;
+mod browser_live_web;
 mod cli_copy_out;
 mod cli_exec;
 mod cli_lifecycle;

@@ -109,7 +109,7 @@ pub async fn live(st: &AppState, row: &SessionRow) -> Option<Arc<Live>> {
     let holders = holders_of(st, &row.id).await.ok()?;
     let live = attach(st, row, runtime_id, &holders).await?;
     note_use(st, &live);
-    crate::egress_proxies::follow(st, &live.sandbox, row).await;
+    crate::egress_proxies::follow(st, live.session(), row).await;
     Some(live)
 }
 

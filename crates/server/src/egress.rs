@@ -227,7 +227,7 @@ pub async fn put_egress(
         && let Some(live) = st.backend.get(&row).await
     {
         let row = row.clone().with_egress(body.egress.clone());
-        crate::egress_proxies::follow(&st, &live.sandbox, &row).await;
+        crate::egress_proxies::follow(&st, live.session(), &row).await;
     }
     Ok(Json(view(&st, &caller, &id).await?))
 }

@@ -20,7 +20,10 @@ use sandboxd_core::egress::{EgressDeps, EgressError, EgressProxy, TRACE_TARGET};
 use sandboxd_core::research::resolver::SystemResolver;
 use sandboxd_core::research::ssrf::Policy;
 use sandboxd_core::sandbox::Sandbox;
+use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::store::SessionRow;
+use sandboxd_core::tools::browser::Egress;
+use sandboxd_core::tools::session::set_egress;
 
 /// A session's running proxy.
 pub type RunningProxy = EgressProxy;
@@ -98,7 +101,19 @@ impl Proxies {
 
 /// Brings the sandbox of `row` (held here) in line with the row's policy; never fails the
 /// caller: a proxy that cannot start is logged, and the next upkeep tries again.
-pub async fn follow(st: &AppState, sandbox: &Arc<dyn Sandbox>, row: &SessionRow) {
+pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
+    let sandbox = &session.sandbox;
+    // The browser reads the same row as the proxy (at every navigation).
+    set_egress(
+        session,
+        Egress {
+            source: Arc::new(StorePolicy {
+                store: st.store.clone(),
+                session: row.id.clone(),
+            }),
+            at_start: row.egress.clone(),
+        },
+    );
     let on = !row.egress.is_off();
     sandbox.set_proxy_env(on);
     if !on {

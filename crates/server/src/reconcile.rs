@@ -140,7 +140,7 @@ async fn api_upkeep(st: &AppState) {
             Some(row) => {
                 held.push(row.id.clone());
                 // The proxy variables and a proxy that died (egress_proxies.rs).
-                crate::egress_proxies::follow(st, &session.sandbox, row).await;
+                crate::egress_proxies::follow(st, &session, row).await;
                 let used = last_used_ms(&session);
                 if row.last_used_at < used
                     && let Err(e) = st.store.touch_session(&row.id, used).await

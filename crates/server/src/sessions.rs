@@ -233,7 +233,7 @@ async fn make(st: &AppState, row: &SessionRow, filled: &LimitRequest) -> Result<
                 let _ = st.store.delete_session(&row.id).await;
                 return Err(e.into());
             }
-            crate::egress_proxies::follow(st, &live.sandbox, row).await;
+            crate::egress_proxies::follow(st, live.session(), row).await;
             Ok(())
         }
         Err(e) => {

@@ -35,6 +35,17 @@ impl SessionSlots {
         values.insert(TypeId::of::<T>(), v.clone());
         v
     }
+
+    /// The session's `T`, if something made it.
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        let values = match self.values.lock() {
+            Ok(v) => v,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        values
+            .get(&TypeId::of::<T>())
+            .and_then(|v| v.clone().downcast::<T>().ok())
+    }
 }
 
 #[cfg(test)]

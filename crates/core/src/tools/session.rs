@@ -156,8 +156,11 @@ impl SessionTools {
     /// A kept session's tools also save what a later sandboxd process needs to carry on
     /// (the browser's endpoint and tabs, the undo history; see saved.rs) and start from what
     /// an earlier one saved. The python interpreter needs nothing: it is found in the sandbox.
+    /// The browser's egress is the one `set_egress` left in the session's slots, if any.
     pub fn of(session: &Session, config: &Config) -> Arc<SessionTools> {
-        Self::of_with(session, config, ToolOptions::default)
+        Self::of_with(session, config, || ToolOptions {
+            egress: session.slots.get::<SessionEgress>().map(|e| e.0.clone()),
+        })
     }
 
     /// `session`'s tools, made with `options()` on first use (later calls get the same
@@ -184,6 +187,18 @@ impl SessionTools {
             )
         })
     }
+}
+
+/// A session's egress as its front end runs it (the policy source its proxy reads), kept in
+/// the session's slots for the browser built later by `SessionTools::of`.
+pub struct SessionEgress(pub Egress);
+
+/// Gives `session`'s browser its egress: serve calls it where it starts the session's proxy
+/// (create and attach, before any run), the CLI after it made the session. The first call
+/// counts; the source reads the live policy, so later changes need no second call. Tools
+/// made before it (none are, on those paths) keep egress off.
+pub fn set_egress(session: &Session, egress: Egress) {
+    session.slots.get_or_insert_with(|| SessionEgress(egress));
 }
 
 /// The agent's tools on `session` (its lasting tools, ask_human and terminate).

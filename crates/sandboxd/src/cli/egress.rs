@@ -14,6 +14,8 @@ use sandboxd_core::egress::{EgressDeps, EgressProxy, FixedPolicy, LogOnly, TRACE
 use sandboxd_core::research::resolver::SystemResolver;
 use sandboxd_core::research::ssrf::Policy;
 use sandboxd_core::sandbox::manager::Session;
+use sandboxd_core::tools::browser::Egress;
+use sandboxd_core::tools::session::set_egress;
 
 use super::Ctx;
 
@@ -38,6 +40,13 @@ static PROXY: Mutex<Option<RunningProxy>> = Mutex::new(None);
 /// its proxy. A proxy that cannot start is said on stderr (the sandbox then reaches
 /// nothing, as with `off`), never a failure of the command.
 pub(crate) async fn start(ctx: &Ctx, session: &Arc<Session>, policy: &EgressPolicy) {
+    set_egress(
+        session,
+        Egress {
+            source: Arc::new(FixedPolicy(policy.clone())),
+            at_start: policy.clone(),
+        },
+    );
     let on = !policy.is_off();
     session.sandbox.set_proxy_env(on);
     if !on {
