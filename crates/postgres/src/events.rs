@@ -1,17 +1,21 @@
 //! The `events` and `images` tables, and the conversation and token counters of the runs
-//! API. An event is committed with its run's patch in one transaction that holds the run's
-//! row lock, so each seq is committed once, in order, and a reader that sees `last_seq = n`
-//! finds events 1..n.
+//! API. An event is committed with its run's patch in one statement (a function of
+//! schema_v8.sql) that holds the run's row lock, so each seq is committed once, in order, and
+//! a reader that sees `last_seq = n` finds events 1..n.
 
 use deadpool_postgres::GenericClient;
 
-use crate::{col, execute, query, query_opt, runs, unsigned, utc_day};
+use crate::runs::big;
+use crate::{col, corrupt, execute, query, query_opt, to_json, unsigned, utc_day, wakes};
 use sandboxd_core::store::{RunPatch, StoreError, StoredEvent};
 
-/// Commits the event and the patch; the seq must follow the run's last one, and the run must
-/// be in flight and driven by `driver`, whose lease is live (`runs::fence`). Runs in a
-/// transaction: the run's row stays locked until it commits, so a racing writer (or a
-/// takeover) waits and then sees the new `last_seq` (or driver).
+/// Commits the event and the patch, and wakes the run's followers on every replica; the seq
+/// must follow the run's last one, and the run must be in flight and driven by `driver`,
+/// whose lease is live. One statement, so one round trip: `sandboxd_append_event`
+/// (schema_v8.sql) takes the run's row lock, checks the fence and the seq, inserts, patches
+/// and notifies in the statement's transaction; a racing writer (or a takeover) waits on the
+/// row lock and then sees the new `last_seq` (or driver). Its answer names the check that
+/// refused, mapped here to the errors the separate statements gave.
 pub(crate) async fn append(
     c: &impl GenericClient,
     run_id: &str,
@@ -19,31 +23,63 @@ pub(crate) async fn append(
     ev: &StoredEvent,
     p: &RunPatch,
 ) -> Result<(), StoreError> {
+    let outcome = p.outcome.as_ref().map(to_json).transpose()?;
+    let (set_question, question) = match &p.question {
+        None => (false, None),
+        Some(q) => (true, q.as_ref().map(to_json).transpose()?),
+    };
     let row = query_opt(
         c,
-        "SELECT last_seq FROM runs WHERE id = $1 FOR UPDATE",
-        &[&run_id],
+        "SELECT o_status, o_last FROM sandboxd_append_event(
+            $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+        &[
+            &run_id,
+            &driver,
+            &big(ev.seq),
+            &ev.time,
+            &ev.kind,
+            &ev.payload,
+            &p.state.map(|s| s.as_str()),
+            &outcome,
+            &p.answer,
+            &p.steps.map(big),
+            &big(p.add_input_tokens),
+            &big(p.add_output_tokens),
+            &set_question,
+            &question,
+            &p.started_at,
+            &p.ended_at,
+            &wakes::CHANNEL,
+        ],
     )
     .await?;
     let Some(row) = row else {
-        return Err(StoreError::Sql(format!("no run {run_id} to append to")));
+        return Err(corrupt(
+            "event append",
+            "the append function returned no row",
+        ));
     };
-    runs::fence(c, run_id, driver).await?;
-    let last: i64 = col(&row, 0)?;
-    if ev.seq != unsigned(last) + 1 {
-        return Err(StoreError::Corrupt {
-            what: "event sequence",
-            message: format!("run {run_id}: seq {} after {last}", ev.seq),
-        });
+    let status: String = col(&row, 0)?;
+    match status.as_str() {
+        "ok" => Ok(()),
+        "no_run" => Err(StoreError::Sql(format!("no run {run_id} to append to"))),
+        "fenced" => Err(StoreError::Fenced {
+            run_id: run_id.to_string(),
+            driver: driver.to_string(),
+        }),
+        "seq" => {
+            let last: Option<i64> = col(&row, 1)?;
+            Err(StoreError::Corrupt {
+                what: "event sequence",
+                message: format!(
+                    "run {run_id}: seq {} after {}",
+                    ev.seq,
+                    unsigned(last.unwrap_or(0))
+                ),
+            })
+        }
+        other => Err(corrupt("event append", format!("unknown answer {other:?}"))),
     }
-    let seq = last + 1;
-    execute(
-        c,
-        "INSERT INTO events (run_id, seq, time, kind, payload) VALUES ($1, $2, $3, $4, $5)",
-        &[&run_id, &seq, &ev.time, &ev.kind, &ev.payload],
-    )
-    .await?;
-    runs::patch(c, run_id, Some(ev.seq), p).await
 }
 
 pub(crate) async fn after(

@@ -20,7 +20,8 @@
 //! pass a cap (and a run's insert also takes its session's, so a session's rowids are its run
 //! order); an event's append locks its run row (`SELECT … FOR UPDATE`) and checks that the
 //! appending replica drives the run with a live lease, so each seq is committed exactly once,
-//! in order, with its patch, by the run's one driver. Everything else is one statement or one
+//! in order, with its patch, by the run's one driver: one statement, a plpgsql function
+//! (schema_v8.sql), so one round trip per event. Everything else is one statement or one
 //! READ COMMITTED transaction. TLS is not offered yet: use a loopback or private network.
 
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! The `runs` table: one row-mapping helper (`select`), the quota-checked insert, the
-//! listing, the patch an event's commit applies to its run, and `RunControl` (which replica
-//! drives a run, the session's order, takeovers, cancel requests and replies).
+//! listing, the patch of a run outside an event (an event's append patches its run in
+//! schema_v8.sql's function, events.rs), and `RunControl` (which replica drives a run, the
+//! session's order, takeovers, cancel requests and replies).
 //!
 //! A session's order is the rowid (an identity, drawn at insert): inserts into one session
 //! take the session's advisory lock until they commit, so rowids of a session's runs are
@@ -29,6 +30,7 @@ const NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 /// The advisory-lock class of a session's run order (the second key is the session's hash).
 const RUN_ORDER_LOCK: i32 = 4;
 
+/// The states of a run in flight; `sandboxd_append_event` (schema_v8.sql) spells the same list.
 const IN_FLIGHT: &str = "('queued', 'running', 'waiting_for_human')";
 
 /// The advisory-lock class of an owner's run cap (the second key is the owner's hash).
@@ -164,15 +166,15 @@ pub(crate) async fn list(c: &impl GenericClient, q: &RunQuery) -> Result<RunPage
     Ok(RunPage { runs, next })
 }
 
-fn big(v: u64) -> i64 {
+pub(crate) fn big(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
-/// Applies `patch` (and the new last seq, when given) to the run.
+/// Applies `patch` to the run, outside an event (an event's append patches its run itself,
+/// in `sandboxd_append_event`, schema_v8.sql).
 pub(crate) async fn patch(
     c: &impl GenericClient,
     id: &str,
-    last_seq: Option<u64>,
     p: &RunPatch,
 ) -> Result<(), StoreError> {
     let outcome = p.outcome.as_ref().map(to_json).transpose()?;
@@ -192,8 +194,7 @@ pub(crate) async fn patch(
             question = CASE WHEN $8 THEN $9 ELSE question END,
             reply = CASE WHEN $8 THEN NULL ELSE reply END,
             started_at = COALESCE(started_at, $10),
-            ended_at = COALESCE($11, ended_at),
-            last_seq = COALESCE($12, last_seq)
+            ended_at = COALESCE($11, ended_at)
          WHERE id = $1",
         &[
             &id,
@@ -207,32 +208,10 @@ pub(crate) async fn patch(
             &question,
             &p.started_at,
             &p.ended_at,
-            &last_seq.map(big),
         ],
     )
     .await?;
     Ok(())
-}
-
-/// Refuses (`Fenced`) unless run `run_id` is in flight, driven by `driver`, and `driver`'s
-/// lease is live by the database's clock. The caller holds the run's row lock (`FOR
-/// UPDATE`), so no takeover can change the driver before it commits.
-pub(crate) async fn fence(
-    c: &impl GenericClient,
-    run_id: &str,
-    driver: &str,
-) -> Result<(), StoreError> {
-    let statement = format!(
-        "SELECT 1 FROM runs r JOIN replicas p ON p.id = r.driver
-         WHERE r.id = $1 AND r.driver = $2 AND r.state IN {IN_FLIGHT} AND p.expires_at > {NOW_MS}"
-    );
-    match query_opt(c, &statement, &[&run_id, &driver]).await? {
-        Some(_) => Ok(()),
-        None => Err(StoreError::Fenced {
-            run_id: run_id.to_string(),
-            driver: driver.to_string(),
-        }),
-    }
 }
 
 async fn turn(c: &impl GenericClient, run_id: &str, driver: &str) -> Result<Turn, StoreError> {

@@ -181,7 +181,7 @@ impl Store for PgStore {
     }
 
     async fn patch_run(&self, id: &str, patch: RunPatch) -> Result<(), StoreError> {
-        runs::patch(&self.client().await?, id, None, &patch).await
+        runs::patch(&self.client().await?, id, &patch).await
     }
 
     async fn append_event(
@@ -191,11 +191,9 @@ impl Store for PgStore {
         event: StoredEvent,
         patch: RunPatch,
     ) -> Result<(), StoreError> {
-        in_tx!(self, |tx| {
-            events::append(&tx, run_id, driver, &event, &patch).await?;
-            // In the transaction: heard only once the event is there to read.
-            PgStore::notify(&tx, run_id).await?
-        })
+        // One statement, its own transaction: the wake-up is in it, heard only once the
+        // event is there to read.
+        events::append(&self.client().await?, run_id, driver, &event, &patch).await
     }
 
     fn run_wakes(&self) -> tokio::sync::broadcast::Receiver<String> {

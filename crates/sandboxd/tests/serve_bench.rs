@@ -41,7 +41,11 @@ async fn the_replica_bench_completes_every_run_on_three_replicas_and_drops_its_d
         .await
         .expect("the replica bench runs");
     assert_eq!(b.replicas, REPLICAS);
-    for (what, load) in [("replicas", &b.pg_load), ("SQLite", &b.sqlite_load)] {
+    for (what, load) in [
+        ("replicas", &b.pg_load),
+        ("replica A alone", &b.pg_one_load),
+        ("SQLite", &b.sqlite_load),
+    ] {
         // Two rounds of the load on each.
         assert_eq!(
             (load.users, load.completed, load.failures.clone()),

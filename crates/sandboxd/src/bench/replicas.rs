@@ -7,8 +7,9 @@
 //!   on the SQLite server (and, to tell the store's cost from the crossing's, on A alone),
 //!   one run on each in turn so all three see the same machine load;
 //! - load: 20 users at once, user i's run posted to replica i mod 3 and followed on the next
-//!   one, against the same 20 users on the SQLite server; step latency and completions; two
-//!   rounds of each (SQLite, replicas, replicas, SQLite), reported together;
+//!   one, against the same 20 users on the SQLite server, and on replica A alone (Postgres's
+//!   own cost, told apart from the spread's); step latency and completions; two rounds of each
+//!   (SQLite, replicas, A alone, A alone, replicas, SQLite), reported together;
 //! - exec: the sync exec of `true` through replica A against the SQLite server, request by
 //!   request in turn.
 //!
@@ -47,6 +48,8 @@ pub struct ReplicaBench {
     pub pg_exec: Vec<Duration>,
     pub sqlite_load: Load,
     pub pg_load: Load,
+    /// The same load on replica A alone.
+    pub pg_one_load: Load,
 }
 
 /// Measures the replicas on a fresh database in the cluster `admin_url` names (its user may
@@ -110,7 +113,7 @@ async fn on_database(
     let result = measure(&sqlite, &replicas, &model.model, samples, steps).await;
     stop(&replicas).await;
     stop(std::slice::from_ref(&sqlite)).await;
-    let (latency, exec, sqlite_load, pg_load) = result?;
+    let (latency, exec, [sqlite_load, pg_load, pg_one_load]) = result?;
     let [sqlite_latency, cross_latency, same_latency]: [EventLatency; 3] = latency
         .try_into()
         .map_err(|_| anyhow::anyhow!("three routes give three latencies"))?;
@@ -127,6 +130,7 @@ async fn on_database(
         pg_exec,
         sqlite_load,
         pg_load,
+        pg_one_load,
     })
 }
 
@@ -197,7 +201,8 @@ async fn stop(servers: &[Arc<BenchServer>]) {
     }
 }
 
-type Measured = (Vec<EventLatency>, Vec<Vec<Duration>>, Load, Load);
+/// Latencies, exec samples, and the loads on SQLite, across the replicas and on A alone.
+type Measured = (Vec<EventLatency>, Vec<Vec<Duration>>, [Load; 3]);
 
 async fn measure(
     sqlite: &Arc<BenchServer>,
@@ -225,20 +230,22 @@ async fn measure(
     let exec = exec_interleaved(&[one, a], samples)
         .await
         .context("exec round trip")?;
-    // Two rounds each, in the order SQLite, replicas, replicas, SQLite, so that a drift of
-    // the machine's load over the four favours neither.
-    let on_sqlite = || async {
-        load_on(std::slice::from_ref(sqlite), model, steps)
-            .await
-            .context("the load on SQLite")
+    // Two rounds each, in the order SQLite, replicas, A alone, A alone, replicas, SQLite, so
+    // that a drift of the machine's load over the six favours none.
+    let load = |servers: &'static str, on: &[Arc<BenchServer>]| {
+        let on = on.to_vec();
+        async move {
+            load_on(&on, model, steps)
+                .await
+                .with_context(|| format!("the load on {servers}"))
+        }
     };
-    let on_replicas = || async {
-        load_on(replicas, model, steps)
-            .await
-            .context("the load across the replicas")
-    };
-    let sqlite_first = on_sqlite().await?;
-    let pg_load = on_replicas().await?.merge(on_replicas().await?);
-    let sqlite_load = sqlite_first.merge(on_sqlite().await?);
-    Ok((latency, exec, sqlite_load, pg_load))
+    let sqlite_first = load("SQLite", std::slice::from_ref(sqlite)).await?;
+    let pg_first = load("the replicas", replicas).await?;
+    let one = &replicas[..1];
+    let pg_one = load("replica A alone", one).await?;
+    let pg_one = pg_one.merge(load("replica A alone", one).await?);
+    let pg_load = pg_first.merge(load("the replicas", replicas).await?);
+    let sqlite_load = sqlite_first.merge(load("SQLite", std::slice::from_ref(sqlite)).await?);
+    Ok((latency, exec, [sqlite_load, pg_load, pg_one]))
 }

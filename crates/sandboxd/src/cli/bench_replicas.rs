@@ -118,6 +118,18 @@ fn table(b: &ReplicaBench) {
         "all complete, p50 ≤ 1.5× SQLite",
         Some(all && p50(&pg.step_latency) <= 1.5 * p50(&one.step_latency)),
     );
+    // Postgres's own cost, told apart from the spread's: the same load on one replica.
+    let alone = &b.pg_one_load;
+    row(
+        &format!(
+            "the same load on replica A alone (Postgres without the spread); runs complete: {}/{}",
+            alone.completed, alone.users
+        ),
+        &alone.step_latency,
+        &one.step_latency,
+        "—",
+        None,
+    );
     row(
         "`true` via POST /v1/sessions/{id}/exec through replica A (auth, session lookup in the store)",
         &b.pg_exec,
@@ -128,6 +140,7 @@ fn table(b: &ReplicaBench) {
     println!();
     println!("PostgreSQL {}.", b.postgres);
     println!("Load on {} replicas: {}", b.replicas, load_note(pg));
+    println!("Load on replica A alone: {}", load_note(alone));
     println!("Load on one SQLite: {}", load_note(one));
 }
 

@@ -63,12 +63,21 @@ impl RunService {
 
     /// One look at the rows of the runs driven here.
     async fn control_pass(&self) {
-        let runs = self.live_runs();
+        // Whether each was inserted, read before the rows: a run whose insert commits after
+        // the read is missing from them, and must not be taken for lost (it was, under load).
+        let runs: Vec<(Arc<LiveRun>, bool)> = self
+            .live_runs()
+            .into_iter()
+            .map(|r| {
+                let inserted = r.inserted.load(std::sync::atomic::Ordering::SeqCst);
+                (r, inserted)
+            })
+            .collect();
         if runs.is_empty() {
             return;
         }
         if self.replica.fenced() {
-            for run in &runs {
+            for (run, _) in &runs {
                 run.stop(Stop::Lost);
             }
             return;
@@ -81,11 +90,11 @@ impl RunService {
                 return;
             }
         };
-        for run in runs {
+        for (run, inserted) in runs {
             let Some(row) = rows.get(&run.id) else {
                 // Not in flight under this replica's name any more: taken over (or just
                 // ended, and then the stop changes nothing).
-                if run.inserted.load(std::sync::atomic::Ordering::SeqCst) {
+                if inserted {
                     run.stop(Stop::Lost);
                 }
                 continue;

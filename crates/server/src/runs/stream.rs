@@ -34,6 +34,8 @@ pub struct Follower {
     wakes: Option<broadcast::Receiver<String>>,
     reread: Duration,
     done: bool,
+    /// The last read returned less than a page: nothing more was committed when it ran.
+    at_tail: bool,
 }
 
 /// Whether the event is the run's last: its terminal `run_state`.
@@ -66,6 +68,7 @@ impl Follower {
             wakes: None,
             reread: REREAD,
             done: false,
+            at_tail: false,
         }
     }
 
@@ -76,6 +79,7 @@ impl Follower {
                 if e.seq != self.last + 1 {
                     // Out of step (cannot happen from the store): read again.
                     self.buf.clear();
+                    self.at_tail = false;
                     continue;
                 }
                 self.last = e.seq;
@@ -91,27 +95,33 @@ impl Follower {
                 // Before the read: whatever commits after it wakes this receiver.
                 self.wakes = Some(self.store.run_wakes());
             }
-            match self.store.events_after(&self.run_id, self.last, PAGE).await {
-                Ok(batch) if !batch.is_empty() => {
-                    self.buf.extend(batch);
-                    continue;
+            // The last read reached the tail after the subscription, so the next commit wakes
+            // us: wait, not read the events and the run again (two round trips per event on
+            // Postgres). A run ended without an event is seen by the read after its wake-up.
+            if !std::mem::take(&mut self.at_tail) {
+                match self.store.events_after(&self.run_id, self.last, PAGE).await {
+                    Ok(batch) if !batch.is_empty() => {
+                        self.at_tail = self.follow && batch.len() < PAGE as usize;
+                        self.buf.extend(batch);
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(run = %self.run_id, error = %e, "cannot read the run's events");
+                        return None;
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::error!(run = %self.run_id, error = %e, "cannot read the run's events");
+                if !self.follow {
                     return None;
                 }
-            }
-            if !self.follow {
-                return None;
-            }
-            // A run that ended without a terminal event after `last` (a resume past its end).
-            match self.store.run(&self.run_id).await {
-                Ok(Some(row)) if row.state.is_terminal() && self.last >= row.last_seq => {
-                    return None;
+                // A run that ended without a terminal event after `last` (a resume past its end).
+                match self.store.run(&self.run_id).await {
+                    Ok(Some(row)) if row.state.is_terminal() && self.last >= row.last_seq => {
+                        return None;
+                    }
+                    Ok(Some(_)) => {}
+                    _ => return None,
                 }
-                Ok(Some(_)) => {}
-                _ => return None,
             }
             let wakes = self.wakes.as_mut()?;
             tokio::select! {
