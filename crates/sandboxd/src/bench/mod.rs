@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod browser;
+pub mod egress;
 pub mod flow;
 pub mod mcp;
 pub mod replicas;

@@ -16,7 +16,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, serve, pool, ui, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, pool, ui, or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -137,6 +137,9 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     if all || args.group == "research" {
         research(&manager, args.iterations.min(50)).await?;
     }
+    if all || args.group == "egress" {
+        egress(&manager, args.iterations).await?;
+    }
     if all || args.group == "serve" {
         serve(manager.clone(), &ctx, args.iterations).await?;
         super::bench_replicas::serve_replicas(&ctx, args.store_url.as_deref(), args.iterations)
@@ -149,13 +152,13 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
         ui(manager.clone(), &ctx, args.iterations.min(10)).await?;
     }
     if ![
-        "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "serve", "pool",
-        "ui",
+        "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "egress",
+        "serve", "pool", "ui",
     ]
     .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, serve, pool, ui or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, pool, ui or all",
             args.group
         );
     }
@@ -581,6 +584,38 @@ async fn mcp(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Resul
         &mut [],
         "p50 ≤ 3 ms",
     );
+    println!();
+    Ok(())
+}
+
+/// The egress proxy's overhead (issue 24): a new connection's first byte and one download,
+/// through a session's proxy from inside its sandbox beside the host straight to the server.
+async fn egress(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
+    section(
+        "Egress proxy (a local server; the sandbox's client through its proxy, the host's straight)",
+    );
+    let s = bench_session(manager).await?;
+    let b = sandboxd::bench::egress::bench_egress(s.sandbox.clone(), n.max(20), 100).await;
+    manager.remove(&s.owner, &s.id).await?;
+    let mut b = b.map_err(|e| anyhow::anyhow!(e))?;
+    let (p50, _) = percentiles(&mut b.ttfb_proxy.clone());
+    let (d50, _) = percentiles(&mut b.ttfb_direct.clone());
+    row(
+        "time to first byte of 1 KiB, new connection each (python client)",
+        &mut b.ttfb_proxy,
+        "the host straight to the server",
+        &mut b.ttfb_direct,
+        "≤ 2 ms added at p50",
+    );
+    println!(
+        "| download of {} MiB | {:.0} MiB/s | | straight: {:.0} MiB/s | | {:.2}× | ≥ 50 % of straight |",
+        b.download_mib,
+        b.mib_s_proxy,
+        b.mib_s_direct,
+        b.mib_s_proxy / b.mib_s_direct.max(1e-9)
+    );
+    println!();
+    println!("Added at p50: {:.2} ms.", p50 - d50);
     println!();
     Ok(())
 }
