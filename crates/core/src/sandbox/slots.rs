@@ -36,7 +36,8 @@ impl SessionSlots {
         v
     }
 
-    /// The session's `T`, if something made it.
+    /// The session's `T`, if something made it. Not from inside a `make` of
+    /// `get_or_insert_with` (the lock is held there, and is not reentrant).
     pub fn get<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
         let values = match self.values.lock() {
             Ok(v) => v,

@@ -158,9 +158,9 @@ impl SessionTools {
     /// an earlier one saved. The python interpreter needs nothing: it is found in the sandbox.
     /// The browser's egress is the one `set_egress` left in the session's slots, if any.
     pub fn of(session: &Session, config: &Config) -> Arc<SessionTools> {
-        Self::of_with(session, config, || ToolOptions {
-            egress: session.slots.get::<SessionEgress>().map(|e| e.0.clone()),
-        })
+        // Read before `of_with`: its options are made under the slots' lock.
+        let egress = session.slots.get::<SessionEgress>().map(|e| e.0.clone());
+        Self::of_with(session, config, move || ToolOptions { egress })
     }
 
     /// `session`'s tools, made with `options()` on first use (later calls get the same
