@@ -395,10 +395,10 @@ async fn a_replica_killed_mid_run_loses_nothing_committed() {
     let id = run["id"].as_str().unwrap().to_string();
     // Wait until the first command's result is committed: the second LLM call is in flight.
     let deadline = Instant::now() + Duration::from_secs(120);
-    let before = loop {
+    loop {
         let evs = read_sse(events(&a0, &id, "?follow=false", None).await, None).await;
         if evs.iter().any(|e| e.event == "tool_result") {
-            break evs;
+            break;
         }
         assert!(
             Instant::now() < deadline,
@@ -406,9 +406,12 @@ async fn a_replica_killed_mid_run_loses_nothing_committed() {
             c.logs()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    }
     c.kill9(1);
     let killed = Instant::now();
+    // What was committed when it died: the replica may have appended more (a `thinking`)
+    // after the read above, and nothing after the kill.
+    let before = read_sse(events(&a0, &id, "?follow=false", None).await, None).await;
 
     // Another replica marks it interrupted once the lease is out, after its kept events.
     let bound = Duration::from_secs(30 * LEASE_SECS);

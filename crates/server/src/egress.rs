@@ -49,6 +49,17 @@ pub fn policy_schema() -> utoipa::openapi::schema::Schema {
     )
 }
 
+/// `policy_schema`, or null (an optional policy: absent or null means the default).
+pub fn policy_schema_or_null() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(policy_schema())
+            .item(ObjectBuilder::new().schema_type(Type::Null))
+            .build(),
+    )
+}
+
 /// Checks that `policy` is within the admin's widest and the user's quota; the 403 names
 /// the rule that reaches too far and whose limit it passes.
 pub fn check_allowed(

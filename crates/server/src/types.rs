@@ -86,7 +86,7 @@ pub struct CreateSession {
     /// public host), `"a.org,*.b.org,!c.b.org"` or an array of such rules. Absent: the
     /// admin's `[egress] default`. Never wider than `[egress] widest` and your quota's.
     #[serde(default)]
-    #[schema(schema_with = crate::egress::policy_schema)]
+    #[schema(schema_with = crate::egress::policy_schema_or_null)]
     pub egress: Option<sandboxd_core::config::egress::EgressPolicy>,
 }
 
