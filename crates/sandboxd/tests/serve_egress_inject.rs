@@ -58,8 +58,7 @@ import hashlib, socket, ssl\n\
 s = socket.create_connection(('127.0.0.1', 3128), timeout=30)\n\
 s.sendall(b'CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\n')\n\
 head = b''\n\
-while b'\\r\\n\\r\\n' not in head:\n\
-    head += s.recv(1)\n\
+while b'\\r\\n\\r\\n' not in head: head += s.recv(1)\n\
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)\n\
 ctx.check_hostname = False\n\
 ctx.verify_mode = ssl.CERT_NONE\n\
@@ -80,7 +79,21 @@ async fn exec(api: &Api, id: &str, command: &str) -> String {
         )
         .await;
     assert_eq!(s, 200, "exec: {v}");
-    v["stdout"].as_str().unwrap_or_default().to_string()
+    format!(
+        "{}\n[stderr] {}",
+        v["stdout"].as_str().unwrap_or_default(),
+        v["stderr"].as_str().unwrap_or_default()
+    )
+}
+
+/// Puts the config back as `users add` read it (without the credential whose variable only
+/// serve has) before the environment's drop reads it again.
+struct Restore(std::path::PathBuf, String);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, &self.1);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -125,6 +138,7 @@ async fn a_credential_reaches_the_api_and_nothing_in_the_sandbox_events_or_logs(
                  value_env = \"SANDBOXD_TEST_INJECT_SECRET\"\nprefix = \"Bearer \"\n";
     let text = std::fs::read_to_string(&env.config).unwrap();
     std::fs::write(&env.config, format!("{text}\n{creds}")).unwrap();
+    let _restore = Restore(env.config.clone(), text);
     let mut cmd = env.cmd();
     cmd.env(VAR, &secret)
         .env(
