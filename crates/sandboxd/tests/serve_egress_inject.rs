@@ -258,3 +258,60 @@ async fn a_credential_reaches_the_api_and_nothing_in_the_sandbox_events_or_logs(
         assert!(!text.contains(&secret), "the secret is in the {what}");
     }
 }
+
+/// The CLI starts its proxy with the same injector: `sandboxd exec --egress` reaches the API
+/// with the header added, and neither its output nor its log shows the value.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_injects_the_credential_too() {
+    let secret = format!("sk-cli-{:032x}", rand::random::<u128>());
+    let api_srv = echo_https("127.0.0.1".parse().unwrap(), vec!["localhost".into()]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let roots = dir.path().join("roots.pem");
+    std::fs::write(&roots, &api_srv.root_pem).unwrap();
+    let env = Env::new(&format!(
+        "[research]\nallow = [\"localhost\"]\nports = [80, 443, {}]\n\
+         [egress]\nwidest = \"any\"\nextra_roots_pem = {:?}\n",
+        api_srv.port,
+        roots.display().to_string()
+    ))
+    .await;
+    let creds = "[[egress.credentials]]\nhost = \"localhost\"\nheader = \"Authorization\"\n\
+                 value_env = \"SANDBOXD_TEST_INJECT_SECRET\"\nprefix = \"Bearer \"\n";
+    let text = std::fs::read_to_string(&env.config).unwrap();
+    std::fs::write(&env.config, format!("{text}\n{creds}")).unwrap();
+    let _restore = Restore(env.config.clone(), text);
+    let line = format!(
+        "echo trust=$SSL_CERT_FILE; env -u NO_PROXY -u no_proxy curl -sS --max-time 30 https://localhost:{}/cli",
+        api_srv.port
+    );
+    let out = tokio::task::spawn_blocking({
+        let mut cmd = env.cmd();
+        cmd.env(VAR, &secret).env("SANDBOXD_LOG", "info").args([
+            "exec",
+            "--egress",
+            "localhost",
+            "--",
+            "sh",
+            "-c",
+            &line,
+        ]);
+        move || cmd.output().unwrap()
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("trust=/tmp/sandboxd-egress/ca-bundle.pem"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("api saw:\nGET /cli"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Authorization: Bearer ****"), "{stdout}");
+    let heads = api_srv.heads.lock().unwrap().clone();
+    let bearer = format!("Authorization: Bearer {secret}\r\n");
+    assert!(heads.iter().any(|h| h.contains(&bearer)), "{heads:?}");
+    assert!(!stdout.contains(&secret) && !stderr.contains(&secret));
+}
