@@ -52,6 +52,7 @@ mod serve_bench;
 mod serve_connections;
 mod serve_docker_tls;
 mod serve_egress;
+mod serve_egress_inject;
 mod serve_egress_live;
 mod serve_exec;
 mod serve_fuzz;

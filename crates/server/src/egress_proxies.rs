@@ -8,14 +8,25 @@
 //! of the policy, and in the upkeep (reconcile.rs), which so restarts a proxy that died.
 //! Another replica's helper already serving the sandbox (`PortTaken`) is fine: that replica
 //! serves it, with the same row as its policy.
+//!
+//! With `[egress] credentials`, every session held here gets one `Injector` (its CA's key in
+//! this process's memory only), made at its first `follow` and kept while the session is
+//! held, so a restarted proxy keeps the CA the sandbox already trusts and the browser's pin
+//! (fixed when its tools are made) stays right. Its files and variables are put into the
+//! sandbox once a proxy with it runs.
+//!
+//! The map's lock is never held across a start (a docker exec): a `Starting` entry claims
+//! the session instead, so two `follow`s cannot both start its proxy.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
 use crate::AppState;
 use crate::egress::{StoreAudit, StorePolicy};
+use sandboxd_core::egress::inject::{self, Injector};
 use sandboxd_core::egress::{EgressDeps, EgressError, EgressProxy, TRACE_TARGET};
 use sandboxd_core::research::resolver::SystemResolver;
 use sandboxd_core::research::ssrf::Policy;
@@ -36,6 +47,27 @@ enum StartError {
     Failed(String),
 }
 
+/// A claim older than this is stale (its `follow` was dropped half-way): a start waits at
+/// most half a minute for the helper, and writing the CA files takes a moment more.
+const STALE_CLAIM: Duration = Duration::from_secs(120);
+
+/// A session's slot in the map.
+enum Slot {
+    /// A `follow` is starting its proxy (without the map's lock), since then.
+    Starting(Instant),
+    Running(RunningProxy),
+}
+
+/// The proxies of this replica, by API session id.
+#[derive(Default)]
+pub struct Proxies {
+    running: Mutex<HashMap<String, Slot>>,
+    /// The credential injection of each held session (absent: no credentials configured).
+    injectors: std::sync::Mutex<HashMap<String, Arc<Injector>>>,
+    /// The `[research]` SSRF rules, built at the first start (the config does not change).
+    ssrf: OnceLock<Result<Arc<Policy>, String>>,
+}
+
 /// The one call that starts a session's proxy: the policy is the session's row, read at
 /// every connection (so a PUT on any replica counts at once); the audit is the store and
 /// the run in flight.
@@ -43,11 +75,17 @@ async fn start_proxy(
     st: &AppState,
     sandbox: &Arc<dyn Sandbox>,
     row: &SessionRow,
+    injector: Option<Arc<Injector>>,
 ) -> Result<RunningProxy, StartError> {
-    let ssrf = Policy::from_config(&st.config.research).map_err(StartError::Failed)?;
+    let ssrf = st
+        .egress_proxies
+        .ssrf
+        .get_or_init(|| Policy::from_config(&st.config.research).map(Arc::new))
+        .clone()
+        .map_err(StartError::Failed)?;
     let deps = EgressDeps {
         config: st.config.egress.clone(),
-        ssrf: Arc::new(ssrf),
+        ssrf,
         resolver: Arc::new(SystemResolver),
         policy: Arc::new(StorePolicy {
             store: st.store.clone(),
@@ -60,21 +98,20 @@ async fn start_proxy(
         session: row.id.clone(),
         owner: row.owner.clone(),
     };
-    match EgressProxy::start(sandbox.clone(), deps).await {
+    let started = match injector {
+        None => EgressProxy::start(sandbox.clone(), deps).await,
+        Some(i) => EgressProxy::start_intercepting(sandbox.clone(), deps, i).await,
+    };
+    match started {
         Ok(p) => Ok(p),
         Err(EgressError::PortTaken) => Err(StartError::Taken),
         Err(e) => Err(StartError::Failed(e.to_string())),
     }
 }
 
-/// The proxies of this replica, by API session id.
-#[derive(Default)]
-pub struct Proxies {
-    running: Mutex<HashMap<String, RunningProxy>>,
-}
-
 impl Proxies {
-    /// Stops the proxies of sessions this replica no longer holds (`held`: API ids).
+    /// Stops the proxies of sessions this replica no longer holds (`held`: API ids), and
+    /// drops their CAs.
     pub async fn keep_only(&self, held: &[String]) {
         let gone: Vec<RunningProxy> = {
             let mut map = self.running.lock().await;
@@ -83,8 +120,16 @@ impl Proxies {
                 .filter(|id| !held.contains(id))
                 .cloned()
                 .collect();
-            ids.iter().filter_map(|id| map.remove(id)).collect()
+            ids.iter()
+                .filter_map(|id| match map.remove(id) {
+                    Some(Slot::Running(p)) => Some(p),
+                    _ => None,
+                })
+                .collect()
         };
+        if let Ok(mut injectors) = self.injectors.lock() {
+            injectors.retain(|id, _| held.contains(id));
+        }
         for p in gone {
             p.stop().await;
         }
@@ -92,9 +137,70 @@ impl Proxies {
 
     /// Stops every proxy (shutdown).
     pub async fn stop_all(&self) {
-        let all: Vec<RunningProxy> = self.running.lock().await.drain().map(|(_, p)| p).collect();
-        for p in all {
-            p.stop().await;
+        let all: Vec<Slot> = self.running.lock().await.drain().map(|(_, p)| p).collect();
+        for slot in all {
+            if let Slot::Running(p) = slot {
+                p.stop().await;
+            }
+        }
+    }
+
+    /// The session's injector: made at the first call when credentials are configured.
+    fn injector(&self, st: &AppState, id: &str) -> Option<Arc<Injector>> {
+        if st.config.egress.credentials.is_empty() {
+            return None;
+        }
+        let mut map = self.injectors.lock().ok()?;
+        if let Some(i) = map.get(id) {
+            return Some(i.clone());
+        }
+        match Injector::for_config(id, &st.config.egress) {
+            Ok(Some(i)) => {
+                let i = Arc::new(i);
+                map.insert(id.to_string(), i.clone());
+                Some(i)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(target: TRACE_TARGET, session = %id, error = %e,
+                    "no credential injection for this session; its credential hosts are tunneled without their credentials");
+                None
+            }
+        }
+    }
+
+    /// Claims the session for a start: false when its proxy runs or another start is under
+    /// way; a dead proxy is taken out (returned, to be stopped).
+    async fn claim(&self, id: &str) -> (bool, Option<RunningProxy>) {
+        let mut map = self.running.lock().await;
+        match map.get(id) {
+            Some(Slot::Starting(at)) if at.elapsed() < STALE_CLAIM => return (false, None),
+            Some(Slot::Running(p)) if p.is_running() => return (false, None),
+            _ => {}
+        }
+        match map.insert(id.to_string(), Slot::Starting(Instant::now())) {
+            Some(Slot::Running(dead)) => (true, Some(dead)),
+            _ => (true, None),
+        }
+    }
+
+    /// Ends a claim: the proxy goes in when the claim still stands (a `keep_only` or
+    /// `stop_all` in between dropped it: then it is stopped); None clears the claim.
+    async fn settle(&self, id: &str, proxy: Option<RunningProxy>) {
+        let mut map = self.running.lock().await;
+        let claimed = matches!(map.get(id), Some(Slot::Starting(_)));
+        match proxy {
+            Some(p) if claimed => {
+                map.insert(id.to_string(), Slot::Running(p));
+            }
+            Some(p) => {
+                drop(map);
+                p.stop().await;
+            }
+            None if claimed => {
+                map.remove(id);
+            }
+            None => {}
         }
     }
 }
@@ -103,6 +209,8 @@ impl Proxies {
 /// caller: a proxy that cannot start is logged, and the next upkeep tries again.
 pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
     let sandbox = &session.sandbox;
+    let proxies = &st.egress_proxies;
+    let injector = proxies.injector(st, &row.id);
     // The browser reads the same row as the proxy (at every navigation).
     set_egress(
         session,
@@ -112,6 +220,7 @@ pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
                 session: row.id.clone(),
             }),
             at_start: row.egress.clone(),
+            chromium_args: inject::chromium_args(injector.as_ref()),
         },
     );
     let on = !row.egress.is_off();
@@ -119,23 +228,30 @@ pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
     if !on {
         return;
     }
-    let mut map = st.egress_proxies.running.lock().await;
-    if map.get(&row.id).is_some_and(RunningProxy::is_running) {
-        return;
-    }
-    if let Some(dead) = map.remove(&row.id) {
+    let (claimed, dead) = proxies.claim(&row.id).await;
+    if let Some(dead) = dead {
         tracing::warn!(target: TRACE_TARGET, session = %row.id, "the egress proxy had stopped; restarting it");
         dead.stop().await;
     }
-    match start_proxy(st, sandbox, row).await {
-        Ok(p) => {
-            map.insert(row.id.clone(), p);
-        }
+    if !claimed {
+        return;
+    }
+    let started = match start_proxy(st, sandbox, row, injector.clone()).await {
+        Ok(p) => Some(p),
         Err(StartError::Taken) => {
             tracing::debug!(target: TRACE_TARGET, session = %row.id, "another replica serves this session's egress");
+            None
         }
         Err(StartError::Failed(why)) => {
             tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %why, "the egress proxy did not start");
+            None
         }
+    };
+    if let (Some(_), Some(i)) = (&started, &injector)
+        && let Err(e) = inject::install(sandbox.as_ref(), i).await
+    {
+        tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %e,
+            "the session CA could not be written into the sandbox; its programs will not trust the credential hosts");
     }
+    proxies.settle(&row.id, started).await;
 }

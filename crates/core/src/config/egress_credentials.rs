@@ -29,6 +29,11 @@ pub struct EgressCredential {
     /// Written before the value, e.g. `"Bearer "`.
     #[serde(default)]
     pub prefix: String,
+    /// Whether the proxy also adds it to plain `http://` requests (where it crosses the
+    /// network in cleartext). Off: a plain-HTTP request to this host is refused, never
+    /// forwarded without the header nor with it.
+    #[serde(default)]
+    pub allow_http: bool,
     /// The value, read from `value_env` at load; never serialized.
     #[serde(skip)]
     pub value: CredentialValue,

@@ -115,6 +115,13 @@ async fn run(shared: &Shared, io: &mut ConnIo, over_cap: bool, tally: &mut Tally
         Ok(a) => a,
         Err(r) => return refuse(&io.ctl, &req, tally, r).await,
     };
+    // A plain-HTTP request to a credential host the interceptor will not serve in
+    // cleartext: refused before any connection, so it goes neither with nor without it.
+    if let (Request::Forward { .. }, Some(i)) = (&req, &shared.intercept)
+        && let super::Plain::Refuse(rule, reason) = i.plain(&tally.host, tally.port)
+    {
+        return refuse(&io.ctl, &req, tally, refused(&rule, reason)).await;
+    }
     tally.allowed = true;
     tally.rule = allowed.rule;
     let upstream = match connect(&allowed.addrs).await {
@@ -150,19 +157,18 @@ async fn carry(
     head: Head,
     upstream: TcpStream,
 ) -> Option<Refused> {
+    let handed = shared.intercept.as_ref().filter(|i| match &head.req {
+        Request::Connect { .. } => i.wants(&tally.host, tally.port),
+        Request::Forward { .. } => i.plain(&tally.host, tally.port) == super::Plain::Inject,
+    });
+    if let Some(intercept) = handed {
+        return handover(shared, io, tally, intercept.as_ref(), upstream, head).await;
+    }
     let Head {
         req,
         leftover,
         received,
     } = head;
-    let handed = shared.intercept.as_ref().filter(|i| match &req {
-        Request::Connect { .. } => i.wants(&tally.host, tally.port),
-        Request::Forward { .. } => false,
-    });
-    if let Some(intercept) = handed {
-        let i = intercept.as_ref();
-        return handover(shared, io, tally, i, upstream, leftover, received).await;
-    }
     let (r, mut w) = upstream.into_split();
     let first = match &req {
         Request::Connect { .. } => {
@@ -196,23 +202,38 @@ fn finish(tally: &mut Tally, end: Refused) {
     tally.reason = Some(end.reason);
 }
 
-/// Hands an allowed CONNECT to the interceptor: the relay (counted, capped) runs between the
-/// sandbox and one end of an in-memory pipe, the interceptor serves the other end.
+/// Hands an allowed CONNECT (or a plain-HTTP request) to the interceptor: the relay
+/// (counted, capped) runs between the sandbox and one end of an in-memory pipe, the
+/// interceptor serves the other end (a forwarded request's rewritten head first).
 async fn handover(
     shared: &Shared,
     io: &mut ConnIo,
     tally: &Tally,
     intercept: &dyn super::Intercept,
     upstream: TcpStream,
-    leftover: Bytes,
-    received: usize,
+    head: Head,
 ) -> Option<Refused> {
-    if !io.ctl.send(http::ESTABLISHED).await {
-        return None;
-    }
+    let Head {
+        req,
+        leftover,
+        received,
+    } = head;
     let (near, far) = tokio::io::duplex(CHUNK * 4);
     let (r, mut w) = tokio::io::split(near);
-    let served = intercept.serve(far, upstream, &tally.host);
+    let (served, leftover) = match req {
+        Request::Connect { .. } => {
+            if !io.ctl.send(http::ESTABLISHED).await {
+                return None;
+            }
+            (intercept.serve(far, upstream, &tally.host), leftover)
+        }
+        Request::Forward { head, .. } => {
+            let mut first = BytesMut::from(head.as_slice());
+            first.extend_from_slice(&leftover);
+            let first = first.freeze();
+            (intercept.serve_plain(far, upstream, &tally.host), first)
+        }
+    };
     let relayed = async {
         let cut = match forward_up(shared, tally, &mut w, &leftover).await {
             Ok(cut) => cut,

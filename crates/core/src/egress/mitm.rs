@@ -218,6 +218,31 @@ where
     super::mitm_http::relay(client, upstream, &host, cred, counters).await
 }
 
+/// The relay of `intercept` over plain TCP both ways: a credential with `allow_http`.
+pub async fn relay_plain<C, U>(
+    client: C,
+    upstream: U,
+    host: &str,
+    cred: &EgressCredential,
+    counters: &MitmCounters,
+) -> Result<(), MitmError>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    U: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let host = host.trim().trim_end_matches('.').to_ascii_lowercase();
+    if cred.host != host || !cred.allow_http {
+        return Err(MitmError::WrongHost {
+            host,
+            cred_host: cred.host.clone(),
+        });
+    }
+    if cred.value.is_empty() {
+        return Err(MitmError::NoValue(host));
+    }
+    super::mitm_http::relay(client, upstream, &host, cred, counters).await
+}
+
 #[cfg(test)]
 #[path = "mitm_harness_tests.rs"]
 mod harness;

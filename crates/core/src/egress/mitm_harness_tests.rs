@@ -185,6 +185,7 @@ pub(super) fn credential() -> EgressCredential {
         header: "Authorization".into(),
         value_env: "MITM_TEST_TOKEN".into(),
         prefix: "Bearer ".into(),
+        allow_http: false,
         value: CredentialValue::new(SECRET),
     }
 }

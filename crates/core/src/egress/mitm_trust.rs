@@ -58,14 +58,9 @@ pub fn pem_cert(der: &[u8]) -> String {
     out
 }
 
-/// Everything the sandbox of `ca`'s session needs to trust it.
-pub fn sandbox_trust(ca: &SessionCa) -> SandboxTrust {
-    let ca_pem = pem_cert(ca.cert_der());
-    let mut bundle = String::new();
-    for root in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
-        bundle.push_str(&pem_cert(root));
-    }
-    bundle.push_str(&ca_pem);
+/// The variables that point the sandbox's programs at the files (the same for every session:
+/// only the files' content differs).
+pub fn trust_env() -> Vec<(String, String)> {
     let mut env = Vec::new();
     for name in [
         "SSL_CERT_FILE",
@@ -77,12 +72,23 @@ pub fn sandbox_trust(ca: &SessionCa) -> SandboxTrust {
         env.push((name.to_string(), BUNDLE_PATH.to_string()));
     }
     env.push(("NODE_EXTRA_CA_CERTS".to_string(), CA_PATH.to_string()));
+    env
+}
+
+/// Everything the sandbox of `ca`'s session needs to trust it.
+pub fn sandbox_trust(ca: &SessionCa) -> SandboxTrust {
+    let ca_pem = pem_cert(ca.cert_der());
+    let mut bundle = String::new();
+    for root in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
+        bundle.push_str(&pem_cert(root));
+    }
+    bundle.push_str(&ca_pem);
     SandboxTrust {
         files: vec![
             (CA_PATH.to_string(), ca_pem.into_bytes()),
             (BUNDLE_PATH.to_string(), bundle.into_bytes()),
         ],
-        env,
+        env: trust_env(),
         chromium_args: vec![format!(
             "--ignore-certificate-errors-spki-list={}",
             ca.leaf_spki_sha256()

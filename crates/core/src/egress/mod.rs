@@ -14,6 +14,7 @@
 use std::fmt;
 
 pub mod ca;
+pub mod inject;
 pub mod mitm;
 mod mitm_body;
 mod mitm_http;
@@ -83,6 +84,34 @@ pub trait Intercept: Send + Sync {
         upstream: tokio::net::TcpStream,
         host: &str,
     ) -> Result<(), String>;
+
+    /// What to do with a plain `http://` request to this destination (after every check):
+    /// forward it as any other (the default), hand it to `serve_plain`, or refuse it.
+    fn plain(&self, _host: &str, _port: u16) -> Plain {
+        Plain::Forward
+    }
+
+    /// Serves one plain-HTTP connection `plain` said `Inject` for: `client` starts with the
+    /// request head (origin-form, as the proxy rewrote it) and its body; no TLS either side.
+    async fn serve_plain(
+        &self,
+        _client: tokio::io::DuplexStream,
+        _upstream: tokio::net::TcpStream,
+        _host: &str,
+    ) -> Result<(), String> {
+        Err("this interceptor serves no plain HTTP".into())
+    }
+}
+
+/// The interceptor's word on a plain-HTTP request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plain {
+    /// Not the interceptor's: forwarded untouched.
+    Forward,
+    /// Handed to `Intercept::serve_plain`.
+    Inject,
+    /// Refused before any connection: (rule, reason) for the sandbox and the audit.
+    Refuse(String, String),
 }
 
 /// One connection through a session's proxy, allowed or refused: what the audit keeps.

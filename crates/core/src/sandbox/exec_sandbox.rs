@@ -196,6 +196,10 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         self.proxy.set(on);
     }
 
+    fn set_egress_trust(&self, on: bool) {
+        self.proxy.set_trust(on);
+    }
+
     fn proxy_env_state(&self) -> Option<ProxyEnvState> {
         Some(self.proxy.state())
     }

@@ -171,6 +171,10 @@ pub trait Sandbox: Send + Sync {
     /// sandbox without processes of its own ignores it.
     fn set_proxy_env(&self, _on: bool) {}
 
+    /// Adds (or drops) the session CA's trust variables (`mitm_trust::trust_env()`) to the
+    /// proxy variables, the same way: once its files are written (egress/inject.rs).
+    fn set_egress_trust(&self, _on: bool) {}
+
     /// The wanted proxy environment, for a tool that keeps a process of its own (the python
     /// interpreter) up to date; None when this sandbox does not manage one.
     fn proxy_env_state(&self) -> Option<proxy_env::ProxyEnvState> {

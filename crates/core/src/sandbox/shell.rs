@@ -475,7 +475,7 @@ fn proxy_prefix(host: &dyn Sandbox, running: &mut Running) -> String {
     match host.proxy_env_state() {
         Some(want) if running.proxy_env != Some(want.generation) => {
             running.proxy_env = Some(want.generation);
-            super::proxy_env::shell_line(want.on)
+            super::proxy_env::shell_line(want)
         }
         _ => String::new(),
     }

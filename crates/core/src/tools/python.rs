@@ -187,7 +187,7 @@ impl Python {
         let Some(driver) = slot.driver.as_mut() else {
             return;
         };
-        let cell = crate::sandbox::proxy_env::python_cell(want.on);
+        let cell = crate::sandbox::proxy_env::python_cell(want);
         let quiet = tokio_util::sync::CancellationToken::new();
         match driver
             .run(&cell, 4096, Duration::from_secs(10), &quiet)

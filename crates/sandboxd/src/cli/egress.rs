@@ -4,12 +4,14 @@
 //! not `off`, and this process runs the session's proxy (`start_proxy`, the one call).
 //!
 //! The CLI keeps no session row: a kept session continued later gets the policy of that
-//! later invocation.
+//! later invocation. With `[egress] credentials` the proxy injects them (egress/inject.rs)
+//! with a CA made for this invocation; its key lives and dies with this process.
 
 use std::sync::{Arc, Mutex};
 
 use anyhow::bail;
 use sandboxd_core::config::egress::EgressPolicy;
+use sandboxd_core::egress::inject::{self, Injector};
 use sandboxd_core::egress::{EgressDeps, EgressProxy, FixedPolicy, LogOnly, TRACE_TARGET};
 use sandboxd_core::research::resolver::SystemResolver;
 use sandboxd_core::research::ssrf::Policy;
@@ -40,11 +42,19 @@ static PROXY: Mutex<Option<RunningProxy>> = Mutex::new(None);
 /// its proxy. A proxy that cannot start is said on stderr (the sandbox then reaches
 /// nothing, as with `off`), never a failure of the command.
 pub(crate) async fn start(ctx: &Ctx, session: &Arc<Session>, policy: &EgressPolicy) {
+    let injector = match Injector::for_config(&session.id, &ctx.config.egress) {
+        Ok(i) => i.map(Arc::new),
+        Err(e) => {
+            eprintln!("sandboxd: [egress] credentials: {e}; their hosts are tunneled without them");
+            None
+        }
+    };
     set_egress(
         session,
         Egress {
             source: Arc::new(FixedPolicy(policy.clone())),
             at_start: policy.clone(),
+            chromium_args: inject::chromium_args(injector.as_ref()),
         },
     );
     let on = !policy.is_off();
@@ -52,8 +62,15 @@ pub(crate) async fn start(ctx: &Ctx, session: &Arc<Session>, policy: &EgressPoli
     if !on {
         return;
     }
-    match start_proxy(ctx, session, policy).await {
+    match start_proxy(ctx, session, policy, injector.clone()).await {
         Ok(p) => {
+            if let Some(i) = &injector
+                && let Err(e) = inject::install(session.sandbox.as_ref(), i).await
+            {
+                eprintln!(
+                    "sandboxd: the session CA could not be written into the sandbox ({e}); its programs will not trust the credential hosts"
+                );
+            }
             if let Ok(mut slot) = PROXY.lock() {
                 *slot = Some(p);
             }
@@ -73,6 +90,7 @@ async fn start_proxy(
     ctx: &Ctx,
     session: &Arc<Session>,
     policy: &EgressPolicy,
+    injector: Option<Arc<Injector>>,
 ) -> Result<RunningProxy, String> {
     let ssrf = Policy::from_config(&ctx.config.research)?;
     let deps = EgressDeps {
@@ -84,7 +102,9 @@ async fn start_proxy(
         session: session.id.clone(),
         owner: String::new(),
     };
-    EgressProxy::start(session.sandbox.clone(), deps)
-        .await
-        .map_err(|e| e.to_string())
+    let started = match injector {
+        None => EgressProxy::start(session.sandbox.clone(), deps).await,
+        Some(i) => EgressProxy::start_intercepting(session.sandbox.clone(), deps, i).await,
+    };
+    started.map_err(|e| e.to_string())
 }

@@ -2,5 +2,6 @@
 //! caps, and its abuse, against the real engine and image with local "internet" servers.
 
 mod abuse;
+mod inject;
 mod proxy;
-mod support;
+pub(crate) mod support;

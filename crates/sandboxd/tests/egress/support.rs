@@ -252,3 +252,63 @@ pub fn opts() -> ShellOptions {
 pub fn curl(args: &str) -> String {
     format!("curl -sS -v --max-time 60 --proxy http://127.0.0.1:3128 {args}")
 }
+
+/// An HTTPS "API" for `names` (self-signed; `root_pem` is its certificate): it keeps every
+/// request head it saw and answers with it (`api saw:\n<head>`), so a test sees what the
+/// proxy sent and what the sandbox got back.
+pub struct Https {
+    pub port: u16,
+    pub heads: Arc<Mutex<Vec<String>>>,
+    pub cert_der: Vec<u8>,
+    pub root_pem: String,
+}
+
+pub async fn echo_https(bind: IpAddr, names: Vec<String>) -> Https {
+    let cert = rcgen::generate_simple_self_signed(names).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind((bind, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).into_owned();
+                seen.lock().unwrap().push(text.clone());
+                let body = format!("api saw:\n{text}");
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(reply.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    Https {
+        port,
+        heads,
+        cert_der: cert.cert.der().to_vec(),
+        root_pem: cert.cert.pem(),
+    }
+}

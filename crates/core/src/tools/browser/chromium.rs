@@ -161,8 +161,9 @@ impl Drop for Running {
 
 /// The command line. Flags beyond the required ones keep Chromium from reaching for things the
 /// container does not have (network services, a GPU, a writable home) and make screenshots
-/// deterministic (sRGB colours, no scrollbars).
-pub fn chromium_argv(user_data_dir: &str, port: u16) -> Vec<String> {
+/// deterministic (sRGB colours, no scrollbars). `extra` (the session's egress flags) goes
+/// before the first page.
+pub fn chromium_argv(user_data_dir: &str, port: u16, extra: &[String]) -> Vec<String> {
     let mut argv: Vec<String> = vec![
         "chromium".into(),
         "--headless=new".into(),
@@ -179,6 +180,7 @@ pub fn chromium_argv(user_data_dir: &str, port: u16) -> Vec<String> {
         // servers stay direct.
         format!("--proxy-server=http://{PROXY_HOST}:{PROXY_PORT}"),
     ];
+    argv.extend(extra.iter().cloned());
     for flag in [
         "--disable-gpu",
         "--no-first-run",
@@ -227,9 +229,13 @@ enum Attempt {
 }
 
 /// Starts Chromium number `n` of this tool and connects the driver to it.
-pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Running, BrowserError> {
+pub async fn start(
+    sandbox: Arc<dyn Sandbox>,
+    n: u32,
+    extra: &[String],
+) -> Result<Running, BrowserError> {
     for _ in 0..PORT_TRIES {
-        match start_on(sandbox.clone(), n, pick_port()).await {
+        match start_on(sandbox.clone(), n, pick_port(), extra).await {
             Ok(running) => return Ok(running),
             Err(Attempt::PortTaken) => continue,
             Err(Attempt::Failed(e)) => return Err(e),
@@ -273,7 +279,12 @@ pub async fn adopt(
     })
 }
 
-async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Running, Attempt> {
+async fn start_on(
+    sandbox: Arc<dyn Sandbox>,
+    n: u32,
+    port: u16,
+    extra: &[String],
+) -> Result<Running, Attempt> {
     let failed = |e: BrowserError| Attempt::Failed(e);
     let started = Instant::now();
     let tag = tag_of(&*sandbox, n);
@@ -286,7 +297,7 @@ async fn start_on(sandbox: Arc<dyn Sandbox>, n: u32, port: u16) -> Result<Runnin
         Ok(()) | Err(SandboxError::NotFound { .. }) => {}
         Err(e) => return Err(failed(e.into())),
     }
-    let req = chromium_request(&user_data_dir, port, &tag);
+    let req = chromium_request(&user_data_dir, port, &tag, extra);
     let process = sandbox.spawn(req).await.map_err(|e| failed(e.into()))?;
     let dead = CancellationToken::new();
     let StderrWatch {
@@ -359,10 +370,10 @@ fn start_failed(log: &Mutex<String>, why: String) -> Attempt {
 
 /// Chromium on `port` with its profile in `user_data_dir`, detached so it outlives the exec,
 /// tagged for kill_tagged.
-fn chromium_request(user_data_dir: &str, port: u16, tag: &str) -> SpawnRequest {
+fn chromium_request(user_data_dir: &str, port: u16, tag: &str, extra: &[String]) -> SpawnRequest {
     let mut req = SpawnRequest::new(helpers::argv(
         "sandboxd_detach.py",
-        &chromium_argv(user_data_dir, port)
+        &chromium_argv(user_data_dir, port, extra)
             .iter()
             .map(String::as_str)
             .collect::<Vec<_>>(),
@@ -432,8 +443,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_egress_flags_come_before_the_first_page() {
+        let pin = "--ignore-certificate-errors-spki-list=abc=".to_string();
+        let argv = chromium_argv("/tmp/chromium-3", 40000, std::slice::from_ref(&pin));
+        let at = argv.iter().position(|a| *a == pin).unwrap();
+        let page = argv.iter().position(|a| a == "about:blank").unwrap();
+        assert!(at < page, "{argv:?}");
+    }
+
+    #[test]
     fn required_flags_are_there() {
-        let argv = chromium_argv("/tmp/chromium-3", 40000);
+        let argv = chromium_argv("/tmp/chromium-3", 40000, &[]);
         for flag in [
             "--headless=new",
             "--no-sandbox",

@@ -209,7 +209,12 @@ impl BrowserUse {
             }
         }
         let n = self.starts.fetch_add(1, Ordering::Relaxed);
-        match Live::start(self.sandbox.clone(), n).await {
+        let extra = self
+            .egress
+            .as_ref()
+            .map(|e| e.chromium_args.clone())
+            .unwrap_or_default();
+        match Live::start(self.sandbox.clone(), n, &extra).await {
             // Chromium also fails to start when its sandbox stopped under the start (killed
             // from outside): say that, as the backend knows it, not that Chromium failed.
             Err(e) if !matches!(e, BrowserError::Sandbox(_)) => {

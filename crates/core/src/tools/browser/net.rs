@@ -22,6 +22,9 @@ pub struct Egress {
     /// The policy when the tools were built: the tool's description names its hosts (a
     /// description is fixed for the session; refusals always name the current rule).
     pub at_start: EgressPolicy,
+    /// Added to Chromium's command line: the pin of the session's credential-injection leaf
+    /// key (egress/mitm_trust.rs), empty when the session injects no credential.
+    pub chromium_args: Vec<String>,
 }
 
 /// How to change a session's egress, for refusals.

@@ -50,9 +50,13 @@ pub struct Live {
 }
 
 impl Live {
-    pub async fn start(sandbox: Arc<dyn Sandbox>, n: u32) -> Result<Live, BrowserError> {
+    pub async fn start(
+        sandbox: Arc<dyn Sandbox>,
+        n: u32,
+        extra: &[String],
+    ) -> Result<Live, BrowserError> {
         let started = std::time::Instant::now();
-        let running = chromium::start(sandbox, n).await?;
+        let running = chromium::start(sandbox, n, extra).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "browser: connected");
         let downloads = Downloads::watch(
             &running.browser,
