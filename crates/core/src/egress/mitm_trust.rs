@@ -3,8 +3,8 @@
 //!
 //! Files go under /tmp (the root file system is read-only; /tmp is the container's tmpfs):
 //! `ca.pem`, the session CA alone, and `ca-bundle.pem`, the public web PKI (Mozilla's roots,
-//! the same set the proxy checks upstreams against; the image ships no CA bundle of its own)
-//! followed by the session CA. OpenSSL-based programs (curl, python's ssl, git) read
+//! the same set the proxy checks upstreams against, so the bundle does not depend on the
+//! image's own ca-certificates) followed by the session CA. OpenSSL-based programs (curl, python's ssl, git) read
 //! `SSL_CERT_FILE`/`CURL_CA_BUNDLE`/`GIT_SSL_CAINFO`, requests and pip `REQUESTS_CA_BUNDLE`/
 //! `PIP_CERT`, all the bundle; Node adds `NODE_EXTRA_CA_CERTS` (the CA alone) to its own.
 //!
