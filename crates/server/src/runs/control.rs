@@ -2,8 +2,8 @@
 //!
 //! The control loop (one per replica) re-reads the rows of the runs this replica drives
 //! whenever a control wake-up (`Wake::Control`: a cancel request, an answer) names one of
-//! them, and at least every `wait::POLL` while it drives any: a
-//! cancel request (`cancel`) stops the run, a posted answer (`reply`) goes to its pending
+//! them or `WAKE_ALL` comes, and at least every `wait::POLL` while it drives any: a cancel
+//! request (`cancel`) stops the run, a posted answer (`reply`) goes to its pending
 //! question, and a run whose row no longer names this replica is stopped as lost. A fenced
 //! replica (its lease ran out) stops every run it drives at once.
 //!

@@ -2,8 +2,8 @@
 //! session, a cancel request or an answer for a run this replica drives, the ending of a run
 //! another replica drives. The store's rows are the truth; a wake-up (`Store::run_wakes`,
 //! sent after every event's commit, and in its control form by `wake` after a cancel request
-//! or an answer) is only a hint to re-read them sooner, and every wait re-reads at least every `POLL` anyway, so a
-//! change whose wake-up was lost is still seen within `POLL`.
+//! or an answer) is only a hint to re-read them sooner, and every wait re-reads at least every
+//! `POLL` anyway, so a change whose wake-up was lost is still seen within `POLL`.
 
 use std::future::Future;
 use std::sync::Arc;
