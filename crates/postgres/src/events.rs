@@ -1,37 +1,35 @@
 //! The `events` and `images` tables, and the conversation and token counters of the runs
-//! API. An event is committed with its run's patch in one statement (a function of
-//! schema_v8.sql) that holds the run's row lock, so each seq is committed once, in order, and
-//! a reader that sees `last_seq = n` finds events 1..n.
+//! API. An event is committed with its run's patch (and, for a model answer, the owner's
+//! daily token count) in one statement, a function of schema_v9.sql that holds the run's row
+//! lock, so each seq is committed once, in order, and a reader that sees `last_seq = n`
+//! finds events 1..n.
 
 use deadpool_postgres::GenericClient;
 
-use crate::runs::big;
-use crate::{col, corrupt, execute, query, query_opt, to_json, unsigned, utc_day, wakes};
-use sandboxd_core::store::{RunPatch, StoreError, StoredEvent};
+use crate::runs::{PatchArgs, big};
+use crate::{col, corrupt, execute, query, query_opt, unsigned, utc_day, wakes};
+use sandboxd_core::store::{Appended, RunPatch, StoreError, StoredEvent};
 
 /// Commits the event and the patch, and wakes the run's followers on every replica; the seq
 /// must follow the run's last one, and the run must be in flight and driven by `driver`,
 /// whose lease is live. One statement, so one round trip: `sandboxd_append_event`
-/// (schema_v8.sql) takes the run's row lock, checks the fence and the seq, inserts, patches
-/// and notifies in the statement's transaction; a racing writer (or a takeover) waits on the
-/// row lock and then sees the new `last_seq` (or driver). Its answer names the check that
-/// refused, mapped here to the errors the separate statements gave.
+/// (schema_v9.sql) takes the run's row lock, checks the fence and the seq, inserts, patches
+/// (`sandboxd_patch_run`, as `patch_run` does), counts the owner's tokens when the patch
+/// says so, and notifies, in the statement's transaction; a racing writer (or a takeover)
+/// waits on the row lock and then sees the new `last_seq` (or driver). Its answer names the
+/// check that refused, mapped here to the errors the separate statements gave.
 pub(crate) async fn append(
     c: &impl GenericClient,
     run_id: &str,
     driver: &str,
     ev: &StoredEvent,
     p: &RunPatch,
-) -> Result<(), StoreError> {
-    let outcome = p.outcome.as_ref().map(to_json).transpose()?;
-    let (set_question, question) = match &p.question {
-        None => (false, None),
-        Some(q) => (true, q.as_ref().map(to_json).transpose()?),
-    };
+) -> Result<Appended, StoreError> {
+    let a = PatchArgs::of(p)?;
     let row = query_opt(
         c,
-        "SELECT o_status, o_last FROM sandboxd_append_event(
-            $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+        "SELECT o_status, o_last, o_owner_tokens FROM sandboxd_append_event(
+            $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
         &[
             &run_id,
             &driver,
@@ -39,17 +37,19 @@ pub(crate) async fn append(
             &ev.time,
             &ev.kind,
             &ev.payload,
-            &p.state.map(|s| s.as_str()),
-            &outcome,
+            &a.state,
+            &a.outcome,
             &p.answer,
-            &p.steps.map(big),
-            &big(p.add_input_tokens),
-            &big(p.add_output_tokens),
-            &set_question,
-            &question,
+            &a.steps,
+            &a.add_input,
+            &a.add_output,
+            &a.set_question,
+            &a.question,
             &p.started_at,
             &p.ended_at,
             &wakes::CHANNEL,
+            &p.count_owner_tokens,
+            &utc_day(ev.time),
         ],
     )
     .await?;
@@ -61,7 +61,12 @@ pub(crate) async fn append(
     };
     let status: String = col(&row, 0)?;
     match status.as_str() {
-        "ok" => Ok(()),
+        "ok" => {
+            let tokens: Option<i64> = col(&row, 2)?;
+            Ok(Appended {
+                owner_tokens_today: tokens.map(unsigned),
+            })
+        }
         "no_run" => Err(StoreError::Sql(format!("no run {run_id} to append to"))),
         "fenced" => Err(StoreError::Fenced {
             run_id: run_id.to_string(),

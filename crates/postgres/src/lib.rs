@@ -21,7 +21,7 @@
 //! order); an event's append locks its run row (`SELECT … FOR UPDATE`) and checks that the
 //! appending replica drives the run with a live lease, so each seq is committed exactly once,
 //! in order, with its patch, by the run's one driver: one statement, a plpgsql function
-//! (schema_v8.sql), so one round trip per event. Everything else is one statement or one
+//! (schema_v9.sql), so one round trip per event. Everything else is one statement or one
 //! READ COMMITTED transaction. TLS is not offered yet: use a loopback or private network.
 
 use std::time::Duration;
@@ -319,10 +319,10 @@ impl PgStore {
         })
     }
 
-    /// Sends a run's wake-up to every replica: delivered when `c`'s transaction commits (at
-    /// once outside one), never if it rolls back.
-    pub(crate) async fn notify(c: &impl GenericClient, run_id: &str) -> Result<(), StoreError> {
-        execute(c, "SELECT pg_notify($1, $2)", &[&wakes::CHANNEL, &run_id]).await?;
+    /// Sends a run's wake-up (`payload`: its id, or `control_wake` of it) to every replica:
+    /// delivered when `c`'s transaction commits (at once outside one), never if it rolls back.
+    pub(crate) async fn notify(c: &impl GenericClient, payload: &str) -> Result<(), StoreError> {
+        execute(c, "SELECT pg_notify($1, $2)", &[&wakes::CHANNEL, &payload]).await?;
         Ok(())
     }
 

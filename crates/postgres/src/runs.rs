@@ -1,6 +1,6 @@
 //! The `runs` table: one row-mapping helper (`select`), the quota-checked insert, the
-//! listing, the patch of a run outside an event (an event's append patches its run in
-//! schema_v8.sql's function, events.rs), and `RunControl` (which replica drives a run, the
+//! listing, the patch of a run (one SQL function, schema_v9.sql's `sandboxd_patch_run`, which
+//! an event's append calls too, events.rs), and `RunControl` (which replica drives a run, the
 //! session's order, takeovers, cancel requests and replies).
 //!
 //! A session's order is the rowid (an identity, drawn at insert): inserts into one session
@@ -170,44 +170,62 @@ pub(crate) fn big(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
-/// Applies `patch` to the run, outside an event (an event's append patches its run itself,
-/// in `sandboxd_append_event`, schema_v8.sql).
+/// A patch's fields as `sandboxd_patch_run` (schema_v9.sql) takes them, where they need
+/// converting: the one place a `RunPatch` is spelled in SQL arguments.
+pub(crate) struct PatchArgs {
+    pub state: Option<&'static str>,
+    pub outcome: Option<String>,
+    pub steps: Option<i64>,
+    pub add_input: i64,
+    pub add_output: i64,
+    /// Whether the question is set (or cleared, with `question` None).
+    pub set_question: bool,
+    pub question: Option<String>,
+}
+
+impl PatchArgs {
+    pub(crate) fn of(p: &RunPatch) -> Result<Self, StoreError> {
+        let (set_question, question) = match &p.question {
+            None => (false, None),
+            Some(q) => (true, q.as_ref().map(to_json).transpose()?),
+        };
+        Ok(Self {
+            state: p.state.map(|s| s.as_str()),
+            outcome: p.outcome.as_ref().map(to_json).transpose()?,
+            steps: p.steps.map(big),
+            add_input: big(p.add_input_tokens),
+            add_output: big(p.add_output_tokens),
+            set_question,
+            question,
+        })
+    }
+}
+
+/// Applies `patch` to the run, outside an event: the same function an event's append
+/// patches its run with (`sandboxd_patch_run`, schema_v9.sql), keeping its last seq.
 pub(crate) async fn patch(
     c: &impl GenericClient,
     id: &str,
     p: &RunPatch,
 ) -> Result<(), StoreError> {
-    let outcome = p.outcome.as_ref().map(to_json).transpose()?;
-    let (set_question, question) = match &p.question {
-        None => (false, None),
-        Some(q) => (true, q.as_ref().map(to_json).transpose()?),
-    };
+    let a = PatchArgs::of(p)?;
+    let no_seq: Option<i64> = None;
     execute(
         c,
-        "UPDATE runs SET
-            state = COALESCE($2, state),
-            outcome = COALESCE($3, outcome),
-            answer = COALESCE($4, answer),
-            steps = COALESCE($5, steps),
-            input_tokens = input_tokens + $6,
-            output_tokens = output_tokens + $7,
-            question = CASE WHEN $8 THEN $9 ELSE question END,
-            reply = CASE WHEN $8 THEN NULL ELSE reply END,
-            started_at = COALESCE(started_at, $10),
-            ended_at = COALESCE($11, ended_at)
-         WHERE id = $1",
+        "SELECT sandboxd_patch_run($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         &[
             &id,
-            &p.state.map(|s| s.as_str()),
-            &outcome,
+            &a.state,
+            &a.outcome,
             &p.answer,
-            &p.steps.map(big),
-            &big(p.add_input_tokens),
-            &big(p.add_output_tokens),
-            &set_question,
-            &question,
+            &a.steps,
+            &a.add_input,
+            &a.add_output,
+            &a.set_question,
+            &a.question,
             &p.started_at,
             &p.ended_at,
+            &no_seq,
         ],
     )
     .await?;

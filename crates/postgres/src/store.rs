@@ -6,8 +6,9 @@ use async_trait::async_trait;
 
 use crate::{PgStore, events, runs, sessions, sql, usage, users};
 use sandboxd_core::store::{
-    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, SessionCaps, SessionPage,
-    SessionQuery, SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User, now_ms,
+    Appended, NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, SessionCaps,
+    SessionPage, SessionQuery, SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User,
+    control_wake, now_ms,
 };
 
 /// Runs `$body` (which uses the transaction `$tx`) in one transaction on a pooled connection
@@ -190,7 +191,7 @@ impl Store for PgStore {
         driver: &str,
         event: StoredEvent,
         patch: RunPatch,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Appended, StoreError> {
         // One statement, its own transaction: the wake-up is in it, heard only once the
         // event is there to read.
         events::append(&self.client().await?, run_id, driver, &event, &patch).await
@@ -201,7 +202,7 @@ impl Store for PgStore {
     }
 
     async fn wake_run(&self, run_id: &str) -> Result<(), StoreError> {
-        PgStore::notify(&self.client().await?, run_id).await
+        PgStore::notify(&self.client().await?, &control_wake(run_id)).await
     }
 
     async fn events_after(

@@ -82,11 +82,17 @@ async fn every_field_of_the_patch_lands_in_its_column() {
         question: Some(None),
         started_at: Some(999),
         ended_at: Some(200),
+        count_owner_tokens: true,
     };
-    store
+    let appended = store
         .append_event("r1", DRIVER, event(2, "run_finished", "{}"), last)
         .await
         .unwrap();
+    assert_eq!(
+        appended.owner_tokens_today,
+        Some(1),
+        "the owner's day counts the event's input tokens"
+    );
     let r = store.run("r1").await.unwrap().unwrap();
     assert_eq!(r.state, RunState::Succeeded);
     assert_eq!(r.outcome, Some(outcome));

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use sandboxd_core::store::{
     NewUser, QuotaOverride, RunPatch, RunRow, SessionRow, Store, StoredEvent, StoredKey, WAKE_ALL,
-    now_ms,
+    control_wake, now_ms,
 };
 use sandboxd_postgres::{PgStore, WAKES_APPLICATION_NAME};
 use support::Databases;
@@ -112,8 +112,8 @@ async fn replicas_wake_each_other_and_a_cut_listener_comes_back_with_wake_all() 
     a.wake_run("r1").await.unwrap();
     assert_eq!(
         next_wake(&mut rx, false).await,
-        "r1",
-        "A's wake_run wakes B"
+        control_wake("r1"),
+        "A's wake_run wakes B, in its control form"
     );
 
     // Cut every listener's connection.

@@ -5,24 +5,28 @@
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::{runs, sql, utc_day};
-use sandboxd_core::store::{RunPatch, StoreError, StoredEvent};
+use sandboxd_core::store::{Appended, RunPatch, StoreError, StoredEvent};
 
 /// Commits the event and the patch; the seq must follow the run's last one, and the run must
-/// be in flight and driven by `driver`, whose lease is live (`runs::fence`).
+/// be in flight and driven by `driver`, whose lease is live (`runs::fence`). With
+/// `count_owner_tokens` the owner's input tokens of the event's day grow in the same
+/// transaction.
 pub(super) fn append(
     tx: &Transaction<'_>,
     run_id: &str,
     driver: &str,
     ev: &StoredEvent,
     p: &RunPatch,
-) -> Result<(), StoreError> {
-    let last: Option<i64> = tx
-        .query_row("SELECT last_seq FROM runs WHERE id = ?1", [run_id], |r| {
-            r.get(0)
-        })
+) -> Result<Appended, StoreError> {
+    let run: Option<(i64, String)> = tx
+        .query_row(
+            "SELECT last_seq, owner FROM runs WHERE id = ?1",
+            [run_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
         .optional()
         .map_err(sql)?;
-    let Some(last) = last else {
+    let Some((last, owner)) = run else {
         return Err(StoreError::Sql(format!("no run {run_id} to append to")));
     };
     runs::fence(tx, run_id, driver)?;
@@ -37,7 +41,13 @@ pub(super) fn append(
         params![run_id, ev.seq as i64, ev.time, ev.kind, ev.payload],
     )
     .map_err(sql)?;
-    runs::patch(tx, run_id, Some(ev.seq), p)
+    runs::patch(tx, run_id, Some(ev.seq), p)?;
+    let owner_tokens_today = if p.count_owner_tokens {
+        Some(add_input_tokens(tx, &owner, p.add_input_tokens, ev.time)?)
+    } else {
+        None
+    };
+    Ok(Appended { owner_tokens_today })
 }
 
 pub(super) fn after(

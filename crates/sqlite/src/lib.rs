@@ -35,8 +35,9 @@ mod usage;
 mod users;
 
 use sandboxd_core::store::{
-    NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, RunWakes, SessionCaps,
+    Appended, NewUser, QuotaOverride, RunPage, RunPatch, RunQuery, RunRow, RunWakes, SessionCaps,
     SessionPage, SessionQuery, SessionRow, Store, StoreError, StoredEvent, StoredKey, Usage, User,
+    control_wake,
 };
 
 /// Migrations in order; the index + 1 is the schema version it produces.
@@ -425,13 +426,14 @@ impl Store for SqliteStore {
         driver: &str,
         event: StoredEvent,
         patch: RunPatch,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Appended, StoreError> {
         let (id, driver) = (run_id.to_string(), driver.to_string());
-        self.write(move |tx| events::append(tx, &id, &driver, &event, &patch))
+        let appended = self
+            .write(move |tx| events::append(tx, &id, &driver, &event, &patch))
             .await?;
         // After the commit: a woken reader finds the event.
         self.wakes.send(run_id);
-        Ok(())
+        Ok(appended)
     }
 
     fn run_wakes(&self) -> tokio::sync::broadcast::Receiver<String> {
@@ -439,7 +441,7 @@ impl Store for SqliteStore {
     }
 
     async fn wake_run(&self, run_id: &str) -> Result<(), StoreError> {
-        self.wakes.send(run_id);
+        self.wakes.send(&control_wake(run_id));
         Ok(())
     }
 

@@ -24,12 +24,12 @@ pub use egress::{EgressCounters, EgressLog};
 pub use mcp_sessions::{McpSandbox, McpSessionRow, McpSessions};
 pub use replicas::{Replicas, new_replica_id};
 pub use runs::{
-    RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoredEvent,
+    Appended, RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoredEvent,
     StoredQuestion, Turn,
 };
 pub use throttle::{AuthFailures, AuthWindow};
 pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
-pub use wakes::{RunWakes, WAKE_ALL, Woken, wait_for_run};
+pub use wakes::{RunWakes, WAKE_ALL, Wake, Woken, control_wake, wait_for_run};
 
 use crate::config::Limits;
 use crate::config::egress::EgressPolicy;
@@ -452,23 +452,26 @@ pub trait Store:
     /// Commits one event (its seq follows the run's `last_seq`) and the patch it brings, in
     /// one transaction: a reader that sees the new `last_seq` sees the event. Fenced: only
     /// while the run is in flight, its driver is `driver` and `driver`'s lease is live by the
-    /// store's clock, checked in the same transaction (else `StoreError::Fenced`). Once it has
-    /// committed, the run's id is sent to `run_wakes` (never before: a woken reader finds it).
+    /// store's clock, checked in the same transaction (else `StoreError::Fenced`). With
+    /// `patch.count_owner_tokens` the owner's daily input tokens grow in that transaction too
+    /// (a refused append counts nothing). Once it has committed, the run's id is sent to
+    /// `run_wakes` (never before: a woken reader finds it).
     async fn append_event(
         &self,
         run_id: &str,
         driver: &str,
         event: StoredEvent,
         patch: RunPatch,
-    ) -> Result<(), StoreError>;
-    /// Wake-ups about runs (wakes.rs): after an event of a run commits (and on `wake_run`)
-    /// the run's id is sent, to the receivers of every process on this store (SQLite: this
-    /// process; Postgres: every replica, by NOTIFY). Lossy and only a hint: a receiver that
-    /// lags, or a store whose listener reconnected, gets `WAKE_ALL` ("re-read everything");
-    /// the table is the truth, so waiters also re-read on a timeout.
+    ) -> Result<Appended, StoreError>;
+    /// Wake-ups about runs (wakes.rs): after an event of a run commits the run's id is sent,
+    /// and on `wake_run` its `control_wake` form, to the receivers of every process on this
+    /// store (SQLite: this process; Postgres: every replica, by NOTIFY). Lossy and only a
+    /// hint: a receiver that lags, or a store whose listener reconnected, gets `WAKE_ALL`
+    /// ("re-read everything"); the table is the truth, so waiters also re-read on a timeout.
     fn run_wakes(&self) -> tokio::sync::broadcast::Receiver<String>;
-    /// Sends a wake-up for `run_id` to every process on this store (a control change of the
-    /// run that is not an event: a cancel requested, an answer posted).
+    /// Sends `control_wake(run_id)` to every process on this store: a control change of the
+    /// run that is not an event (a cancel requested, an answer posted), which only the run's
+    /// driver acts on; it need not re-read its runs' rows after each of its own events.
     async fn wake_run(&self, run_id: &str) -> Result<(), StoreError>;
     /// Events with seq > `after`, in order, at most `limit`.
     async fn events_after(
@@ -497,7 +500,8 @@ pub trait Store:
         messages: String,
         now: i64,
     ) -> Result<(), StoreError>;
-    /// Adds input tokens to the owner's count of the UTC day of `now`; the day's total.
+    /// Adds input tokens to the owner's count of the UTC day of `now`; the day's total. (A
+    /// run's model answers count in their event's append: `RunPatch::count_owner_tokens`.)
     async fn add_input_tokens(&self, owner: &str, tokens: u64, now: i64)
     -> Result<u64, StoreError>;
     /// Deletes ended sessions and finished runs (with their events) that ended before `cutoff`.

@@ -157,10 +157,23 @@ pub struct RunPatch {
     /// Added to the run's counters.
     pub add_input_tokens: u64,
     pub add_output_tokens: u64,
+    /// An event's append also adds `add_input_tokens` to the run owner's input tokens of the
+    /// UTC day of the event's `time` (the daily quota's count, `Store::usage`) in its
+    /// transaction, and reports the day's new total (`Appended`): one write per model answer
+    /// instead of two. `patch_run` ignores it (only an event counts against the quota).
+    pub count_owner_tokens: bool,
     /// Some(None) clears the question.
     pub question: Option<Option<StoredQuestion>>,
     pub started_at: Option<i64>,
     pub ended_at: Option<i64>,
+}
+
+/// What a committed append reports besides success.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Appended {
+    /// The run owner's input tokens of the event's UTC day after the append, when the patch
+    /// counted them (`RunPatch::count_owner_tokens`); None when it did not.
+    pub owner_tokens_today: Option<u64>,
 }
 
 /// One event as stored: `payload` is the Event JSON of docs/events.md.

@@ -1,8 +1,9 @@
 //! What reaches a run through its row, and the runs nobody drives.
 //!
 //! The control loop (one per replica) re-reads the rows of the runs this replica drives
-//! whenever one of them is woken, and at least every `wait::POLL` while it drives any: a
-//! cancel request (`cancel`) stops the run, a posted answer (`reply`) goes to its pending
+//! whenever a control wake-up (`Wake::Control`: a cancel request, an answer) names one of
+//! them or `WAKE_ALL` comes, and at least every `wait::POLL` while it drives any: a cancel
+//! request (`cancel`) stops the run, a posted answer (`reply`) goes to its pending
 //! question, and a run whose row no longer names this replica is stopped as lost. A fenced
 //! replica (its lease ran out) stops every run it drives at once.
 //!
@@ -27,7 +28,7 @@ use super::journal::Journal;
 use super::wait::POLL;
 use super::{LiveRun, RunService, RunServiceError, Stop};
 use sandboxd_core::agent::{EventKind, FinishReason};
-use sandboxd_core::store::{RunPatch, RunRow, RunState, Store, StoreError, now_ms};
+use sandboxd_core::store::{RunPatch, RunRow, RunState, Store, StoreError, Wake, now_ms};
 
 /// How long POST …/answer waits for the driver to take the answer before taking it back.
 const ANSWER_WAIT: Duration = Duration::from_secs(30);
@@ -43,7 +44,7 @@ impl RunService {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = me.wakes.changed(&mut rx, POLL, |id| me.live(id).is_some()) => {}
+                    _ = me.wakes.changed(&mut rx, POLL, |w| me.concerns(w)) => {}
                 }
                 me.control_pass().await;
                 if Instant::now() >= next_sweep {
@@ -52,6 +53,18 @@ impl RunService {
                 }
             }
         })
+    }
+
+    /// Whether a wake-up may change what the control pass acts on: a control wake-up (a
+    /// cancel request, an answer) about a run driven here. Not an event's: the events of a
+    /// run driven here are this replica's own commits, which change neither `cancel` nor
+    /// `reply`, and a takeover is met by the fence at the next commit or by the next poll;
+    /// re-reading every row after each event cost a round trip per event on Postgres.
+    fn concerns(&self, w: Wake<'_>) -> bool {
+        match w {
+            Wake::Control(id) => self.live(id).is_some(),
+            Wake::All | Wake::Event(_) => false,
+        }
     }
 
     fn live_runs(&self) -> Vec<Arc<LiveRun>> {

@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio::sync::Mutex;
 
 use sandboxd_core::agent::{Event, EventKind};
-use sandboxd_core::store::{RunPatch, Store, StoreError, StoredEvent, now_ms};
+use sandboxd_core::store::{Appended, RunPatch, Store, StoreError, StoredEvent, now_ms};
 
 pub struct Journal {
     store: Arc<dyn Store>,
@@ -44,23 +44,29 @@ impl Journal {
             elapsed_ms: 0,
             kind,
         };
-        self.commit(event, patch).await
+        Ok(self.commit(event, patch).await?.0)
     }
 
     /// Commits an event of the engine (agent or flow), renumbered into the run's sequence:
-    /// a plan's step runs and the service's own events share one numbering.
-    pub async fn commit(&self, mut event: Event, patch: RunPatch) -> Result<u64, StoreError> {
+    /// a plan's step runs and the service's own events share one numbering. Returns its seq
+    /// and what the store reported (the owner's tokens of the day, when the patch counted).
+    pub async fn commit(
+        &self,
+        mut event: Event,
+        patch: RunPatch,
+    ) -> Result<(u64, Appended), StoreError> {
         let mut last = self.last.lock().await;
         event.seq = *last + 1;
         event.run_id = self.run_id.clone();
         event.at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         event.elapsed_ms = self.started.elapsed().as_millis() as u64;
         let stored = stored_event(&event)?;
-        self.store
+        let appended = self
+            .store
             .append_event(&self.run_id, &self.driver, stored, patch)
             .await?;
         *last = event.seq;
-        Ok(event.seq)
+        Ok((event.seq, appended))
     }
 }
 

@@ -40,7 +40,9 @@ use self::wait::Wakes;
 use crate::replica::Replica;
 use sandboxd_core::agent::{Event, EventKind, FinishReason, RunContext, new_run_id};
 use sandboxd_core::sandbox::manager::Session;
-use sandboxd_core::store::{RunPatch, RunRow, RunScope, RunState, Store, StoreError, Turn, now_ms};
+use sandboxd_core::store::{
+    Appended, RunPatch, RunRow, RunScope, RunState, Store, StoreError, Turn, now_ms,
+};
 
 /// What a run does: one agent run, or the planning flow.
 #[derive(
@@ -155,12 +157,12 @@ impl LiveRun {
     }
 
     /// Commits an event of the engine (journal.rs), stopping the run if it was lost.
-    pub async fn commit(&self, event: Event, patch: RunPatch) -> Result<u64, StoreError> {
+    pub async fn commit(&self, event: Event, patch: RunPatch) -> Result<Appended, StoreError> {
         let r = self.journal.commit(event, patch).await;
         if let Err(e) = &r {
             self.refused(e);
         }
-        r
+        r.map(|(_, appended)| appended)
     }
 
     /// Commits an event of the service's own, stopping the run if it was lost.

@@ -1,9 +1,9 @@
 //! The run's event sink and asker as the service gives them to the engine.
 //!
 //! `ServiceSink` commits every event to the store (images first, so an event never points at
-//! bytes the store lacks), counts the user's input tokens of the day and stops the run when
-//! the daily quota is spent, and names the real ending in `run_finished` when the service
-//! stopped the run (quota, shutdown). `ServiceAsker` puts the run in `waiting_for_human` with
+//! bytes the store lacks), counts the user's input tokens of the day (in the `token_usage`
+//! event's own append) and stops the run when the daily quota is spent, and names the real
+//! ending in `run_finished` when the service stopped the run (quota, shutdown). `ServiceAsker` puts the run in `waiting_for_human` with
 //! a question that expires, answered through POST /v1/runs/{id}/answer on any replica: the
 //! answer is left in the run's row and handed over by the control loop (control.rs).
 
@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use super::{LiveRun, Stop, rfc3339};
 use sandboxd_core::agent::{Event, EventKind, EventSink, FinishReason, Image};
-use sandboxd_core::store::{RunPatch, RunState, StoredQuestion, now_ms};
+use sandboxd_core::store::{Appended, RunPatch, RunState, StoredQuestion, now_ms};
 use sandboxd_core::tools::ask_human::Asker;
 
 /// Longest question kept (the model's text; the rest is cut).
@@ -37,24 +37,10 @@ impl EventSink for ServiceSink {
                 completion_tokens,
                 ..
             } => {
+                // Counted against the owner's day in the event's own append (one write).
                 patch.add_input_tokens = *prompt_tokens;
                 patch.add_output_tokens = *completion_tokens;
-                match run
-                    .store
-                    .add_input_tokens(&run.owner, *prompt_tokens, now_ms())
-                    .await
-                {
-                    Ok(total) if run.tokens_per_day > 0 && total >= run.tokens_per_day => {
-                        tracing::info!(run = %run.id, total, "the daily input-token quota is spent; stopping the run");
-                        run.stop(Stop::Quota {
-                            limit: run.tokens_per_day,
-                        });
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::error!(run = %run.id, error = %e, "cannot count input tokens")
-                    }
-                }
+                patch.count_owner_tokens = true;
             }
             EventKind::RunFinished { reason, .. } if *reason == FinishReason::Cancelled => {
                 if let Some(why) = run.stop_reason() {
@@ -76,11 +62,22 @@ impl EventSink for ServiceSink {
         {
             tracing::error!(run = %run.id, error = %e, "cannot store an image of the run");
         }
-        if let Err(e) = run.commit(event, patch).await {
-            // The store is the record: a run whose events cannot be kept is stopped (a
-            // fenced commit has already stopped it as lost, and the first reason stands).
-            tracing::error!(run = %run.id, error = %e, "cannot commit an event; cancelling the run");
-            run.stop(Stop::User);
+        match run.commit(event, patch).await {
+            Ok(Appended {
+                owner_tokens_today: Some(total),
+            }) if run.tokens_per_day > 0 && total >= run.tokens_per_day => {
+                tracing::info!(run = %run.id, total, "the daily input-token quota is spent; stopping the run");
+                run.stop(Stop::Quota {
+                    limit: run.tokens_per_day,
+                });
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // The store is the record: a run whose events cannot be kept is stopped (a
+                // fenced commit has already stopped it as lost, and the first reason stands).
+                tracing::error!(run = %run.id, error = %e, "cannot commit an event; cancelling the run");
+                run.stop(Stop::User);
+            }
         }
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use sandboxd_core::store::{RunState, Store, StoredEvent, wait_for_run};
+use sandboxd_core::store::{RunState, Store, StoredEvent, Woken, wait_for_run};
 
 /// Events read from the store at once.
 const PAGE: u32 = 256;
@@ -36,6 +36,8 @@ pub struct Follower {
     done: bool,
     /// The last read returned less than a page: nothing more was committed when it ran.
     at_tail: bool,
+    /// The last wait ended with a wake-up (about this run, or re-read all), not a timeout.
+    woken: bool,
 }
 
 /// Whether the event is the run's last: its terminal `run_state`.
@@ -69,6 +71,7 @@ impl Follower {
             reread: REREAD,
             done: false,
             at_tail: false,
+            woken: false,
         }
     }
 
@@ -114,19 +117,24 @@ impl Follower {
                 if !self.follow {
                     return None;
                 }
-                // A run that ended without a terminal event after `last` (a resume past its end).
-                match self.store.run(&self.run_id).await {
-                    Ok(Some(row)) if row.state.is_terminal() && self.last >= row.last_seq => {
-                        return None;
+                // A run that ended without a terminal event after `last` (a resume past its
+                // end, a deleted run). Not after a wake-up that found nothing new: its event
+                // came in an earlier read (a run's events come faster than a read), and an
+                // end is an event; the first read and every timeout still look.
+                if !std::mem::take(&mut self.woken) {
+                    match self.store.run(&self.run_id).await {
+                        Ok(Some(row)) if row.state.is_terminal() && self.last >= row.last_seq => {
+                            return None;
+                        }
+                        Ok(Some(_)) => {}
+                        _ => return None,
                     }
-                    Ok(Some(_)) => {}
-                    _ => return None,
                 }
             }
             let wakes = self.wakes.as_mut()?;
             tokio::select! {
                 _ = self.shutdown.cancelled() => return None,
-                _ = wait_for_run(wakes, &self.run_id, self.reread) => {}
+                w = wait_for_run(wakes, &self.run_id, self.reread) => self.woken = w == Woken::Run,
             }
         }
     }

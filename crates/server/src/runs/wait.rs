@@ -1,9 +1,9 @@
 //! The one way the runs service waits for a change in the store: a run's turn in its
 //! session, a cancel request or an answer for a run this replica drives, the ending of a run
 //! another replica drives. The store's rows are the truth; a wake-up (`Store::run_wakes`,
-//! sent after every event's commit and by `wake` after a cancel request or an answer) is only
-//! a hint to re-read them sooner, and every wait re-reads at least every `POLL` anyway, so a
-//! change whose wake-up was lost is still seen within `POLL`.
+//! sent after every event's commit, and in its control form by `wake` after a cancel request
+//! or an answer) is only a hint to re-read them sooner, and every wait re-reads at least every
+//! `POLL` anyway, so a change whose wake-up was lost is still seen within `POLL`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::broadcast::{Receiver, error::RecvError};
 use tokio::time::Instant;
 
-use sandboxd_core::store::{Store, WAKE_ALL};
+use sandboxd_core::store::{Store, Wake};
 
 /// The longest a wait goes without re-reading the store.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -40,13 +40,13 @@ impl Wakes {
         }
     }
 
-    /// Returns after a wake-up about a run `which` accepts (or one that says re-read all),
-    /// or after `within`, at most `POLL`.
+    /// Returns after a wake-up `which` accepts (or one that says re-read all), or after
+    /// `within`, at most `POLL`.
     pub async fn changed(
         &self,
         rx: &mut Receiver<String>,
         within: Duration,
-        which: impl Fn(&str) -> bool,
+        which: impl Fn(Wake<'_>) -> bool,
     ) {
         let sleep = tokio::time::sleep(within.min(POLL));
         tokio::pin!(sleep);
@@ -54,7 +54,7 @@ impl Wakes {
             tokio::select! {
                 _ = &mut sleep => return,
                 got = rx.recv() => match got {
-                    Ok(id) if id == WAKE_ALL || which(&id) => return,
+                    Ok(p) if matches!(Wake::parse(&p), Wake::All) || which(Wake::parse(&p)) => return,
                     Ok(_) => {}
                     Err(RecvError::Lagged(_)) => return,
                     Err(RecvError::Closed) => {
@@ -67,7 +67,8 @@ impl Wakes {
     }
 
     /// Re-reads with `check` until it gives a value (returned) or `bound` passes (None; a
-    /// bound too far to represent is none).
+    /// bound too far to represent is none); at once after a wake-up of either kind about a
+    /// run `which` accepts.
     pub async fn until<T, F, Fut>(
         &self,
         bound: Duration,
@@ -88,7 +89,11 @@ impl Wakes {
             if left.is_zero() {
                 return None;
             }
-            self.changed(&mut rx, left, &which).await;
+            let about = |w: Wake<'_>| match w {
+                Wake::All => true,
+                Wake::Event(id) | Wake::Control(id) => which(id),
+            };
+            self.changed(&mut rx, left, about).await;
         }
     }
 }

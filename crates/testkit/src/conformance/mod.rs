@@ -16,6 +16,7 @@ mod store_records;
 mod store_replicas;
 mod store_runs;
 mod store_sessions;
+mod store_tokens;
 mod store_wakes;
 
 pub use runtime::{RuntimeCaps, runtime_conformance};

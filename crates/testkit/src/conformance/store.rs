@@ -11,6 +11,7 @@
 //! (`ToolRecords`) have their cases in store_records.rs, run wake-ups in store_wakes.rs,
 //! the replica registry (`Replicas`) in store_replicas.rs, how replicas share runs
 //! (`RunControl`: turns, fencing, takeover, cancel requests and answers) in store_runs.rs,
+//! the owner's daily tokens counted in an event's append in store_tokens.rs,
 //! the sign-in throttle (`AuthFailures`) and MCP sessions (`McpSessions`) in store_edges.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
@@ -84,6 +85,12 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     run_case(S, "case_delete_and_purge", case_delete_and_purge(factory)).await?;
     run_case(S, "case_restart_recovery", case_restart_recovery(factory)).await?;
     run_case(S, "case_run_wakes", wakes::case_run_wakes(factory)).await?;
+    run_case(
+        S,
+        "case_owner_tokens_in_append",
+        super::store_tokens::case_owner_tokens_in_append(factory),
+    )
+    .await?;
     run_case(
         S,
         "case_global_session_cap",

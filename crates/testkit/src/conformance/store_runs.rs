@@ -25,7 +25,8 @@ async fn end(store: &dyn Store, id: &str, last: u64, state: RunState) -> Result<
     store
         .append_event(id, DRIVER, event(last + 1, "run_state"), patch)
         .await
-        .with_context(|| format!("end run {id}"))
+        .with_context(|| format!("end run {id}"))?;
+    Ok(())
 }
 
 /// A replica whose lease has already run out (a lease of 1 ms, then a wait past it).
@@ -42,7 +43,7 @@ async fn dead_replica(store: &dyn Store, id: &str) -> Result<()> {
     Ok(())
 }
 
-fn fenced(r: Result<(), StoreError>) -> bool {
+fn fenced<T>(r: Result<T, StoreError>) -> bool {
     matches!(r, Err(StoreError::Fenced { .. }))
 }
 

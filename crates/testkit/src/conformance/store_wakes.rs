@@ -1,7 +1,8 @@
 //! The store conformance case for run wake-ups (`Store::run_wakes`, `Store::wake_run`): every
 //! receiver made before an event's append gets the run's id after it, within a bounded wait,
 //! and a reader woken by it finds the event (the wake-up follows the commit); a refused append
-//! wakes nobody; `wake_run` reaches every receiver. `WAKE_ALL` ("re-read everything", sent
+//! wakes nobody; `wake_run` reaches every receiver, in its control form (`control_wake`,
+//! which only a run's driver acts on). `WAKE_ALL` ("re-read everything", sent
 //! when a store's listener reconnects) may come at any time and is skipped here.
 //!
 //! Wake-ups across processes (Postgres NOTIFY between replicas, its listener's reconnect) are
@@ -10,7 +11,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use sandboxd_core::store::{RunPatch, WAKE_ALL};
+use sandboxd_core::store::{RunPatch, WAKE_ALL, Wake, control_wake};
 use tokio::sync::broadcast::{Receiver, error::TryRecvError};
 
 use super::store::{DRIVER, StoreFactory, add_user, drive, event, fresh, reserve, run_row};
@@ -76,17 +77,22 @@ pub(super) async fn case_run_wakes(f: &dyn StoreFactory) -> Result<()> {
         "a repeated seq is refused"
     );
     store.wake_run("r-marker").await.context("wake_run")?;
+    let marker = control_wake("r-marker");
     ensure!(
-        next_wake(&mut rx).await? == "r-marker",
-        "a refused append sends no wake-up; wake_run reaches the receiver"
+        next_wake(&mut rx).await? == marker,
+        "a refused append sends no wake-up; wake_run reaches the receiver, in its control form"
     );
     ensure!(
         next_wake(&mut other).await? == "r2",
         "r2's wake-up, in order"
     );
     ensure!(
-        next_wake(&mut other).await? == "r-marker",
+        next_wake(&mut other).await? == marker,
         "wake_run reaches every receiver"
+    );
+    ensure!(
+        Wake::parse(&marker) == Wake::Control("r-marker") && Wake::parse("r1") == Wake::Event("r1"),
+        "an append's wake-up is an event's, wake_run's a control one"
     );
     match rx.try_recv() {
         Ok(id) if id != WAKE_ALL => bail!("an unexpected wake-up {id:?}"),
