@@ -51,14 +51,19 @@ pub struct KubeRuntime {
 /// The client for the cluster `KUBECONFIG` names (or `~/.kube/config`), else the in-cluster
 /// service account.
 pub async fn connect() -> Result<Client, SandboxError> {
-    // kube's rustls wants a process-wide provider; the workspace links two. Installing one
-    // that is already installed is refused, and harmless.
-    let _ =
-        rustls::crypto::CryptoProvider::install_default(rustls::crypto::ring::default_provider());
+    install_tls_provider();
     let config = Config::infer()
         .await
         .map_err(|e| unavailable(e.to_string()))?;
     Client::try_from(config).map_err(|e| unavailable(e.to_string()))
+}
+
+/// kube's rustls wants a process-wide provider and the workspace links two (ring and
+/// aws-lc-rs), so none is chosen by itself: call this before making a `kube::Client`.
+/// Installing one that is already installed is refused, and harmless.
+pub fn install_tls_provider() {
+    let _ =
+        rustls::crypto::CryptoProvider::install_default(rustls::crypto::ring::default_provider());
 }
 
 fn unavailable(message: String) -> SandboxError {

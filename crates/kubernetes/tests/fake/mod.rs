@@ -91,6 +91,7 @@ impl FakeApi {
 
     /// A kube client of this server (plain HTTP on loopback).
     pub fn client(&self) -> anyhow::Result<kube::Client> {
+        sandboxd_kubernetes::install_tls_provider();
         let uri: axum::http::Uri = format!("http://{}", self.addr).parse()?;
         let mut config = kube::Config::new(uri);
         config.default_namespace = "sandboxd".into();
