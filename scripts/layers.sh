@@ -3,7 +3,8 @@
 # when the core crate's tree (normal dependencies) holds bollard, rusqlite or axum, when the
 # server crate depends on a backend or a store crate, or when a crate other than the Docker
 # backend pulls bollard, one other than the SQLite store pulls rusqlite, or one other than the
-# Postgres store pulls tokio-postgres or deadpool (the binary links both stores, so it is exempt).
+# Postgres store pulls tokio-postgres or deadpool, or one other than the Kubernetes backend pulls
+# kube or k8s-openapi (the binary links every backend and store, so it is exempt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,21 +29,27 @@ refuse() { # crate, forbidden dependency, why
     fi
 }
 
-for dep in bollard rusqlite axum tokio-rusqlite tokio-postgres deadpool-postgres deadpool; do
+for dep in bollard rusqlite axum tokio-rusqlite tokio-postgres deadpool-postgres deadpool kube kube-client k8s-openapi; do
     refuse sandboxd-core "$dep" "the core names no backend, no store and no HTTP framework"
 done
-for dep in sandboxd-docker sandboxd-sqlite sandboxd-postgres bollard rusqlite tokio-postgres deadpool-postgres; do
+for dep in sandboxd-docker sandboxd-kubernetes sandboxd-sqlite sandboxd-postgres bollard rusqlite tokio-postgres deadpool-postgres kube k8s-openapi; do
     refuse sandboxd-server "$dep" "the server runs on any runtime and any store, chosen by the binary"
 done
-for crate in sandboxd-sqlite sandboxd-postgres sandboxd-testkit; do
+for crate in sandboxd-kubernetes sandboxd-sqlite sandboxd-postgres sandboxd-testkit; do
     refuse "$crate" bollard "only sandboxd-docker talks to the Docker engine"
 done
-for crate in sandboxd-docker sandboxd-postgres sandboxd-testkit; do
+for crate in sandboxd-docker sandboxd-kubernetes sandboxd-postgres sandboxd-testkit; do
     refuse "$crate" rusqlite "only sandboxd-sqlite opens SQLite"
 done
-for crate in sandboxd-docker sandboxd-sqlite sandboxd-testkit; do
+for crate in sandboxd-docker sandboxd-kubernetes sandboxd-sqlite sandboxd-testkit; do
     for dep in tokio-postgres deadpool-postgres; do
         refuse "$crate" "$dep" "only sandboxd-postgres talks to PostgreSQL"
+    done
+done
+
+for crate in sandboxd-docker sandboxd-sqlite sandboxd-postgres sandboxd-testkit; do
+    for dep in kube kube-client k8s-openapi; do
+        refuse "$crate" "$dep" "only sandboxd-kubernetes talks to a Kubernetes API server"
     done
 done
 

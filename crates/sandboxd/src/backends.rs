@@ -1,5 +1,5 @@
 //! The one place that turns config into a runtime and a store: the only code of the binary's
-//! commands that names a backend (`DockerRuntime`) or a store (`SqliteStore`, `PgStore`,
+//! commands that names a backend (`DockerRuntime`, `KubeRuntime` by `[runtime] backend`) or a store (`SqliteStore`, `PgStore`,
 //! chosen by `[store] url`). Everything
 //! above takes `Arc<dyn Runtime>` and `Arc<dyn Store>`; a new backend or store is a new crate
 //! plus a branch here. (The Docker-only commands — `image`, `doctor`'s engine checks and the
@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sandboxd_core::config::{Config, StoreKind};
+use sandboxd_core::config::{BackendKind, Config, StoreKind};
 use sandboxd_core::sandbox::Runtime;
 use sandboxd_core::sandbox::records::{FileRecords, SessionRecords};
 use sandboxd_core::store::{Store, StoreRecords};
@@ -20,6 +20,9 @@ use sandboxd_sqlite::SqliteStore;
 /// The runtime sessions are made on, ready to create them: for Docker, the engine connected
 /// and the sandbox image present (built, with progress on stderr, when it is missing).
 pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
+    if config.runtime.kind() == BackendKind::Kubernetes {
+        return kubernetes(config).await;
+    }
     let engine = docker::connect().await?;
     let image = if config.docker.image.is_empty() {
         crate::cli::image::ensure(&engine).await?
@@ -35,6 +38,9 @@ pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>>
 
 /// The runtime for commands that only look at or remove sessions: it never builds anything.
 pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
+    if config.runtime.kind() == BackendKind::Kubernetes {
+        return kubernetes(config).await;
+    }
     let engine = docker::connect().await?;
     let image = if config.docker.image.is_empty() {
         docker_image::image_tag()
@@ -45,6 +51,23 @@ pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc
         engine,
         image,
         oci_runtime(config),
+    )))
+}
+
+/// Pods in `[kubernetes] namespace` of the cluster KUBECONFIG names (or the in-cluster
+/// service account); the image is the configured one, never built here.
+async fn kubernetes(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
+    let k = &config.kubernetes;
+    let settings = sandboxd_kubernetes::PodSettings {
+        namespace: k.namespace.clone(),
+        image: k.image.clone(),
+        pull_policy: k.pull_policy.clone(),
+        runtime_class: k.runtime_class.clone(),
+        memory_backed: k.memory_backed,
+    };
+    let client = sandboxd_kubernetes::connect().await?;
+    Ok(Arc::new(sandboxd_kubernetes::KubeRuntime::new(
+        client, settings,
     )))
 }
 

@@ -10,6 +10,7 @@ pub mod egress;
 pub mod egress_credentials;
 pub mod flow;
 pub mod proxies;
+pub mod runtime;
 
 pub mod server;
 pub mod store;
@@ -17,6 +18,7 @@ pub mod store;
 pub use crate::research::ResearchConfig;
 pub use egress::{EgressConfig, EgressPolicy};
 pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
+pub use runtime::{BackendKind, KubernetesConfig, RuntimeConfig};
 pub use server::{QuotasConfig, ServerConfig};
 pub use store::{StoreConfig, StoreKind};
 
@@ -42,7 +44,11 @@ pub enum ConfigError {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// Which backend makes the sandboxes: Docker (default) or Kubernetes.
+    pub runtime: RuntimeConfig,
     pub docker: DockerConfig,
+    /// The Kubernetes backend's pods (`[runtime] backend = "kubernetes"`).
+    pub kubernetes: KubernetesConfig,
     pub limits: Limits,
     pub sessions: SessionsConfig,
     pub pool: PoolConfig,
@@ -415,6 +421,8 @@ impl Config {
         config.flow.validate()?;
         config.server.validate()?;
         config.store.validate()?;
+        config.runtime.validate()?;
+        config.kubernetes.validate(config.runtime.kind())?;
         config
             .research
             .validate()
@@ -445,8 +453,21 @@ impl Config {
 }
 
 const SECTIONS: &[&str] = &[
-    "docker", "limits", "sessions", "pool", "llm", "agent", "mcp", "flow", "research", "server",
-    "quotas", "store", "egress",
+    "runtime",
+    "docker",
+    "kubernetes",
+    "limits",
+    "sessions",
+    "pool",
+    "llm",
+    "agent",
+    "mcp",
+    "flow",
+    "research",
+    "server",
+    "quotas",
+    "store",
+    "egress",
 ];
 
 fn apply_env(

@@ -1,0 +1,147 @@
+//! The `[runtime]` and `[kubernetes]` config sections: which backend makes the sandboxes
+//! (`docker`, the default, or `kubernetes`; also `SANDBOXD_RUNTIME_BACKEND`) and how the
+//! Kubernetes backend makes its pods. The binary (crates/sandboxd/src/backends.rs) builds
+//! the one named here; this crate only checks the names.
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// `docker` (one container per session on the engine DOCKER_HOST names) or
+    /// `kubernetes` (one pod per session in `[kubernetes] namespace`).
+    pub backend: String,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            backend: "docker".into(),
+        }
+    }
+}
+
+/// Which backend a config names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Docker,
+    Kubernetes,
+}
+
+impl RuntimeConfig {
+    pub fn kind(&self) -> BackendKind {
+        match self.backend.trim() {
+            "kubernetes" => BackendKind::Kubernetes,
+            _ => BackendKind::Docker,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self.backend.trim() {
+            "docker" | "kubernetes" => Ok(()),
+            _ => Err(ConfigError::Invalid {
+                key: "[runtime] backend".into(),
+                message: "must be \"docker\" or \"kubernetes\"".into(),
+            }),
+        }
+    }
+}
+
+/// How the Kubernetes backend makes session pods (its hardening is not configurable).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// The namespace of every sandbox pod; label it
+    /// `pod-security.kubernetes.io/enforce=restricted`.
+    pub namespace: String,
+    /// The sandbox image as the cluster's nodes pull it (pushed to the cluster's registry).
+    pub image: String,
+    /// `IfNotPresent`, `Always` or `Never`.
+    pub pull_policy: String,
+    /// An optional RuntimeClass (`gvisor`, `kata-qemu`); empty: the cluster's default.
+    pub runtime_class: String,
+    /// /workspace and /tmp as memory-backed emptyDirs (counted in the memory limit, as the
+    /// Docker backend's tmpfs mounts are); false: on the node's disk.
+    pub memory_backed: bool,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            namespace: "sandboxd".into(),
+            image: String::new(),
+            pull_policy: "IfNotPresent".into(),
+            runtime_class: String::new(),
+            memory_backed: true,
+        }
+    }
+}
+
+impl KubernetesConfig {
+    pub fn validate(&self, backend: BackendKind) -> Result<(), ConfigError> {
+        if !matches!(
+            self.pull_policy.as_str(),
+            "IfNotPresent" | "Always" | "Never"
+        ) {
+            return Err(ConfigError::Invalid {
+                key: "[kubernetes] pull_policy".into(),
+                message: "must be IfNotPresent, Always or Never".into(),
+            });
+        }
+        if backend == BackendKind::Kubernetes && self.image.trim().is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "[kubernetes] image".into(),
+                message: "the Kubernetes backend needs the sandbox image as the cluster pulls it (push it to the cluster's registry, README \"On Kubernetes\")".into(),
+            });
+        }
+        let ns = &self.namespace;
+        let dns_label = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !dns_label {
+            return Err(ConfigError::Invalid {
+                key: "[kubernetes] namespace".into(),
+                message: "must be a DNS label (lowercase letters, digits and '-')".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_and_settings_are_checked() {
+        assert_eq!(RuntimeConfig::default().kind(), BackendKind::Docker);
+        let k = RuntimeConfig {
+            backend: "kubernetes".into(),
+        };
+        assert_eq!(k.kind(), BackendKind::Kubernetes);
+        assert!(k.validate().is_ok());
+        assert!(
+            RuntimeConfig {
+                backend: "podman".into()
+            }
+            .validate()
+            .is_err()
+        );
+        let mut kc = KubernetesConfig::default();
+        assert!(kc.validate(BackendKind::Docker).is_ok());
+        assert!(kc.validate(BackendKind::Kubernetes).is_err(), "no image");
+        kc.image = "registry.local/sandboxd-sandbox:1".into();
+        assert!(kc.validate(BackendKind::Kubernetes).is_ok());
+        kc.namespace = "../kube-system".into();
+        assert!(kc.validate(BackendKind::Kubernetes).is_err());
+        kc.namespace = "sandboxd".into();
+        kc.pull_policy = "Sometimes".into();
+        assert!(kc.validate(BackendKind::Kubernetes).is_err());
+    }
+}

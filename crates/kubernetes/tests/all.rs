@@ -1,0 +1,11 @@
+//! The Kubernetes backend's tests, one binary: the generated objects against golden files
+//! and hostile input (golden.rs), and the backend against a fake API server on loopback
+//! whose pods are real Docker containers of the sandbox image (fake/): the runtime
+//! conformance suite every `Runtime` passes (conformance.rs) and the exec protocol's edges,
+//! v4 and evictions (protocol.rs). No Kubernetes cluster runs here: see README.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
+
+mod conformance;
+mod fake;
+mod golden;
+mod protocol;
