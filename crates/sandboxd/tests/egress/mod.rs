@@ -2,5 +2,7 @@
 //! caps, and its abuse, against the real engine and image with local "internet" servers.
 
 mod abuse;
+mod full_size;
+mod page_bench;
 mod proxy;
 mod support;
