@@ -17,7 +17,15 @@ Frames, both ways: u32 BE connection id | u8 type | u32 BE payload length | payl
     REFUSED 7  helper -> host, id 0: a connection refused here, the helper being at --max
 Each side may have at most WINDOW unacknowledged DATA bytes per connection in flight, so
 neither side buffers more than that per connection; the host tears the channel down when
-the helper sends more.
+the helper sends more. Credit may be given back in any grouping: this helper sends one
+CREDIT per connection per read of its stdin (not one per DATA frame), once the socket took
+the bytes.
+
+Speed (issue 24): everything runs in asyncio protocol callbacks, with no await per frame. A
+read of stdin (up to 256 KiB) is cut into frames in one pass; each DATA goes straight to its
+socket's transport (bytes the kernel does not take at once stay in the transport, whose
+write limits are 0, so pause_writing/resume_writing say exactly when they are gone); the
+CREDIT frames of that read leave in one write.
 
 The protocol runs on private duplicates of fds 0/1 (sandboxd_proto.claim_channel), and the
 process makes itself non-dumpable, so other processes of the sandbox user cannot open its
@@ -29,6 +37,7 @@ bound by another process (stderr says "port-taken"), e.g. another replica's help
 import asyncio
 import ctypes
 import errno
+import fcntl
 import os
 import socket
 import struct
@@ -39,12 +48,15 @@ import sandboxd_proto as proto  # noqa: E402
 
 HELLO, OPEN, DATA, EOF, CLOSE, CREDIT, REFUSED = 1, 2, 3, 4, 5, 6, 7
 HEADER = struct.Struct(">IBI")
+COUNT = struct.Struct(">I")
 MAX_PAYLOAD = 64 * 1024
 WINDOW = 256 * 1024
-CHUNK = 16 * 1024
+# The channel's pipes are grown to this (Linux's default pipe-max-size for unprivileged
+# processes): fewer, larger reads and writes per megabyte than with the default 64 KiB.
+PIPE_SIZE = 1024 * 1024
+F_SETPIPE_SZ = 1031
 EXIT_PROTOCOL = 2
 EXIT_PORT_TAKEN = 3
-CLOSING = object()
 BUSY = (
     b"HTTP/1.1 403 Forbidden\r\nX-Sandboxd-Refused: connections\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 61\r\nConnection: close\r\n\r\n"
@@ -68,97 +80,30 @@ def no_dumps():
         pass
 
 
-class Conn:
-    def __init__(self, cid, reader, writer):
-        self.cid = cid
-        self.reader = reader
-        self.writer = writer
-        self.credit = WINDOW
-        self.credit_event = asyncio.Event()
-        self.down = asyncio.Queue()
-        self.tasks = []
-
-
 class Helper:
-    def __init__(self, out, max_conns):
-        self.out = out
+    """The connections and the channel's output (stdout, written without waiting: what it
+    holds is bounded by the credit windows)."""
+
+    def __init__(self, max_conns):
+        self.out = None
         self.max = max_conns
         self.conns = {}
         self.next_id = 1
+        # Connections owed a CREDIT, sent together after the current read of stdin.
+        self.owed = set()
 
-    async def send(self, cid, kind, payload=b""):
+    def send(self, cid, kind, payload=b""):
         self.out.write(HEADER.pack(cid, kind, len(payload)) + payload)
-        await self.out.drain()
 
-    async def accept(self, reader, writer):
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if len(self.conns) >= self.max:
-            try:
-                writer.write(BUSY)
-                await writer.drain()
-            except OSError:
-                pass
-            writer.close()
-            await self.send(0, REFUSED)
-            return
-        cid = self.next_id
-        self.next_id += 1
-        conn = Conn(cid, reader, writer)
-        self.conns[cid] = conn
-        # The tasks run from the next await on, after OPEN is written (write() is synchronous).
-        conn.tasks = [asyncio.ensure_future(self.up(conn)), asyncio.ensure_future(self.down(conn))]
-        await self.send(cid, OPEN)
-
-    async def up(self, conn):
-        """Client -> host, never more than the host's credit in flight."""
-        try:
-            while True:
-                while conn.credit <= 0:
-                    conn.credit_event.clear()
-                    await conn.credit_event.wait()
-                data = await conn.reader.read(min(CHUNK, conn.credit))
-                if conn.cid not in self.conns:
-                    return
-                if not data:
-                    await self.send(conn.cid, EOF)
-                    return
-                conn.credit -= len(data)
-                await self.send(conn.cid, DATA, data)
-        except (OSError, ConnectionError):
-            await self.abort(conn)
-
-    async def down(self, conn):
-        """Host -> client: write, wait until the socket took it, then give the credit back.
-        Ends at the host's CLOSE, after what came before it was written."""
-        try:
-            while True:
-                item = await conn.down.get()
-                if item is None:
-                    conn.writer.write_eof()
-                    continue
-                if item is CLOSING:
-                    conn.writer.close()
-                    return
-                conn.writer.write(item)
-                await conn.writer.drain()
-                if conn.cid in self.conns:
-                    await self.send(conn.cid, CREDIT, struct.pack(">I", len(item)))
-        except (OSError, ConnectionError):
-            await self.abort(conn)
-
-    async def abort(self, conn):
-        if self.conns.pop(conn.cid, None) is None:
-            return
-        self.finish(conn)
-        await self.send(conn.cid, CLOSE)
-
-    def finish(self, conn):
-        for t in conn.tasks:
-            if t is not asyncio.current_task():
-                t.cancel()
-        conn.writer.transport.abort()
+    def flush_credit(self):
+        frames = []
+        for conn in self.owed:
+            if conn.owed and not conn.blocked and self.conns.get(conn.cid) is conn:
+                frames.append(HEADER.pack(conn.cid, CREDIT, 4) + COUNT.pack(conn.owed))
+                conn.owed = 0
+        self.owed.clear()
+        if frames:
+            self.out.write(b"".join(frames))
 
     def on_frame(self, cid, kind, payload):
         conn = self.conns.get(cid)
@@ -168,20 +113,150 @@ class Helper:
                 return
             fail(EXIT_PROTOCOL, "unexpected frame %d for connection %d" % (kind, cid))
         if kind == DATA:
-            conn.down.put_nowait(payload)
+            conn.to_client(payload)
         elif kind == EOF:
-            conn.down.put_nowait(None)
+            if conn.transport.can_write_eof():
+                conn.transport.write_eof()
         elif kind == CLOSE:
-            # Forgotten now (the host no longer counts it); the bytes queued before the CLOSE
-            # are still written, then the socket closes.
+            # Forgotten now (the host no longer counts it); the bytes written before the
+            # CLOSE still go out, then the socket closes.
             del self.conns[cid]
-            conn.tasks[0].cancel()
-            conn.down.put_nowait(CLOSING)
+            conn.transport.close()
         elif kind == CREDIT and len(payload) == 4:
-            conn.credit += struct.unpack(">I", payload)[0]
-            conn.credit_event.set()
+            conn.credit += COUNT.unpack(payload)[0]
+            conn.to_host()
         else:
             fail(EXIT_PROTOCOL, "malformed frame %d for connection %d" % (kind, cid))
+
+
+class Client(asyncio.Protocol):
+    """One connection accepted on the proxy port."""
+
+    def __init__(self, helper):
+        self.helper = helper
+        self.cid = 0
+        self.transport = None
+        self.credit = WINDOW
+        # Bytes read from the client beyond the credit: at most one read (reading pauses).
+        self.pending = b""
+        self.eof = False
+        # Bytes written towards the client not yet given back as credit, and whether the
+        # transport still holds some of them.
+        self.owed = 0
+        self.blocked = False
+
+    def connection_made(self, transport):
+        self.transport = transport
+        h = self.helper
+        if len(h.conns) >= h.max:
+            transport.write(BUSY)
+            transport.close()
+            h.send(0, REFUSED)
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=0, low=0)
+        self.cid = h.next_id
+        h.next_id += 1
+        h.conns[self.cid] = self
+        h.send(self.cid, OPEN)
+
+    def live(self):
+        return self.cid != 0 and self.helper.conns.get(self.cid) is self
+
+    def data_received(self, data):
+        if not self.live():
+            return
+        self.pending = self.pending + data if self.pending else data
+        self.to_host()
+
+    def eof_received(self):
+        self.eof = True
+        self.to_host()
+        # Kept open for writing: the answer may still be coming (a half close).
+        return True
+
+    def to_host(self):
+        """Client -> host, never more than the host's credit in flight."""
+        if not self.live():
+            return
+        h = self.helper
+        while self.pending and self.credit > 0:
+            n = min(len(self.pending), self.credit, MAX_PAYLOAD)
+            h.send(self.cid, DATA, self.pending[:n])
+            self.pending = self.pending[n:]
+            self.credit -= n
+        if self.pending:
+            self.transport.pause_reading()
+            return
+        if self.eof:
+            self.eof = False
+            h.send(self.cid, EOF)
+        elif not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def to_client(self, payload):
+        """Host -> client: written now; its credit goes back once the socket took it."""
+        self.transport.write(payload)
+        self.owed += len(payload)
+        self.helper.owed.add(self)
+
+    def pause_writing(self):
+        self.blocked = True
+
+    def resume_writing(self):
+        self.blocked = False
+        if self.owed and self.live():
+            self.helper.owed.add(self)
+            self.helper.flush_credit()
+
+    def connection_lost(self, exc):
+        if self.live():
+            del self.helper.conns[self.cid]
+            self.helper.send(self.cid, CLOSE)
+
+
+class Channel(asyncio.Protocol):
+    """The host's frames on stdin, cut and handled a whole read at a time."""
+
+    def __init__(self, helper):
+        self.helper = helper
+        self.buf = bytearray()
+
+    def data_received(self, data):
+        buf = self.buf
+        buf += data
+        at, end = 0, len(buf)
+        frames = []
+        with memoryview(buf) as view:
+            while end - at >= HEADER.size:
+                cid, kind, length = HEADER.unpack_from(view, at)
+                if length > MAX_PAYLOAD:
+                    fail(EXIT_PROTOCOL, "a frame of %d bytes is over the limit" % length)
+                if end - at - HEADER.size < length:
+                    break
+                start = at + HEADER.size
+                frames.append((cid, kind, bytes(view[start:start + length])))
+                at = start + length
+        del buf[:at]
+        for cid, kind, payload in frames:
+            self.helper.on_frame(cid, kind, payload)
+        self.helper.flush_credit()
+
+    def eof_received(self):
+        os._exit(0)
+
+    def connection_lost(self, exc):
+        os._exit(0)
+
+
+def grow_pipe(f):
+    """Best effort: the pipe keeps its size where the kernel refuses (not a pipe, a limit)."""
+    try:
+        fcntl.fcntl(f.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass
 
 
 def listen(port):
@@ -201,28 +276,16 @@ def listen(port):
 async def main(port, max_conns):
     proto_in, proto_out = proto.claim_channel()
     no_dumps()
+    grow_pipe(proto_in)
+    grow_pipe(proto_out)
     sock = listen(port)
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=2 * MAX_PAYLOAD)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), proto_in)
-    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, proto_out)
-    out = asyncio.StreamWriter(transport, protocol, None, loop)
-    helper = Helper(out, max_conns)
-    await asyncio.start_server(helper.accept, sock=sock)
-    await helper.send(0, HELLO, b"sandboxd-egress/1")
-    while True:
-        try:
-            head = await reader.readexactly(HEADER.size)
-        except asyncio.IncompleteReadError:
-            os._exit(0)
-        cid, kind, length = HEADER.unpack(head)
-        if length > MAX_PAYLOAD:
-            fail(EXIT_PROTOCOL, "a frame of %d bytes is over the limit" % length)
-        try:
-            payload = await reader.readexactly(length) if length else b""
-        except asyncio.IncompleteReadError:
-            os._exit(0)
-        helper.on_frame(cid, kind, payload)
+    helper = Helper(max_conns)
+    helper.out, _ = await loop.connect_write_pipe(asyncio.Protocol, proto_out)
+    await loop.connect_read_pipe(lambda: Channel(helper), proto_in)
+    await loop.create_server(lambda: Client(helper), sock=sock)
+    helper.send(0, HELLO, b"sandboxd-egress/1")
+    await asyncio.Event().wait()
 
 
 def args():

@@ -24,8 +24,11 @@ use super::{EgressRecord, TRACE_TARGET};
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one address may take to accept the connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bytes read from the destination at a time.
+/// The interceptor's in-memory pipe holds `CHUNK * 4` bytes.
 const CHUNK: usize = 16 * 1024;
+/// Bytes read from the destination at a time: a whole frame, the fewest frames (each costs
+/// the in-sandbox helper a pass of python) per byte.
+const READ: usize = super::frame::MAX_PAYLOAD;
 
 /// What the record will say, filled in as the connection goes.
 #[derive(Default)]
@@ -404,7 +407,7 @@ async fn relay<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         }
     };
     let down = async {
-        let mut buf = vec![0u8; CHUNK];
+        let mut buf = vec![0u8; READ];
         loop {
             let n = match r.read(&mut buf).await {
                 Ok(0) => {

@@ -95,7 +95,7 @@ pub async fn bench_egress(
     mib: usize,
 ) -> Result<EgressBench, String> {
     let (port, server) = serve(mib).await?;
-    let proxy = start_proxy(sandbox.clone(), port, n, mib).await?;
+    let proxy = start_proxy(sandbox.clone(), NAME, port, n, mib).await?;
     sandbox
         .write_file(SCRIPT, CLIENT.as_bytes())
         .await
@@ -145,15 +145,17 @@ pub async fn bench_egress(
     })
 }
 
-/// The session's proxy, its caps raised past what the bench moves, its policy the bench's name.
-async fn start_proxy(
+/// The session's proxy, its caps raised past what the bench moves (`n` requests, `mib` MiB),
+/// its policy `name`, which only its resolver knows (as 127.0.0.1), on `port`.
+pub(crate) async fn start_proxy(
     sandbox: Arc<dyn Sandbox>,
+    name: &str,
     port: u16,
     n: usize,
     mib: usize,
 ) -> Result<EgressProxy, String> {
     let mut research = ResearchConfig {
-        allow: vec![NAME.into(), "127.0.0.1/32".into()],
+        allow: vec![name.into(), "127.0.0.1/32".into()],
         ..ResearchConfig::default()
     };
     research.ports.push(port);
@@ -167,8 +169,8 @@ async fn start_proxy(
     let deps = EgressDeps {
         config,
         ssrf: Arc::new(Policy::from_config(&research)?),
-        resolver: Arc::new(StaticResolver(vec![(NAME.to_string(), vec![local])])),
-        policy: Arc::new(FixedPolicy(EgressPolicy::parse(NAME)?)),
+        resolver: Arc::new(StaticResolver(vec![(name.to_string(), vec![local])])),
+        policy: Arc::new(FixedPolicy(EgressPolicy::parse(name)?)),
         audit: Arc::new(LogOnly),
         session: "bench".into(),
         owner: "bench".into(),

@@ -617,6 +617,33 @@ async fn egress(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     println!();
     println!("Added at p50: {:.2} ms.", p50 - d50);
     println!();
+    page_load(manager, n).await
+}
+
+/// The page load with 30 sub-resources in the in-sandbox Chromium: from the host through the
+/// proxy, beside the same page from the sandbox's own loopback.
+async fn page_load(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
+    header();
+    let s = bench_session(manager).await?;
+    let b = sandboxd::bench::egress_page::bench_page_load(s.sandbox.clone(), n.clamp(5, 50)).await;
+    manager.remove(&s.owner, &s.id).await?;
+    let mut b = b.map_err(|e| anyhow::anyhow!(e))?;
+    let what = sandboxd::bench::egress_page::SUB_RESOURCES;
+    row(
+        &format!("page load with {what} sub-resources in Chromium (navigation → load event)"),
+        &mut b.proxy.in_page,
+        "the same page from the sandbox's loopback",
+        &mut b.direct.in_page,
+        "—",
+    );
+    row(
+        "the same, the whole go_to_url action (load + the page's state)",
+        &mut b.proxy.action,
+        "the same page from the sandbox's loopback",
+        &mut b.direct.action,
+        "—",
+    );
+    println!();
     Ok(())
 }
 

@@ -2,6 +2,8 @@
 //! caps, and its abuse, against the real engine and image with local "internet" servers.
 
 mod abuse;
+mod full_size;
 mod inject;
+mod page_bench;
 mod proxy;
 pub(crate) mod support;
