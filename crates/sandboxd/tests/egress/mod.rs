@@ -2,5 +2,6 @@
 //! caps, and its abuse, against the real engine and image with local "internet" servers.
 
 mod abuse;
+mod limits;
 mod proxy;
 mod support;
