@@ -47,7 +47,7 @@ fn mutants() -> Vec<String> {
     ];
     let mut rng = Rng(0x5eed_cafe_f00d_d00d);
     let mut out = Vec::new();
-    for _ in 0..6000 {
+    for _ in 0..4000 {
         let mut s: Vec<char> = EDGES[rng.next(EDGES.len())].chars().collect();
         for _ in 0..=rng.next(3) {
             let at = rng.next(s.len() + 1);
@@ -130,8 +130,8 @@ def draw(strategy, n):
     collect()
 one = schema["oneOf"]
 rules = one[2]["items"]["pattern"]
-draw(st.from_regex(one[0]["pattern"], fullmatch=True), 3000)
-draw(st.lists(st.from_regex(rules, fullmatch=True), min_size=1, max_size=6), 1500)
+draw(st.from_regex(one[0]["pattern"], fullmatch=True), 400)
+draw(st.lists(st.from_regex(rules, fullmatch=True), min_size=1, max_size=6), 200)
 drawn = [v for v in drawn if validator.is_valid(v)]
 json.dump({"verdicts": verdicts, "drawn": drawn}, sys.stdout)
 "#;
@@ -175,7 +175,7 @@ fn the_documented_policy_grammar_is_exactly_what_the_server_parses() {
     let valid = verdicts.iter().filter(|v| v.as_bool() == Some(true)).count();
     assert!(valid > 500 && valid < cands.len() - 500, "{valid} of {}", cands.len());
     let drawn = answer["drawn"].as_array().unwrap();
-    assert!(drawn.len() > 1000, "only {} drawn", drawn.len());
+    assert!(drawn.len() > 300, "only {} drawn", drawn.len());
     for v in drawn {
         assert!(parses(v).is_ok(), "drawn from the document, refused: {v}: {:?}", parses(v));
     }
