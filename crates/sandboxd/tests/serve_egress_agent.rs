@@ -158,7 +158,13 @@ async fn a_run_searches_opens_the_allowed_result_through_the_proxy_and_reports_t
         .collect();
     let page = egress
         .iter()
-        .map(|d| if d["record"].is_object() { &d["record"] } else { *d })
+        .map(|d| {
+            if d["record"].is_object() {
+                &d["record"]
+            } else {
+                *d
+            }
+        })
         .find(|r| r["host"] == host.as_str() && r["port"] == port)
         .unwrap_or_else(|| panic!("no egress event for {host}:{port}: {egress:#?}"));
     assert_eq!(page["allowed"], true, "{page}");
@@ -166,7 +172,9 @@ async fn a_run_searches_opens_the_allowed_result_through_the_proxy_and_reports_t
     assert!(page["bytes_down"].as_u64().unwrap() > 0, "{page}");
     // The refused result was never connected to: no record names it.
     assert!(
-        !egress.iter().any(|d| d.to_string().contains("elsewhere.example")),
+        !egress
+            .iter()
+            .any(|d| d.to_string().contains("elsewhere.example")),
         "{egress:#?}"
     );
     // And the session's own view keeps the record too.

@@ -35,11 +35,10 @@ pub const RECENT: u32 = 50;
 /// an array (`["off"]`, or rules of which one allows). The patterns are the parser's grammar
 /// (`egress_grammar`), so a policy the document allows is one the server takes.
 pub fn policy_schema() -> utoipa::openapi::schema::Schema {
-    use sandboxd_core::config::egress_grammar::{
-        MAX_POLICY_CHARS, MAX_RULE_CHARS, allow_pattern, off_pattern, rule_pattern,
-        string_pattern,
-    };
     use sandboxd_core::config::egress::MAX_RULES;
+    use sandboxd_core::config::egress_grammar::{
+        MAX_POLICY_CHARS, MAX_RULE_CHARS, allow_pattern, off_pattern, rule_pattern, string_pattern,
+    };
     use utoipa::openapi::extensions::Extensions;
     use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
     let text = |pattern: String, max: usize| {

@@ -165,5 +165,8 @@ fn the_grammar_is_strict_where_the_schema_states_it() {
     let csv = serde_json::Value::String(many.join(","));
     assert!(serde_json::from_value::<EgressPolicy>(csv).is_err());
     assert!(serde_json::from_value::<EgressPolicy>(serde_json::json!(many)).is_ok());
-    assert!(EgressPolicy::parse(&many.join(",")).is_ok(), "the store's form is not capped");
+    assert!(
+        EgressPolicy::parse(&many.join(",")).is_ok(),
+        "the store's form is not capped"
+    );
 }

@@ -51,13 +51,20 @@ async fn requests_beyond_the_rate_are_refused_with_the_rule_and_audited() {
     }
     // The refusal's body (the last one's) says which setting refused it.
     assert!(text.contains("requests_per_minute"), "{out:?}");
-    assert_eq!(web.hits(), 3, "the refused requests never reached the server");
+    assert_eq!(
+        web.hits(),
+        3,
+        "the refused requests never reached the server"
+    );
     let records = audit
         .wait("three allowed and three refused by rate", |r| r.len() == 6)
         .await;
     let allowed: Vec<_> = records.iter().filter(|r| r.allowed).collect();
     assert_eq!(allowed.len(), 3, "{records:#?}");
-    assert!(allowed.iter().all(|r| r.rule == "good.test"), "{records:#?}");
+    assert!(
+        allowed.iter().all(|r| r.rule == "good.test"),
+        "{records:#?}"
+    );
     let refused: Vec<_> = records.iter().filter(|r| !r.allowed).collect();
     assert_eq!(refused.len(), 3, "{records:#?}");
     for r in refused {
@@ -130,9 +137,7 @@ async fn a_silent_tunnel_is_closed_after_idle_secs_and_a_busy_one_is_not() {
     let cmd = format!("python3 /workspace/tunnels.py {} 6 2>&1", web.port);
     let out = sb.shell(&cmd, opts()).await.unwrap();
     assert_eq!(out.stdout_lossy().trim(), "closed answered", "{out:?}");
-    let records = audit
-        .wait("both tunnels recorded", |r| r.len() == 2)
-        .await;
+    let records = audit.wait("both tunnels recorded", |r| r.len() == 2).await;
     let idle: Vec<_> = records.iter().filter(|r| r.rule == "idle").collect();
     assert_eq!(idle.len(), 1, "only the silent tunnel is cut: {records:#?}");
     let cut = idle[0];
