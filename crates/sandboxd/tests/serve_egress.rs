@@ -319,7 +319,7 @@ async fn the_cli_sets_quotas_and_checks_its_egress_flag() {
         .args([
             "exec",
             "--egress",
-            "*.example.org,,",
+            " *.example.org ",
             "--",
             "sh",
             "-c",

@@ -31,20 +31,47 @@ use sandboxd_core::store::{
 /// The most recent records GET /v1/sessions/{id}/egress and the session page show.
 pub const RECENT: u32 = 50;
 
-/// The schema of a policy in a request: a string of comma-separated rules, or an array.
+/// The schema of a policy in a request: `"off"` or comma-separated rules as one string, or
+/// an array (`["off"]`, or rules of which one allows). The patterns are the parser's grammar
+/// (`egress_grammar`), so a policy the document allows is one the server takes.
 pub fn policy_schema() -> utoipa::openapi::schema::Schema {
+    use sandboxd_core::config::egress::MAX_RULES;
+    use sandboxd_core::config::egress_grammar::{
+        MAX_POLICY_CHARS, MAX_RULE_CHARS, allow_pattern, off_pattern, rule_pattern, string_pattern,
+    };
+    use utoipa::openapi::extensions::Extensions;
     use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
-    let rule = || {
+    let text = |pattern: String, max: usize| {
         ObjectBuilder::new()
             .schema_type(Type::String)
-            .max_length(Some(300))
+            .pattern(Some(pattern))
+            .min_length(Some(1))
+            .max_length(Some(max))
     };
+    // JSON Schema's `contains` (an array with one allowing rule): utoipa has no builder for
+    // it, and Extensions serialize their keys as given.
+    let contains = Extensions::from_iter([(
+        "contains",
+        serde_json::json!({"type": "string", "pattern": allow_pattern()}),
+    )]);
     Schema::OneOf(
         OneOfBuilder::new()
-            .item(rule().description(Some(
-                "\"off\", \"any\" or comma-separated rules: host names, \"*.domain\", IP addresses, \"!rule\" to deny",
+            .item(text(string_pattern(), MAX_POLICY_CHARS).description(Some(
+                "\"off\", \"any\" or comma-separated rules: host names, \"*.domain\", IP addresses ([IPv6] too), \"!rule\" to deny; at least one rule allows",
             )))
-            .item(ArrayBuilder::new().items(rule()).max_items(Some(256)))
+            .item(
+                ArrayBuilder::new()
+                    .items(text(off_pattern(), MAX_RULE_CHARS))
+                    .min_items(Some(1))
+                    .max_items(Some(1)),
+            )
+            .item(
+                ArrayBuilder::new()
+                    .items(text(rule_pattern(), MAX_RULE_CHARS))
+                    .min_items(Some(1))
+                    .max_items(Some(MAX_RULES))
+                    .extensions(Some(contains)),
+            )
             .build(),
     )
 }

@@ -48,6 +48,9 @@ pub enum Reply {
     Delayed(Duration, Box<Reply>),
     /// Holds the inner reply until the test opens the gate.
     Gated(Gate, Box<Reply>),
+    /// Built from the request's body: a "model" whose answer carries what it was shown (a
+    /// test then proves the text came through the run, not from the script).
+    FromRequest(fn(&Value) -> Reply),
 }
 
 /// Holds `Reply::Gated` answers until `open` (then it stays open): a run that keeps its
@@ -254,6 +257,7 @@ impl FakeLlm {
 async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: String) -> Response {
     let body: Value = serde_json::from_str(&body).unwrap_or(Value::String(body));
     let prompt_chars = body.to_string().len() as u64;
+    let shown = body.clone();
     if let Ok(mut r) = shared.requests.lock() {
         r.push(Recorded {
             body,
@@ -288,6 +292,7 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
                 gate.0.cancelled().await;
                 *inner
             }
+            Reply::FromRequest(make) => make(&shown),
             ready => break ready,
         };
     };
@@ -334,7 +339,9 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
             resp
         }
         Reply::Raw(body) => axum::Json(body).into_response(),
-        Reply::Delayed(..) | Reply::Gated(..) => unreachable!("unwrapped above"),
+        Reply::Delayed(..) | Reply::Gated(..) | Reply::FromRequest(..) => {
+            unreachable!("unwrapped above")
+        }
     }
 }
 

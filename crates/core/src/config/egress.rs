@@ -14,11 +14,12 @@
 //! the admin's widest at every connection, so a config that narrows later narrows at once.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use super::egress_credentials::{CredentialValue, EgressCredential};
+pub use super::egress_grammar::{MAX_POLICY_CHARS, MAX_RULE_CHARS};
 
 /// One rule of a list policy.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -34,13 +35,26 @@ pub enum EgressRule {
 }
 
 impl EgressRule {
+    /// One rule, exactly as written (no spaces): the grammar `egress_grammar` states.
     fn parse(raw: &str) -> Result<EgressRule, String> {
-        let s = raw.trim().trim_end_matches('.').to_ascii_lowercase();
+        let bad = || format!("{raw:?} is not a host name, \"*.domain\", an IP address or \"any\"");
+        // Brackets are for IPv6 only, one pair, as in a URL.
+        if let Some(inner) = raw.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            return inner
+                .parse::<Ipv6Addr>()
+                .map(|ip| EgressRule::Ip(IpAddr::V6(ip)))
+                .map_err(|_| bad());
+        }
+        if let Ok(ip) = raw.parse::<IpAddr>() {
+            return Ok(EgressRule::Ip(ip));
+        }
+        // One trailing dot: a fully qualified name (or address) means the same host.
+        let s = raw.strip_suffix('.').unwrap_or(raw).to_ascii_lowercase();
         if s == "any" {
             return Ok(EgressRule::Any);
         }
-        if let Ok(ip) = s.trim_matches(['[', ']']).parse::<IpAddr>() {
-            return Ok(EgressRule::Ip(ip));
+        if let Ok(ip) = s.parse::<Ipv4Addr>() {
+            return Ok(EgressRule::Ip(IpAddr::V4(ip)));
         }
         let (suffix, name) = match s.strip_prefix("*.") {
             Some(rest) => (true, rest),
@@ -53,10 +67,9 @@ impl EgressRule {
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         };
-        if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
-            return Err(format!(
-                "{raw:?} is not a host name, \"*.domain\", an IP address or \"any\""
-            ));
+        // No length of its own: a rule is at most MAX_RULE_CHARS as written.
+        if name.is_empty() || !name.split('.').all(label_ok) {
+            return Err(bad());
         }
         Ok(if suffix {
             EgressRule::Suffix(name.to_string())
@@ -171,13 +184,9 @@ impl EgressPolicy {
         }
     }
 
-    /// Parses `off`, `any` or comma-separated rules.
+    /// Parses `off`, `any` or comma-separated rules (spaces around each allowed).
     pub fn parse(raw: &str) -> Result<EgressPolicy, String> {
-        let items: Vec<&str> = raw
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .collect();
+        let items: Vec<&str> = raw.split(',').collect();
         Self::from_items(&items)
     }
 
@@ -189,7 +198,25 @@ impl EgressPolicy {
                 items.len()
             ));
         }
-        let items: Vec<&str> = items.iter().map(|s| s.as_ref().trim()).collect();
+        let mut trimmed = Vec::with_capacity(items.len());
+        for item in items {
+            let item = item.as_ref();
+            if item.chars().count() > MAX_RULE_CHARS {
+                return Err(format!(
+                    "a rule of an egress policy has at most {MAX_RULE_CHARS} characters; one has {}",
+                    item.chars().count()
+                ));
+            }
+            let item = item.trim_matches(' ');
+            if item.is_empty() && items.len() > 1 {
+                return Err(
+                    "an egress policy has an empty rule (two commas together, or one at an end)"
+                        .into(),
+                );
+            }
+            trimmed.push(item);
+        }
+        let items: Vec<&str> = trimmed.into_iter().filter(|s| !s.is_empty()).collect();
         match items.as_slice() {
             [] => return Err(EMPTY.into()),
             [one] if one.eq_ignore_ascii_case("off") => return Ok(EgressPolicy::Off),
@@ -328,6 +355,9 @@ impl<'de> Deserialize<'de> for EgressPolicy {
                 "an egress policy is \"off\", \"any\", \"a.org,*.b.org\" or an array of such rules",
             )
         })? {
+            Raw::One(s) if s.chars().count() > MAX_POLICY_CHARS => Err(format!(
+                "an egress policy written as one string has at most {MAX_POLICY_CHARS} characters; write a longer one as an array of rules"
+            )),
             Raw::One(s) => EgressPolicy::parse(&s),
             Raw::Many(v) => EgressPolicy::from_items(&v),
         };
@@ -351,6 +381,9 @@ pub struct EgressConfig {
     pub session_mb: u64,
     /// New connections (or forwarded requests) one session may start per minute.
     pub requests_per_minute: u32,
+    /// Seconds an open connection may move no byte either way before it is closed (a
+    /// forgotten WebSocket or keep-alive would otherwise hold a `connections` slot).
+    pub idle_secs: u64,
     /// Secrets the proxy adds to requests for exact hosts (TLS to those hosts is terminated
     /// by a per-session CA); the values come from the host's environment at load.
     pub credentials: Vec<EgressCredential>,
@@ -369,6 +402,7 @@ impl Default for EgressConfig {
             connection_mb: 256,
             session_mb: 1024,
             requests_per_minute: 600,
+            idle_secs: 300,
             credentials: Vec::new(),
             extra_roots_pem: String::new(),
         }
@@ -392,6 +426,7 @@ impl EgressConfig {
                 "egress.requests_per_minute",
                 u64::from(self.requests_per_minute),
             ),
+            ("egress.idle_secs", self.idle_secs),
         ] {
             if v == 0 {
                 return Err((key.into(), "must be at least 1".into()));

@@ -133,3 +133,40 @@ fn the_section_checks_its_default_against_its_widest() {
     };
     assert_eq!(c.validate().unwrap_err().0, "egress.connections");
 }
+
+#[test]
+fn the_grammar_is_strict_where_the_schema_states_it() {
+    // Spaces (only) around rules; one pair of brackets, for IPv6 only; one trailing dot.
+    assert_eq!(p(" a.org ,  !b.a.org ").to_string(), "a.org,!b.a.org");
+    assert_eq!(p("[2001:db8::1]").to_string(), "2001:db8::1");
+    assert_eq!(p("1.2.3.4.").to_string(), "1.2.3.4");
+    assert_eq!(p("ANY.").to_string(), "any");
+    for bad in [
+        "a.org,",
+        ",a.org",
+        "a.org,,b.org",
+        "a.org\t",
+        "! a.org,b.org",
+        "[1.2.3.4]",
+        "[[::1]]",
+        "::1.",
+        "a.org..",
+        "[::1",
+    ] {
+        assert!(EgressPolicy::parse(bad).is_err(), "{bad:?}");
+    }
+    // A rule is at most MAX_RULE_CHARS as written, spaces included.
+    let mut long = vec!["a".repeat(63); 4].join(".");
+    long.truncate(MAX_RULE_CHARS);
+    assert!(EgressPolicy::parse(&long).is_ok());
+    assert!(EgressPolicy::parse(&format!("{long} ")).is_err());
+    // One string is at most MAX_POLICY_CHARS when it arrives serialized (an array is not).
+    let many = vec!["a.org"; 100];
+    let csv = serde_json::Value::String(many.join(","));
+    assert!(serde_json::from_value::<EgressPolicy>(csv).is_err());
+    assert!(serde_json::from_value::<EgressPolicy>(serde_json::json!(many)).is_ok());
+    assert!(
+        EgressPolicy::parse(&many.join(",")).is_ok(),
+        "the store's form is not capped"
+    );
+}

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod egress;
 pub mod egress_credentials;
+pub mod egress_grammar;
 pub mod flow;
 pub mod proxies;
 pub mod runtime;

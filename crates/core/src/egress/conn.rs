@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use super::channel::{ConnCtl, ConnIo, Inbound};
 use super::decide::{Refused, decide, refused};
 use super::http::{self, BadRequest, Request};
+use super::idle::Idle;
 use super::proxy::Shared;
 use super::{EgressRecord, TRACE_TARGET};
 
@@ -373,8 +374,8 @@ enum Half {
     Over(Option<Refused>),
 }
 
-/// Copies both ways until both sides are done, either side aborts, or a cap cuts; the
-/// reason when it did not end normally.
+/// Copies both ways until both sides are done, either side aborts, a cap cuts or nothing
+/// moved for `[egress] idle_secs`; the reason when it did not end normally.
 async fn relay<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     shared: &Shared,
     io: &mut ConnIo,
@@ -383,12 +384,14 @@ async fn relay<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut w: W,
 ) -> Option<Refused> {
     let (rx, ctl) = (&mut io.rx, &io.ctl);
+    let idle = Idle::new(shared.deps.config.idle_secs);
     let failed =
         |e: std::io::Error| Half::Over(Some(refused("", format!("the destination failed: {e}"))));
     let up = async {
         loop {
             match rx.recv().await {
                 Some(Inbound::Data(b)) => {
+                    idle.touch();
                     let cut = forward_up(shared, tally, &mut w, &b).await;
                     ctl.grant(b.len());
                     match cut {
@@ -417,6 +420,7 @@ async fn relay<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 Ok(n) => n,
                 Err(e) => return failed(e),
             };
+            idle.touch();
             let (take, cut) = budget(shared, tally, n);
             if take > 0 {
                 if !ctl.send(&buf[..take]).await {
@@ -436,6 +440,7 @@ async fn relay<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let half = tokio::select! {
             h = &mut up, if !up_done => { up_done = true; h }
             h = &mut down, if !down_done => { down_done = true; h }
+            cut = idle.expired() => return Some(cut),
         };
         if let Half::Over(why) = half {
             return why;

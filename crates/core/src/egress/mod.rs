@@ -28,6 +28,7 @@ mod conn;
 mod decide;
 mod frame;
 mod http;
+mod idle;
 mod proxy;
 
 pub use crate::config::egress::{EgressPolicy, Host, Verdict};

@@ -4,6 +4,7 @@
 mod abuse;
 mod full_size;
 mod inject;
+mod limits;
 mod page_bench;
 mod proxy;
 pub(crate) mod support;
