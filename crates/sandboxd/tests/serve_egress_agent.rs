@@ -12,6 +12,8 @@ use crate::support;
 
 use std::net::IpAddr;
 
+use crate::egress::support::host_address;
+
 use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,20 +21,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use serve::runs::{SERVER, follow_all, get_run, llm_config, start_run};
 use serve::{Api, Env};
 use support::fake_llm::{FakeLlm, Reply};
-
-/// One of this host's non-loopback IPv4 addresses: the sandbox's loopback is its own, so
-/// the "internet" must be somewhere else the proxy can reach.
-fn host_address() -> IpAddr {
-    let out = std::process::Command::new("hostname")
-        .arg("-I")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .filter_map(|a| a.parse::<IpAddr>().ok())
-        .find(|a| a.is_ipv4() && !a.is_loopback())
-        .expect("a non-loopback IPv4 address on this host")
-}
 
 /// The page: its code word exists only once its script has run (split in the source).
 const PAGE: &str = "<!doctype html><html><head><title>Field notes</title></head><body>\

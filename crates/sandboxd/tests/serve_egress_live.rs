@@ -9,6 +9,8 @@
 use crate::serve;
 
 use std::net::IpAddr;
+
+use crate::egress::support::host_address;
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
@@ -16,20 +18,6 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use serve::{Api, Env};
-
-/// One of this host's non-loopback IPv4 addresses (the sandbox's own loopback is not the
-/// host's, and the proxy variables leave 127.0.0.1 to the sandbox).
-fn host_address() -> IpAddr {
-    let out = std::process::Command::new("hostname")
-        .arg("-I")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .filter_map(|a| a.parse::<IpAddr>().ok())
-        .find(|a| a.is_ipv4() && !a.is_loopback())
-        .expect("a non-loopback IPv4 address on this host")
-}
 
 /// A tiny HTTP server on `addr`: every request gets "hello from the host".
 async fn host_server(addr: IpAddr) -> u16 {

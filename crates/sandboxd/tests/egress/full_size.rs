@@ -11,7 +11,7 @@ use std::time::Duration;
 use sandboxd_core::config::EgressConfig;
 use sandboxd_core::egress::{EgressProxy, EgressRecord};
 use sandboxd_core::sandbox::Sandbox;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 use super::support::{self, Collect, Switch, curl, opts};
@@ -37,16 +37,9 @@ async fn bulk_server() -> (u16, tokio::task::JoinHandle<()>) {
     let task = tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let text = String::from_utf8_lossy(&head).to_string();
-                let path = text.split(' ').nth(1).unwrap_or("/").to_string();
+                let Some(path) = support::request_path(&mut s).await else {
+                    return;
+                };
                 let path = path.split('?').next().unwrap_or_default();
                 let mib: u64 = path
                     .rsplit('/')

@@ -37,18 +37,25 @@ impl Web {
     }
 }
 
-/// Answers one request: `/big` is 8 MiB of `x`, anything else `hello <name> <path>`.
-async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, name: &str) {
+/// Reads a request's head (at most 16 KiB) and gives its path; None when the peer left first.
+pub async fn request_path<S: AsyncRead + Unpin>(s: &mut S) -> Option<String> {
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
         match s.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return None,
             Ok(n) => head.extend_from_slice(&buf[..n]),
         }
     }
-    let text = String::from_utf8_lossy(&head).to_string();
-    let path = text.split(' ').nth(1).unwrap_or("/").to_string();
+    let text = String::from_utf8_lossy(&head);
+    Some(text.split(' ').nth(1).unwrap_or("/").to_string())
+}
+
+/// Answers one request: `/big` is 8 MiB of `x`, anything else `hello <name> <path>`.
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, name: &str) {
+    let Some(path) = request_path(&mut s).await else {
+        return;
+    };
     if path == "/big" {
         let total = 8usize << 20;
         let head =
