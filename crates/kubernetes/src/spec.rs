@@ -29,34 +29,9 @@ pub const CONTAINER: &str = "sandbox";
 /// The NetworkPolicy sandboxd keeps in the namespace.
 pub const NETWORK_POLICY: &str = "sandboxd-deny-all";
 
-/// How pods are made: the `[kubernetes]` section's values (see config/sandboxd.example.toml).
-#[derive(Debug, Clone, PartialEq)]
-pub struct PodSettings {
-    /// The namespace every sandbox pod lives in (label it
-    /// `pod-security.kubernetes.io/enforce=restricted`).
-    pub namespace: String,
-    /// The sandbox image as the cluster's nodes pull it.
-    pub image: String,
-    /// `Always`, `IfNotPresent` or `Never`; anything else is `IfNotPresent`.
-    pub pull_policy: String,
-    /// A RuntimeClass (gVisor's `gvisor`, Kata's `kata-qemu`); empty: the cluster's default.
-    pub runtime_class: String,
-    /// /workspace and /tmp as memory-backed emptyDirs (tmpfs, counted in the memory limit),
-    /// as the Docker backend's tmpfs mounts are; false: on the node's disk.
-    pub memory_backed: bool,
-}
-
-impl Default for PodSettings {
-    fn default() -> Self {
-        Self {
-            namespace: "sandboxd".into(),
-            image: String::new(),
-            pull_policy: "IfNotPresent".into(),
-            runtime_class: String::new(),
-            memory_backed: true,
-        }
-    }
-}
+/// How pods are made: the `[kubernetes]` section itself (config/sandboxd.example.toml says
+/// what each field means), so the backend and the config never disagree on a field.
+pub type PodSettings = sandboxd_core::config::KubernetesConfig;
 
 fn pull_policy(p: &str) -> String {
     match p {

@@ -57,14 +57,7 @@ pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc
 /// Pods in `[kubernetes] namespace` of the cluster KUBECONFIG names (or the in-cluster
 /// service account); the image is the configured one, never built here.
 async fn kubernetes(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
-    let k = &config.kubernetes;
-    let settings = sandboxd_kubernetes::PodSettings {
-        namespace: k.namespace.clone(),
-        image: k.image.clone(),
-        pull_policy: k.pull_policy.clone(),
-        runtime_class: k.runtime_class.clone(),
-        memory_backed: k.memory_backed,
-    };
+    let settings: sandboxd_kubernetes::PodSettings = config.kubernetes.clone();
     let client = sandboxd_kubernetes::connect().await?;
     Ok(Arc::new(sandboxd_kubernetes::KubeRuntime::new(
         client, settings,

@@ -176,16 +176,7 @@ where
     C: AsyncRead + AsyncWrite + Unpin + Send,
     U: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let host = host.trim().trim_end_matches('.').to_ascii_lowercase();
-    if cred.host != host {
-        return Err(MitmError::WrongHost {
-            host,
-            cred_host: cred.host.clone(),
-        });
-    }
-    if cred.value.is_empty() {
-        return Err(MitmError::NoValue(host));
-    }
+    let host = credential_host(host, cred, true)?;
     let leaf = ca.leaf_for(&host)?;
     let mut server = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -230,8 +221,15 @@ where
     C: AsyncRead + AsyncWrite + Unpin + Send,
     U: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    let host = credential_host(host, cred, cred.allow_http)?;
+    super::mitm_http::relay(client, upstream, &host, cred, counters).await
+}
+
+/// The destination, normalised, when `cred` is its credential, may be used (`usable`) and
+/// has a value; the one check both relays make before any byte is read.
+fn credential_host(host: &str, cred: &EgressCredential, usable: bool) -> Result<String, MitmError> {
     let host = host.trim().trim_end_matches('.').to_ascii_lowercase();
-    if cred.host != host || !cred.allow_http {
+    if cred.host != host || !usable {
         return Err(MitmError::WrongHost {
             host,
             cred_host: cred.host.clone(),
@@ -240,7 +238,7 @@ where
     if cred.value.is_empty() {
         return Err(MitmError::NoValue(host));
     }
-    super::mitm_http::relay(client, upstream, &host, cred, counters).await
+    Ok(host)
 }
 
 #[cfg(test)]
