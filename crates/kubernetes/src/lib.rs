@@ -346,7 +346,7 @@ impl Runtime for KubeRuntime {
             .map(|_| ())
             .map_err(|e| kube_err("list pods", "", e).to_string());
         let policy = self.ensure_policy().await.map_err(|e| e.to_string());
-        let isolation = self.ensure_isolated().await.map_err(|e| e.to_string());
+        let isolation = self.isolation_ready().await;
         vec![
             ("cluster", cluster),
             ("network policy", policy),

@@ -203,6 +203,25 @@ impl KubeRuntime {
     }
 }
 
+impl KubeRuntime {
+    /// For a readiness check, which must answer at once: the verdict if there is one, a
+    /// probe run now if none has run, and "still running" while one runs (so checks that
+    /// arrive meanwhile neither wait nor start probe pods of their own).
+    pub(crate) async fn isolation_ready(&self) -> Result<(), String> {
+        match self.isolation.try_lock() {
+            Err(_) => Err("the network probe is still running".into()),
+            Ok(v) => match v.as_ref() {
+                Some(Ok(())) => Ok(()),
+                Some(Err(leaks)) => Err(not_enforced(leaks).to_string()),
+                None => {
+                    drop(v);
+                    self.ensure_isolated().await.map_err(|e| e.to_string())
+                }
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
