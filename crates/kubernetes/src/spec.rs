@@ -220,10 +220,11 @@ pub fn role(namespace: &str) -> Role {
             ..Default::default()
         },
         rules: Some(vec![
+            // patch: a warm pod is marked claimed (`Runtime::mark_claimed`).
             rule(
                 &[""],
                 &["pods"],
-                &["create", "get", "list", "watch", "delete"],
+                &["create", "get", "list", "watch", "patch", "delete"],
             ),
             // The exec subresource is opened with a GET upgraded to a WebSocket.
             rule(&[""], &["pods/exec"], &["create", "get"]),

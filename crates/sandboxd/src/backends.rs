@@ -21,7 +21,16 @@ use sandboxd_sqlite::SqliteStore;
 /// and the sandbox image present (built, with progress on stderr, when it is missing).
 pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
     if config.runtime.kind() == BackendKind::Kubernetes {
-        return kubernetes(config).await;
+        let rt = kube_runtime(config).await?;
+        // The network probe starts now, not at the first session: its verdict is in the
+        // log at start-up, and a create waits for it (probe.rs).
+        let probe = rt.clone();
+        tokio::spawn(async move {
+            if let Err(e) = probe.ensure_isolated().await {
+                tracing::error!(error = %e, "no session can start on this cluster");
+            }
+        });
+        return Ok(Arc::new(rt));
     }
     let engine = docker::connect().await?;
     let image = if config.docker.image.is_empty() {
@@ -39,7 +48,7 @@ pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>>
 /// The runtime for commands that only look at or remove sessions: it never builds anything.
 pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
     if config.runtime.kind() == BackendKind::Kubernetes {
-        return kubernetes(config).await;
+        return Ok(Arc::new(kube_runtime(config).await?));
     }
     let engine = docker::connect().await?;
     let image = if config.docker.image.is_empty() {
@@ -55,13 +64,14 @@ pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc
 }
 
 /// Pods in `[kubernetes] namespace` of the cluster KUBECONFIG names (or the in-cluster
-/// service account); the image is the configured one, never built here.
-async fn kubernetes(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
+/// service account); the image is the configured one, never built here. (`doctor` asks it
+/// for the cluster's checks too.)
+pub(crate) async fn kube_runtime(
+    config: &Config,
+) -> anyhow::Result<sandboxd_kubernetes::KubeRuntime> {
     let settings: sandboxd_kubernetes::PodSettings = config.kubernetes.clone();
     let client = sandboxd_kubernetes::connect().await?;
-    Ok(Arc::new(sandboxd_kubernetes::KubeRuntime::new(
-        client, settings,
-    )))
+    Ok(sandboxd_kubernetes::KubeRuntime::new(client, settings))
 }
 
 /// Where the CLI's kept sessions' tool records live: private files in the data directory.

@@ -416,7 +416,7 @@ impl SessionManager {
             .lowered(request)
             .map_err(|e| SandboxError::InvalidRequest(e.to_string()))?;
         let reservation = self.reserve(owner)?;
-        if let Some(warm) = self.claim(&limits, options.keep).await {
+        if let Some(warm) = self.claim(owner, &limits, options.keep).await {
             let session = Session::new(
                 warm.session_id.clone(),
                 owner.clone(),

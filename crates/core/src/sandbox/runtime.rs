@@ -283,6 +283,16 @@ pub trait Runtime: Send + Sync {
         Ok(false)
     }
 
+    /// Marks a warm sandbox as claimed by a session of `owner`, where the backend can say
+    /// so in one call (Kubernetes: one patch of the pod's labels and annotations), so that
+    /// what the backend shows (kubectl) tells free warm sandboxes from taken ones. Nothing
+    /// reads it back as the binding: that stays in the claiming process's records (see
+    /// `SandboxMeta`). An error makes the pool discard the sandbox and create one cold.
+    /// Default: nothing to mark (Docker cannot change a container's labels).
+    async fn mark_claimed(&self, _handle: &str, _owner: &Owner) -> Result<(), SandboxError> {
+        Ok(())
+    }
+
     /// An identity of what new sandboxes are made from now (for Docker, the image id behind
     /// the tag), so the pool can replace warm sandboxes made from an older one. None: the
     /// backend does not tell.

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use std::sync::Arc;
 
-use sandboxd_core::config::{LimitRequest, Limits, SessionsConfig};
+use sandboxd_core::config::{BackendKind, LimitRequest, Limits, SessionsConfig};
 use sandboxd_core::sandbox::{CreateOptions, Owner, SandboxError, SessionManager, ShellOptions};
 use sandboxd_docker::{self as docker, image as docker_image};
 
@@ -21,17 +21,26 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         }
     };
     println!("sandboxd {}", env!("CARGO_PKG_VERSION"));
-    let engine = docker::connect().await;
-    engine_and_image(&engine, &mut check).await;
     let l = &ctx.config.limits;
-    println!(
+    let limits = format!(
         "  info  limits per session: {} MiB memory (no swap), {} CPU, {} processes, /workspace {} MiB, /tmp {} MiB, commands ≤ {} s",
         l.memory_mb, l.cpus, l.pids, l.workspace_mb, l.tmp_mb, l.max_timeout_secs
     );
-    println!(
-        "  info  hardening: network none, read-only root, uid 1000, all capabilities dropped, no-new-privileges, default seccomp"
-    );
-    oci_runtimes(&ctx, &engine, &mut check).await;
+    if ctx.config.runtime.kind() == BackendKind::Kubernetes {
+        println!("{limits}");
+        println!(
+            "  info  hardening: one pod per session, restricted Pod Security, read-only root, uid 1000, all capabilities dropped, no privilege escalation, RuntimeDefault seccomp, no service account token, a deny-all NetworkPolicy"
+        );
+        kubernetes(&ctx, &mut check).await;
+    } else {
+        let engine = docker::connect().await;
+        engine_and_image(&engine, &mut check).await;
+        println!("{limits}");
+        println!(
+            "  info  hardening: network none, read-only root, uid 1000, all capabilities dropped, no-new-privileges, default seccomp"
+        );
+        oci_runtimes(&ctx, &engine, &mut check).await;
+    }
     match sandboxd_core::llm::LlmClient::from_config(&ctx.config.llm) {
         Ok(client) => check(
             true,
@@ -54,6 +63,30 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `[runtime] backend = "kubernetes"`: the cluster's checks (the kubernetes crate's
+/// doctor.rs: API server, namespace and admission, RBAC, image, the network probe).
+async fn kubernetes(ctx: &Ctx, check: &mut impl FnMut(bool, String, &str)) {
+    use sandboxd_kubernetes::doctor::{Level, checks};
+    let rt = match crate::backends::kube_runtime(&ctx.config).await {
+        Ok(rt) => rt,
+        Err(e) => {
+            return check(
+                false,
+                format!("Kubernetes: {e:#}"),
+                "point KUBECONFIG at the cluster (or run in it with its service account)",
+            );
+        }
+    };
+    for c in checks(&rt).await {
+        match c.level {
+            Level::Ok => check(true, c.what, ""),
+            Level::Fail => check(false, c.what, &c.fix),
+            Level::Info => println!("  info  {}", c.what),
+            Level::Warn => println!("  warn  {}\n        → {}", c.what, c.fix),
+        }
+    }
 }
 
 /// The Docker engine, the sandbox image in it, and mmdebstrap to build the image.
