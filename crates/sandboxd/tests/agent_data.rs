@@ -14,16 +14,21 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Value, json};
 use support::cli::sandboxd;
-use support::fake_llm::{FakeLlm, Reply, check_tool_pairing};
+use support::fake_llm::{FakeLlm, Reply, check_tool_pairing, last_of_role};
 use support::web_browser::{WebBrowser, goto, wait_for};
 
 const ADS: [f64; 12] = [
     10.0, 12.0, 9.0, 15.0, 18.0, 14.0, 20.0, 22.0, 17.0, 25.0, 27.0, 30.0,
 ];
-const NOISE: [f64; 12] = [1.5, -2.0, 0.5, 3.0, -1.0, 2.5, -3.0, 1.0, 0.0, -2.5, 2.0, -1.5];
+const NOISE: [f64; 12] = [
+    1.5, -2.0, 0.5, 3.0, -1.0, 2.5, -3.0, 1.0, 0.0, -2.5, 2.0, -1.5,
+];
 
 fn sales() -> Vec<f64> {
-    ADS.iter().zip(NOISE).map(|(a, n)| 3.0 * a + 40.0 + n).collect()
+    ADS.iter()
+        .zip(NOISE)
+        .map(|(a, n)| 3.0 * a + 40.0 + n)
+        .collect()
 }
 
 fn pearson(x: &[f64], y: &[f64]) -> f64 {
@@ -112,21 +117,17 @@ async fn a_data_run_reads_excel_computes_and_leaves_a_png_and_an_offline_chart()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("copied in: /workspace/sales.xlsx"), "{stderr}");
+    assert!(
+        stderr.contains("copied in: /workspace/sales.xlsx"),
+        "{stderr}"
+    );
 
     let reqs = llm.requests();
     assert_eq!(reqs.len(), 2);
     for body in &reqs {
         check_tool_pairing(body).unwrap();
     }
-    let observation = reqs[1]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "tool")
-        .unwrap()["content"]
-        .to_string();
+    let observation = last_of_role(&reqs[1], "tool").unwrap();
     let r = pearson(&ADS, &sales());
     assert!(
         observation.contains(&format!("rows=12 r={r:.4} p<0.001=True")),
@@ -191,7 +192,11 @@ fn chinese_plot_text_is_drawn_with_the_cjk_font_not_tofu() {
     let dir = tempfile::tempdir().unwrap();
     let out = in_sandbox(dir.path(), CJK);
     let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert_eq!(v["backend"].as_str().map(str::to_lowercase).as_deref(), Some("agg"), "{v}");
+    assert_eq!(
+        v["backend"].as_str().map(str::to_lowercase).as_deref(),
+        Some("agg"),
+        "{v}"
+    );
     // The font matplotlib resolves by default is the CJK face, and it has the glyph.
     assert!(v["font"].as_str().unwrap().contains("wqy"), "{v}");
     assert_eq!(v["has_glyph"], true, "{v}");

@@ -55,7 +55,12 @@ const PROFILES: &[(&str, &[&str], Option<&str>, usize)] = &[
         Some("You are a data analyst"),
         25,
     ),
-    ("mine", &["bash", "terminate"], Some("MINE-PROMPT-MARKER"), 3),
+    (
+        "mine",
+        &["bash", "terminate"],
+        Some("MINE-PROMPT-MARKER"),
+        3,
+    ),
 ];
 
 /// Phrases only one profile's prompt has.
@@ -88,7 +93,10 @@ fn tool_names(request: &Value) -> Vec<String> {
 }
 
 fn system_prompt(request: &Value) -> String {
-    request["messages"][0]["content"].as_str().unwrap().to_string()
+    request["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 /// The first request of a run shows exactly the profile's tools, its prompt and no other's.
@@ -222,7 +230,8 @@ async fn each_profile_shows_the_model_its_tools_and_prompt_from_the_service() {
     assert_eq!(s, 400, "{e}");
     let message = e.to_string();
     assert!(
-        message.contains("field `agent`") && message.contains("general, coding, browser, data, mine"),
+        message.contains("field `agent`")
+            && message.contains("general, coding, browser, data, mine"),
         "{message}"
     );
     let (s, e) = api

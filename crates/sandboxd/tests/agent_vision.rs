@@ -10,7 +10,7 @@ use std::process::Stdio;
 
 use serde_json::{Value, json};
 use support::cli::sandboxd;
-use support::fake_llm::{FakeLlm, Reply, check_tool_pairing};
+use support::fake_llm::{FakeLlm, Reply, check_tool_pairing, last_of_role};
 
 const DRAW: &str = "import matplotlib.pyplot as plt\n\
     plt.plot([0, 1, 2], [2, 0, 1], linewidth=4)\n\
@@ -59,14 +59,7 @@ fn run_with_model(model: &str) -> Vec<Value> {
 }
 
 fn last_tool_output(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "tool")
-        .unwrap()["content"]
-        .to_string()
+    last_of_role(body, "tool").unwrap()
 }
 
 #[test]
@@ -91,7 +84,10 @@ fn a_vision_model_sees_view_image_and_browser_screenshots() {
 fn a_text_only_model_gets_no_image_and_is_told_why() {
     let reqs = run_with_model("deepseek-chat");
     for (i, body) in reqs.iter().enumerate() {
-        assert!(!body.to_string().contains(IMAGE), "request {i} has an image");
+        assert!(
+            !body.to_string().contains(IMAGE),
+            "request {i} has an image"
+        );
     }
     let said = last_tool_output(&reqs[2]);
     assert!(

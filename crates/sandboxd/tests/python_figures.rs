@@ -69,7 +69,11 @@ async fn every_figure_of_a_cell_comes_back_in_order_up_to_eight() {
     for (i, img) in images.iter().enumerate() {
         assert_eq!(**img, saved(s.sandbox.as_ref(), i + 1).await, "figure {i}");
     }
-    assert!(r.output.contains("shown as images, in order"), "{}", r.output);
+    assert!(
+        r.output.contains("shown as images, in order"),
+        "{}",
+        r.output
+    );
 
     // Ten figures: all saved, the first eight shown, and the model is told.
     let r = run(figures(10)).await;

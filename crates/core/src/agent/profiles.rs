@@ -34,7 +34,9 @@ pub struct Profile {
 pub enum ProfileError {
     #[error("there is no agent profile named {name:?}; the known ones are: {}", known.join(", "))]
     Unknown { name: String, known: Vec<String> },
-    #[error("agent profile {name:?} in [[agents]] has the name of a built-in profile; choose another")]
+    #[error(
+        "agent profile {name:?} in [[agents]] has the name of a built-in profile; choose another"
+    )]
     Shadows { name: String },
     #[error("agent profile {name:?}: cannot read its prompt_file {path}: {message}")]
     Prompt {
@@ -153,13 +155,14 @@ impl Profiles {
             tracing::debug!(tag = %tag, agent = %p.name, "flow executor uses an agent profile");
         }
         for p in self.0.iter().filter(|p| p.name != DEFAULT) {
-            flow.entry(p.name.clone()).or_insert_with(|| ExecutorConfig {
-                description: p.description.clone(),
-                tools: p.tools.clone().unwrap_or_default(),
-                prompt: p.prompt.clone().unwrap_or_default(),
-                max_steps: p.max_steps.unwrap_or(0),
-                agent: p.name.clone(),
-            });
+            flow.entry(p.name.clone())
+                .or_insert_with(|| ExecutorConfig {
+                    description: p.description.clone(),
+                    tools: p.tools.clone().unwrap_or_default(),
+                    prompt: p.prompt.clone().unwrap_or_default(),
+                    max_steps: p.max_steps.unwrap_or(0),
+                    agent: p.name.clone(),
+                });
         }
     }
 }
@@ -237,7 +240,9 @@ mod tests {
         ));
         c.agents[0].name = "mine".into();
         c.agents[0].prompt_file = "/nonexistent/prompt.md".into();
-        let e = Profiles::from_config(&c).expect_err("missing file").to_string();
+        let e = Profiles::from_config(&c)
+            .expect_err("missing file")
+            .to_string();
         assert!(e.contains("/nonexistent/prompt.md"), "{e}");
     }
 
@@ -250,7 +255,10 @@ mod tests {
             .executors(&mut flow);
         let python = &flow["python"];
         assert!(python.prompt.contains("data analyst") && python.prompt.contains("executor"));
-        assert_eq!(flow["coding"].tools, ["bash", "str_replace_editor", "python"]);
+        assert_eq!(
+            flow["coding"].tools,
+            ["bash", "str_replace_editor", "python"]
+        );
         assert!(!flow.contains_key("general"));
     }
 }

@@ -33,7 +33,12 @@ const VISION_MARKERS: &[&str] = &[
 ];
 
 /// Names that contain a marker but are text-only.
-const TEXT_ONLY: &[&str] = &["o3-mini", "gpt-4o-mini-tts", "gpt-4o-audio", "gpt-4o-transcribe"];
+const TEXT_ONLY: &[&str] = &[
+    "o3-mini",
+    "gpt-4o-mini-tts",
+    "gpt-4o-audio",
+    "gpt-4o-transcribe",
+];
 
 /// Whether `model` is of a family known to take images.
 pub fn known_vision_model(model: &str) -> bool {

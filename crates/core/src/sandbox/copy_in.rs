@@ -35,10 +35,7 @@ pub enum CopyInError {
     #[error("input {path}: {source}")]
     Archive { path: PathBuf, source: TarError },
     #[error("input {path}: {source}")]
-    Sandbox {
-        path: PathBuf,
-        source: SandboxError,
-    },
+    Sandbox { path: PathBuf, source: SandboxError },
 }
 
 /// One input, checked.

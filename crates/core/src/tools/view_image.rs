@@ -63,7 +63,11 @@ impl Tool for ViewImage {
                  sandboxd sends none ([llm] multimodal is off for it; an admin can set \
                  multimodal = true if it does). Describe the image from its data instead, \
                  e.g. with python",
-                if self.model.is_empty() { "unnamed" } else { &self.model }
+                if self.model.is_empty() {
+                    "unnamed"
+                } else {
+                    &self.model
+                }
             )));
         }
         // One byte over the cap tells an oversized image from one exactly at it.

@@ -4,8 +4,8 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use sandboxd_core::agent::{Event, EventKind, EventSink, RunContext, RunRequest};
 use sandboxd_core::agent::profiles::flow_config;
+use sandboxd_core::agent::{Event, EventKind, EventSink, RunContext, RunRequest};
 use sandboxd_core::flow::{AgentStepRunner, FlowOutcome, FlowRequest, PlanView, PlanningFlow};
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::tools::ask_human::Asker;

@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::Context as _;
+use sandboxd_core::agent::profiles::Profiles;
 use sandboxd_core::agent::{
     FinishReason, History, RunContext, RunError, RunRequest, SessionLease, new_run_id,
     run_in_session,
 };
-use sandboxd_core::agent::profiles::Profiles;
 use sandboxd_core::flow::FlowStatus;
-use sandboxd_core::sandbox::copy_in::copy_in;
 use sandboxd_core::llm::{LlmClient, LlmError};
+use sandboxd_core::sandbox::copy_in::copy_in;
 use sandboxd_core::tools::ask_human::{Asker, NoHuman, TerminalAsker};
 use sandboxd_core::tools::session::SessionTools;
 use tokio_util::sync::CancellationToken;

@@ -37,7 +37,8 @@ pub struct AgentList {
     responses((status = 200, description = "The agent profiles a run may name", body = AgentList), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn list_agents(State(st): State<Arc<AppState>>) -> Result<Json<AgentList>, ApiError> {
-    let profiles = Profiles::from_config(&st.config).map_err(|e| ApiError::internal(e.to_string()))?;
+    let profiles =
+        Profiles::from_config(&st.config).map_err(|e| ApiError::internal(e.to_string()))?;
     let default_steps = st.config.agent.max_steps as u64;
     let agents = profiles
         .list()

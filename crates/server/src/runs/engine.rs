@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use super::sink::{ServiceAsker, ServiceSink};
 use super::{Ending, LiveRun, RunMode, RunService, StartRun};
+use sandboxd_core::agent::profiles::flow_config;
 use sandboxd_core::agent::{
     EventKind, FinishReason, History, RunContext, RunRequest, run_in_session,
 };
-use sandboxd_core::agent::profiles::flow_config;
 use sandboxd_core::flow::{AgentStepRunner, FlowRequest, FlowStatus, PlanningFlow};
 use sandboxd_core::llm::Message;
 use sandboxd_core::store::{RunPatch, RunState, conversation, now_ms};

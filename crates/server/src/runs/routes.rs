@@ -394,4 +394,3 @@ pub async fn run_image(
     );
     Ok(resp)
 }
-

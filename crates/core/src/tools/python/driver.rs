@@ -486,11 +486,19 @@ mod tests {
 
     #[test]
     fn figures_are_split_in_order_and_lying_sizes_drop_them() {
-        let (a, b) = (b"\x89PNG\r\n\x1a\nA".as_slice(), b"\x89PNG\r\n\x1a\nBB".as_slice());
+        let (a, b) = (
+            b"\x89PNG\r\n\x1a\nA".as_slice(),
+            b"\x89PNG\r\n\x1a\nBB".as_slice(),
+        );
         let body = Bytes::from([a, b"GIF89", b].concat());
-        let h = json!({"id": 1, "sizes": [0, 0, 0, 0, body.len()], "images": [a.len(), 5, b.len()]});
+        let h =
+            json!({"id": 1, "sizes": [0, 0, 0, 0, body.len()], "images": [a.len(), 5, b.len()]});
         let out = parse_reply(&h, body.clone()).unwrap();
-        assert_eq!(out.images, vec![a.to_vec(), b.to_vec()], "the GIF is dropped");
+        assert_eq!(
+            out.images,
+            vec![a.to_vec(), b.to_vec()],
+            "the GIF is dropped"
+        );
         let h = json!({"id": 1, "sizes": [0, 0, 0, 0, body.len()], "images": [1, 2]});
         assert!(parse_reply(&h, body.clone()).unwrap().images.is_empty());
         let many = vec![1; SHOWN_LIMIT + 1];
