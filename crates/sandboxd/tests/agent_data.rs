@@ -140,7 +140,7 @@ async fn a_data_run_reads_excel_computes_and_leaves_a_png_and_an_offline_chart()
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     let html = std::fs::read_to_string(out_dir.join("charts/sales.html")).unwrap();
     assert!(
-        html.len() > 1_000_000 && !html.contains("cdn.plot.ly"),
+        html.len() > 1_000_000 && !html.contains("src=\"https://cdn.plot.ly"),
         "plotly.js is not embedded ({} bytes)",
         html.len()
     );

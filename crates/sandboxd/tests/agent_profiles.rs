@@ -206,13 +206,20 @@ async fn each_profile_shows_the_model_its_tools_and_prompt_from_the_service() {
     assert_eq!(list["agents"][4]["user_defined"], true);
     assert_eq!(list["agents"][4]["max_steps"], 3);
 
+    // One session for all the runs (a user's sessions are bounded): each run's request is
+    // rebuilt with its own profile's system prompt and tools.
+    let mut session = None;
     for (i, (name, ..)) in PROFILES.iter().enumerate() {
-        let mut body = json!({"task": "say done", "session": {}});
+        let mut body = match &session {
+            None => json!({"task": "say done", "session": {}}),
+            Some(id) => json!({"task": "say done", "session_id": id}),
+        };
         // The general agent is also what a run without `agent` gets.
         if *name != "general" {
             body["agent"] = json!(name);
         }
         let run = start_run(&api, body).await;
+        session.get_or_insert_with(|| run["session_id"].as_str().unwrap().to_string());
         let ended = ended_run(&api, run["id"].as_str().unwrap()).await;
         assert_eq!(ended["state"], "succeeded", "{name}: {ended}");
         let reqs = llm.requests();

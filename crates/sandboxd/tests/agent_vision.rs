@@ -17,7 +17,8 @@ const DRAW: &str = "import matplotlib.pyplot as plt\n\
     plt.savefig('/workspace/line.png')\nplt.close('all')\n\
     open('/workspace/page.html', 'w').write('<html><head><title>Vision page</title></head><body><h1>Hello</h1></body></html>')";
 
-const IMAGE: &str = "data:image/png;base64,";
+/// Any image in a request (plots and view_image send PNG, screenshots JPEG).
+const IMAGE: &str = "data:image/";
 
 fn script() -> Vec<Reply> {
     vec![
