@@ -27,6 +27,8 @@ struct Cli {
 enum Command {
     /// Run the agent on a task inside a fresh sandbox.
     Run(cli::run::RunArgs),
+    /// List the agent profiles `run --agent` and `POST /v1/runs {"agent": …}` accept.
+    Agents(cli::agents::AgentsArgs),
     /// Run one command in a fresh sandbox, streaming its output; exits with its exit code.
     Exec(cli::exec::ExecArgs),
     /// An interactive persistent shell in a fresh sandbox.
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
         let ctx = cli::Ctx::load(cli.config.as_deref())?;
         match cli.command {
             Command::Run(args) => cli::run::main(ctx, args).await,
+            Command::Agents(args) => cli::agents::main(ctx, args).await,
             Command::Exec(args) => cli::exec::exec(ctx, args).await,
             Command::Shell(args) => cli::exec::shell(ctx, args).await,
             Command::Tool(args) => cli::tool::main(ctx, args).await,

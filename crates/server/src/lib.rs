@@ -215,6 +215,7 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
             Short,
             routes!(runs::routes::create_run, runs::routes::list_runs),
         ))
+        .routes(l(Short, routes!(runs::agents::list_agents)))
         .routes(l(Short, routes!(runs::routes::get_run)))
         .routes(l(Short, routes!(runs::routes::cancel_run)))
         .routes(l(Short, routes!(runs::routes::answer_run)))

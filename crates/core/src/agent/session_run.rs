@@ -91,6 +91,17 @@ impl RunRequest {
     }
 }
 
+impl RunRequest {
+    /// The run with `profile`'s tools, prompt and step limit (a step limit the request set
+    /// itself stays).
+    pub fn with_profile(mut self, profile: &super::profiles::Profile) -> Self {
+        self.shape.tools = profile.tools.clone();
+        self.shape.system_note = profile.prompt.clone();
+        self.max_steps = self.max_steps.or(profile.max_steps);
+        self
+    }
+}
+
 /// How a run differs from a plain one, for a caller that runs the session's agent on a part
 /// of a bigger job (the planning flow's steps). The default is a plain run.
 #[derive(Clone, Default)]

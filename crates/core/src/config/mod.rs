@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod agents;
 pub mod egress;
 pub mod egress_credentials;
 pub mod egress_grammar;
@@ -15,8 +16,10 @@ pub mod runtime;
 
 pub mod server;
 pub mod store;
+pub mod vision;
 
 pub use crate::research::ResearchConfig;
+pub use agents::AgentProfileConfig;
 pub use egress::{EgressConfig, EgressPolicy};
 pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
 pub use runtime::{BackendKind, KubernetesConfig, RuntimeConfig};
@@ -58,6 +61,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// The planning flow (`sandboxd run --plan`).
     pub flow: FlowConfig,
+    /// `[[agents]]`: the user's own agent profiles (agent/profiles.rs has the built-in ones).
+    pub agents: Vec<AgentProfileConfig>,
     /// Host-side web_search and web_fetch (src/research/config.rs).
     pub research: ResearchConfig,
     /// `sandboxd serve`: listener, limits of requests, retention.
@@ -295,7 +300,9 @@ pub struct LlmConfig {
     pub temperature: f32,
     pub timeout_secs: u64,
     pub max_retries: u32,
-    pub multimodal: bool,
+    /// Whether the model sees images (plots, screenshots, view_image); unset: by the model's
+    /// family (vision.rs).
+    pub multimodal: Option<bool>,
     /// Model-name prefixes that take max_completion_tokens and no temperature.
     pub reasoning_prefixes: Vec<String>,
     pub vision: Option<VisionConfig>,
@@ -314,7 +321,7 @@ impl Default for LlmConfig {
             temperature: 0.0,
             timeout_secs: 300,
             max_retries: 6,
-            multimodal: false,
+            multimodal: None,
             reasoning_prefixes: ["o1", "o3", "o4", "gpt-5"].map(String::from).to_vec(),
             vision: None,
         }
@@ -420,6 +427,14 @@ impl Config {
             })?;
         config.limits.validate()?;
         config.flow.validate()?;
+        agents::validate(&config.agents)?;
+        // The profiles' prompt files are read here first, so a bad one stops the start.
+        crate::agent::profiles::Profiles::from_config(&config).map_err(|e| {
+            ConfigError::Invalid {
+                key: "agents".into(),
+                message: e.to_string(),
+            }
+        })?;
         config.server.validate()?;
         config.store.validate()?;
         config.runtime.validate()?;

@@ -7,6 +7,7 @@
 //! built on that once. Only `docker*.rs` in this folder import bollard.
 
 mod budget;
+pub mod copy_in;
 pub mod copy_out;
 pub mod ends;
 mod exec_ops;

@@ -5,6 +5,7 @@
 //! for commands that only look or remove (never builds anything). The libraries name a fix
 //! in words any front end can act on; `hint` adds the command that does it here.
 
+pub(crate) mod agents;
 pub(crate) mod bench;
 pub(crate) mod bench_pool;
 pub(crate) mod bench_replicas;

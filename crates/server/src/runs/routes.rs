@@ -90,6 +90,7 @@ pub async fn create_run(
             "field `max_steps`: must be between 1 and 1000",
         ));
     }
+    let profile = super::agents::run_profile(&st.config, &body)?;
     if body.session_id.is_some() && body.session.is_some() {
         // 409, not 400: each field is valid alone; together they ask for two sessions.
         return Err(ApiError::new(
@@ -143,6 +144,7 @@ pub async fn create_run(
                 task: body.task,
                 mode: body.mode.unwrap_or(RunMode::Agent),
                 max_steps: body.max_steps.map(|n| n as usize),
+                profile,
                 max_active: quota.runs,
                 tokens_per_day: quota.input_tokens_per_day,
             })
