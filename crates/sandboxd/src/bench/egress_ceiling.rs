@@ -130,7 +130,7 @@ pub(crate) async fn host_run(port: u16, mib: usize, script: &str) -> Result<Host
         .map_err(|e| e.to_string())?;
     let helper_pid = pid.lock().map_err(|_| "poisoned")?.unwrap_or(0);
     let (helper0, host0) = (cpu_secs(helper_pid), cpu_secs(std::process::id()));
-    let args: Vec<String> = ["bulk", NAME, &port.to_string(), "/big", "1"]
+    let args: Vec<String> = ["bulk", NAME, &port.to_string(), "/big", "1", "1"]
         .iter()
         .map(|s| s.to_string())
         .chain([LOCAL_PORT.to_string()])
