@@ -201,7 +201,8 @@ impl ExecBackend for HostExec {
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
+            // Not killed when dropped: the proxy keeps only the pipes once the helper said
+            // hello; the helper exits when the proxy closes its stdin.
             .spawn()
             .map_err(failed)?;
         if let Ok(mut pid) = self.pid.lock() {
