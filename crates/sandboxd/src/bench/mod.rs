@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod browser;
 pub mod egress;
+pub mod egress_ceiling;
 pub mod egress_page;
 pub mod flow;
 pub mod mcp;

@@ -617,6 +617,21 @@ async fn egress(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     println!();
     println!("Added at p50: {:.2} ms.", p50 - d50);
     println!();
+    let (e, h) = (b.exec, b.host);
+    println!(
+        "Ceiling: one attached exec stream ({} MiB each way): into its stdin (a download's \
+         direction) {:.0} MiB/s ({:.0} % of straight), out of its stdout {:.0} MiB/s.",
+        sandboxd::bench::egress::CEILING_MIB,
+        e.into_mib_s,
+        100.0 * e.into_mib_s / b.mib_s_direct.max(1e-9),
+        e.out_mib_s
+    );
+    println!(
+        "The proxy with its helper on the host (no engine): {:.0} MiB/s; CPU for the download: \
+         helper {:.2} s, host side and server {:.2} s.",
+        h.mib_s, h.helper_cpu_s, h.host_cpu_s
+    );
+    println!();
     page_load(manager, n).await
 }
 
