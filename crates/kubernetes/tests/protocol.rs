@@ -28,6 +28,7 @@ fn spec(what: &str) -> SandboxSpec {
         },
         keep: false,
         replica: None,
+        image: None,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod runtime;
 
 pub mod server;
 pub mod store;
+pub mod templates;
 
 pub use crate::research::ResearchConfig;
 pub use egress::{EgressConfig, EgressPolicy};
@@ -22,6 +23,7 @@ pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
 pub use runtime::{BackendKind, KubernetesConfig, RuntimeConfig};
 pub use server::{QuotasConfig, ServerConfig};
 pub use store::{StoreConfig, StoreKind};
+pub use templates::{DEFAULT_TEMPLATE, TemplateConfig, TemplateFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -70,6 +72,8 @@ pub struct Config {
     pub egress: EgressConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
+    /// Named sandbox images beyond the default (`[[templates]]`, see templates.rs).
+    pub templates: Vec<TemplateConfig>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -423,6 +427,7 @@ impl Config {
         config.server.validate()?;
         config.store.validate()?;
         config.runtime.validate()?;
+        templates::validate(&config.templates)?;
         config.kubernetes.validate(config.runtime.kind())?;
         config
             .research
