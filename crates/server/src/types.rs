@@ -351,9 +351,10 @@ pub struct UploadQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ReadPathQuery {
-    /// An absolute path in the container, or one relative to /workspace.
+    /// An absolute path in the container, or one relative to /workspace (a `..` that goes
+    /// above `/` is refused).
     #[param(
-        pattern = "^(?!.*[^/]{256})[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+        pattern = "^(?!(.*/)?\\.\\.(/|$))(?!.*[^/]{256})[^\\u0000-\\u001f\\u007f-\\u009f]+$",
         max_length = 4096
     )]
     pub path: String,
@@ -366,7 +367,7 @@ pub struct ReadDirQuery {
     /// A directory to list: an absolute path in the container, or one relative to /workspace
     /// (default /workspace).
     #[param(
-        pattern = "^(?!.*[^/]{256})[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+        pattern = "^(?!(.*/)?\\.\\.(/|$))(?!.*[^/]{256})[^\\u0000-\\u001f\\u007f-\\u009f]*$",
         max_length = 4096
     )]
     pub path: Option<String>,
