@@ -123,6 +123,7 @@ mod tests {
             limits: Limits::default(),
             keep: true,
             replica: Some("replica-1".into()),
+            image: None,
         }
     }
 

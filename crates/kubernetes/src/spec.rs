@@ -129,7 +129,7 @@ pub fn pod(settings: &PodSettings, spec: &SandboxSpec, creator: &str) -> Pod {
     .collect();
     let container = Container {
         name: CONTAINER.to_string(),
-        image: Some(settings.image.clone()),
+        image: Some(spec.image.clone().unwrap_or_else(|| settings.image.clone())),
         image_pull_policy: Some(pull_policy(&settings.pull_policy)),
         command: Some(vec![format!("{HELPERS_DIR}/init.sh")]),
         working_dir: Some(WORKSPACE.to_string()),

@@ -45,6 +45,7 @@ fn session(id: &str, owner: &str) -> SandboxSpec {
         limits: Limits::default(),
         keep: false,
         replica: None,
+        image: None,
     }
 }
 

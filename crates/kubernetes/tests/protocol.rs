@@ -29,6 +29,7 @@ pub(crate) fn spec(what: &str) -> SandboxSpec {
         },
         keep: false,
         replica: None,
+        image: None,
     }
 }
 

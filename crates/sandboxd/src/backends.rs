@@ -5,12 +5,14 @@
 //! plus a branch here. (The Docker-only commands — `image`, `doctor`'s engine checks and the
 //! docker-CLI baselines of `bench` — talk to the Docker crate directly by design.)
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use sandboxd_core::config::{BackendKind, Config, StoreKind};
 use sandboxd_core::sandbox::Runtime;
 use sandboxd_core::sandbox::records::{FileRecords, SessionRecords};
+use sandboxd_core::sandbox::templates::Templates;
 use sandboxd_core::store::{Store, StoreRecords};
 use sandboxd_docker::image as docker_image;
 use sandboxd_docker::{self as docker, DockerRuntime};
@@ -61,6 +63,36 @@ pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc
         image,
         oci_runtime(config),
     )))
+}
+
+/// The templates sessions may name, with the images they are made from: on Docker the
+/// default image and each `[[templates]]` entry's tag (`sandboxd image build --template`
+/// builds it; a session of one not built yet fails with the image missing). Kubernetes runs
+/// only its configured image, so there only `default` is known.
+pub(crate) fn templates(config: &Config) -> anyhow::Result<Templates> {
+    if config.runtime.kind() == BackendKind::Kubernetes {
+        if !config.templates.is_empty() {
+            tracing::warn!(
+                "[[templates]] are built for the Docker backend only; Kubernetes sessions use the default image"
+            );
+        }
+        return Ok(Templates::new(
+            Some(config.kubernetes.image.clone()),
+            BTreeMap::new(),
+        ));
+    }
+    let default = if config.docker.image.is_empty() {
+        docker_image::image_tag()
+    } else {
+        config.docker.image.clone()
+    };
+    let mut named = BTreeMap::new();
+    for t in &config.templates {
+        let tag = docker_image::template_tag(t)
+            .with_context(|| format!("template {:?} in [[templates]]", t.name))?;
+        named.insert(t.name.clone(), tag);
+    }
+    Ok(Templates::new(Some(default), named))
 }
 
 /// Pods in `[kubernetes] namespace` of the cluster KUBECONFIG names (or the in-cluster

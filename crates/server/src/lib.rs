@@ -35,6 +35,7 @@ pub mod egress_proxies;
 pub mod ends;
 pub mod error;
 pub mod exec_stream;
+pub mod file_paths;
 pub mod files;
 pub mod health;
 pub mod http;

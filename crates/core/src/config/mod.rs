@@ -16,6 +16,7 @@ pub mod runtime;
 
 pub mod server;
 pub mod store;
+pub mod templates;
 pub mod vision;
 
 pub use crate::research::ResearchConfig;
@@ -25,6 +26,7 @@ pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
 pub use runtime::{BackendKind, KubernetesConfig, RuntimeConfig};
 pub use server::{QuotasConfig, ServerConfig};
 pub use store::{StoreConfig, StoreKind};
+pub use templates::{DEFAULT_TEMPLATE, TemplateConfig, TemplateFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -75,6 +77,8 @@ pub struct Config {
     pub egress: EgressConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
+    /// Named sandbox images beyond the default (`[[templates]]`, see templates.rs).
+    pub templates: Vec<TemplateConfig>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -438,6 +442,7 @@ impl Config {
         config.server.validate()?;
         config.store.validate()?;
         config.runtime.validate()?;
+        templates::validate(&config.templates)?;
         config.kubernetes.validate(config.runtime.kind())?;
         config
             .research

@@ -14,6 +14,7 @@ mod exec_ops;
 pub mod exec_sandbox;
 #[cfg(test)]
 mod exec_watch_tests;
+pub mod file_mode;
 pub mod framed;
 pub mod fs_client;
 pub mod helpers;
@@ -31,6 +32,7 @@ pub mod shell;
 mod shell_scan;
 pub mod slots;
 pub mod tar_safety;
+pub mod templates;
 pub mod transfer;
 pub mod tunnel;
 pub mod watch;

@@ -318,6 +318,7 @@ impl SessionManager {
                     keep: self.pool_scope.is_some(),
                     pooled: true,
                     replica: self.replica().map(str::to_string),
+                    image: None,
                 };
                 let revision = revision.clone();
                 self.fills.spawn(async move {

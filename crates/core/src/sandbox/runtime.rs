@@ -142,6 +142,9 @@ pub struct SandboxSpec {
     pub keep: bool,
     /// The replica making it (see `SandboxMeta::replica`).
     pub replica: Option<String>,
+    /// The image to make it from, a template's (`templates::Templates`); None: the
+    /// runtime's own image.
+    pub image: Option<String>,
 }
 
 impl SandboxSpec {
@@ -335,6 +338,7 @@ mod tests {
             limits: Limits::default(),
             keep: true,
             replica: None,
+            image: None,
         }
     }
 

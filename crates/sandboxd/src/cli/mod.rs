@@ -58,6 +58,7 @@ impl Ctx {
             .await
             .context("cannot prepare the sandbox runtime")?;
         let manager = self.manager_over(runtime);
+        manager.set_templates(crate::backends::templates(&self.config)?);
         match manager.reconcile().await {
             Ok(removed) if !removed.is_empty() => tracing::info!(
                 removed = removed.len(),
