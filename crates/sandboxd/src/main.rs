@@ -50,6 +50,9 @@ enum Command {
     /// Add, list, remove users of `serve`; rotate their keys; set their quotas.
     #[command(subcommand)]
     Users(cli::users::UsersCommand),
+    /// Bring in configuration from elsewhere (OpenManus's config.toml and mcp.json).
+    #[command(subcommand)]
+    Config(cli::config::ConfigCommand),
     /// Measure sandboxd beside the plain docker CLI; prints tables for BENCHMARKS.md.
     Bench(cli::bench::BenchArgs),
 }
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => cli::serve::main(ctx, args).await,
             Command::Users(cmd) => cli::users::main(ctx, cmd).await,
             Command::Bench(args) => cli::bench::main(ctx, args).await,
+            Command::Config(cmd) => cli::config::main(ctx, cmd).await,
         }
     });
     match result {

@@ -268,7 +268,7 @@ async fn run_with_mcp_servers_calls_a_third_party_tool() {
     std::fs::write(
         &mcp_json,
         json!({"mcpServers": {
-            "py": {"command": mcp_common::python(), "args": [mcp_common::script("server_sdk.py")], "env": {"GREETING": "hi"}},
+            "py": {"command": mcp_common::python(), "args": [mcp_common::script("server_sdk.py")], "env": {"GREETING": "hi"}, "host": true},
             "broken": {"command": "/nonexistent/server"}
         }})
         .to_string(),
@@ -290,6 +290,10 @@ async fn run_with_mcp_servers_calls_a_third_party_tool() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("MCP server broken is skipped"), "{stderr}");
+    assert!(
+        stderr.contains("MCP server py runs on the host"),
+        "{stderr}"
+    );
     let reqs = llm.requests();
     assert_eq!(reqs.len(), 2);
     let tools = reqs[0]["tools"].to_string();

@@ -11,6 +11,8 @@ pub mod egress;
 pub mod egress_credentials;
 pub mod egress_grammar;
 pub mod flow;
+pub mod openmanus;
+mod openmanus_llm;
 pub mod proxies;
 pub mod runtime;
 

@@ -50,6 +50,7 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         Err(e) => check(false, "LLM not configured".into(), &format!("{e}")),
     }
     research(&ctx.config.research, &mut check).await;
+    mcp_servers(&ctx.config.mcp.servers_file);
     match crate::backends::check_store(&ctx.config).await {
         Ok(what) => check(true, what, ""),
         Err(what) => check(
@@ -263,5 +264,44 @@ async fn probe_runtime(
         Ok(o) if o.exit_code == Some(0) => Ok(()),
         Ok(o) => Err(format!("the first command exited with {:?}", o.exit_code)),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The MCP server list of `[mcp] servers_file`: where each stdio server runs; one that runs on
+/// the host (`"host": true`) is a warning, since it has the host's network and files.
+fn mcp_servers(file: &str) {
+    use sandboxd_core::mcp::config::{self as mcp_config, Transport};
+    if file.is_empty() {
+        return;
+    }
+    let (servers, bad) = match mcp_config::load(std::path::Path::new(file)) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            println!("  warn  MCP servers: {e}");
+            return;
+        }
+    };
+    for s in servers {
+        match s.transport {
+            Transport::Stdio {
+                host: true,
+                command,
+                ..
+            } => println!(
+                "  warn  MCP server {} runs {command:?} on this host, outside the sandbox (\"host\": true)\n        → \
+                 drop \"host\" to run it inside each session's sandbox, if its code is in the image or /workspace",
+                s.name
+            ),
+            Transport::Stdio { command, .. } => println!(
+                "  info  MCP server {}: {command:?} runs inside each session's sandbox",
+                s.name
+            ),
+            Transport::Http { url, .. } | Transport::Sse { url, .. } => {
+                println!("  info  MCP server {}: {url}", s.name)
+            }
+        }
+    }
+    for e in bad {
+        println!("  warn  {e}");
     }
 }

@@ -9,6 +9,7 @@ pub(crate) mod agents;
 pub(crate) mod bench;
 pub(crate) mod bench_pool;
 pub(crate) mod bench_replicas;
+pub(crate) mod config;
 pub(crate) mod copy_out;
 pub(crate) mod doctor;
 pub(crate) mod egress;
