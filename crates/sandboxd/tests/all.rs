@@ -63,6 +63,7 @@ mod serve_egress;
 mod serve_egress_agent;
 mod serve_egress_inject;
 mod serve_egress_live;
+mod serve_egress_user_creds;
 mod serve_exec;
 mod serve_fuzz;
 mod serve_history;

@@ -31,6 +31,7 @@ pub mod attach;
 pub mod auth;
 pub mod backend;
 pub mod egress;
+pub mod egress_credentials;
 pub mod egress_proxies;
 pub mod ends;
 pub mod error;
@@ -202,6 +203,14 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
             routes!(sessions::get_session, session_end::delete_session),
         ))
         .routes(l(Short, routes!(egress::get_egress, egress::put_egress)))
+        .routes(l(Short, routes!(egress_credentials::list_credentials)))
+        .routes(l(
+            Short,
+            routes!(
+                egress_credentials::put_credential,
+                egress_credentials::delete_credential
+            ),
+        ))
         .routes(l(Short, routes!(session_end::delete_history)))
         .routes(l(Long, routes!(sessions::exec)))
         .routes(l(Long, routes!(exec_stream::exec_stream)))
