@@ -722,6 +722,26 @@ async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Res
         }
         Err(e) => println!("| event latency | not measured: {e} | | | | | p50 ≤ 5 ms |"),
     }
+    let a2a_overhead =
+        match sandboxd::bench::a2a::bench_a2a(manager.clone(), ctx.config.clone(), n.min(50)).await
+        {
+            Ok(mut a) => {
+                let (a50, _) = percentiles(&mut a.a2a);
+                let (v50, _) = percentiles(&mut a.v1);
+                row(
+                    "A2A SendMessage → completed task (1-step run, instant model)",
+                    &mut a.a2a,
+                    "POST /v1/runs + its events to the end",
+                    &mut a.v1,
+                    "≤ 5 ms added at p50",
+                );
+                format!("A2A overhead at p50: {:.3} ms", a50 - v50)
+            }
+            Err(e) => {
+                println!("| A2A SendMessage | not measured: {e} | | | | | ≤ 5 ms added at p50 |");
+                format!("A2A overhead: not measured: {e}")
+            }
+        };
     // 20 users' sessions at once: a manager whose session limits leave room for them.
     let mut load_config = ctx.config.clone();
     load_config.sessions.max = load_config.sessions.max.max(24);
@@ -751,6 +771,7 @@ async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Res
     };
     println!();
     println!("API overhead at p50: {:.3} ms", api50 - lib50);
+    println!("{a2a_overhead}");
     println!("{load_note}");
     println!();
     Ok(())

@@ -68,6 +68,7 @@ impl RunService {
         request.run_id = live.id.clone();
         request.max_steps = req.max_steps;
         request.history = History::Given(history);
+        request.mcp_servers = req.mcp_servers.clone();
         match run_in_session(ctx, &req.session, request, asker, sink, live.cancel.clone()).await {
             Ok(outcome) => {
                 self.keep_conversation(&req.session_id, &outcome.conversation)
@@ -160,8 +161,9 @@ async fn run_plan(
     sink: Arc<ServiceSink>,
     asker: Arc<ServiceAsker>,
 ) -> Ending {
-    let runner =
-        AgentStepRunner::new(ctx.clone(), req.session.clone(), asker).with_max_steps(req.max_steps);
+    let runner = AgentStepRunner::new(ctx.clone(), req.session.clone(), asker)
+        .with_max_steps(req.max_steps)
+        .with_mcp_servers(req.mcp_servers.clone());
     let flow = PlanningFlow::new(ctx.llm.clone(), Arc::new(runner), ctx.config.flow.clone());
     let mut flow_request = FlowRequest::new(
         req.task.clone(),
