@@ -26,7 +26,7 @@ from a2a.types.a2a_pb2 import (
     SubscribeToTaskRequest,
     TaskState,
 )
-from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
+from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError
 
 BASE, ALICE, BOB = sys.argv[1], sys.argv[2], sys.argv[3]
 T = TaskState
@@ -173,14 +173,15 @@ async def resubscribe():
     assert items[-1].status_update.status.state == T.TASK_STATE_COMPLETED
 
 
-async def version_03():
+async def version_03(context_id):
     msg = {"kind": "message", "messageId": str(uuid.uuid4()), "role": "user",
-           "parts": [{"kind": "text", "text": "Old client"}]}
+           "contextId": context_id, "parts": [{"kind": "text", "text": "Old client"}]}
     async with http(ALICE) as h:
         async def rpc(method, params, headers=None):
             body = {"jsonrpc": "2.0", "id": "r1", "method": method, "params": params}
             r = await h.post(f"{BASE}/a2a", json=body, headers=headers or {})
             assert r.status_code == 200, r.text
+            assert method != "message/send" or "result" in r.json(), r.text
             return r.json()
         sent = v03.SendMessageSuccessResponse.model_validate(
             await rpc("message/send", {"message": msg}))
@@ -204,9 +205,13 @@ async def isolation(alice, task):
     bob_s = await client(BOB, streaming=True)
     await raises(TaskNotFoundError, anext(bob_s.subscribe(SubscribeToTaskRequest(id=task.id))))
     assert len((await bob.list_tasks(ListTasksRequest())).tasks) == 0
-    await raises(A2AClientError, send(bob, "hijack", context_id=task.context_id))
+    e = await raises(InvalidParamsError, send(bob, "hijack", context_id=task.context_id))
+    assert "not found" in str(e), e
     mine = await alice.list_tasks(ListTasksRequest(context_id=task.context_id))
-    assert {t.context_id for t in mine.tasks} == {task.context_id} and len(mine.tasks) == 2
+    # The first task, its continuation and the 0.3 client's task share the context.
+    assert {t.context_id for t in mine.tasks} == {task.context_id} and len(mine.tasks) == 3, mine
+    everything = await alice.list_tasks(ListTasksRequest())
+    assert len(everything.tasks) == 6, [t.id for t in everything.tasks]
 
 
 async def main():
@@ -216,10 +221,10 @@ async def main():
     await streaming()
     await ask_human(alice)
     await resubscribe()
-    await version_03()
+    await version_03(first.context_id)
     await isolation(alice, first)
     polling = await client(ALICE, polling=True)
-    task = await send(polling, "Wait for the slow model")
+    task = await send(polling, "Wait for the slow model", context_id=first.context_id)
     assert task.status.state in (T.TASK_STATE_SUBMITTED, T.TASK_STATE_WORKING), task.status
     canceled = await alice.cancel_task(CancelTaskRequest(id=task.id))
     assert canceled.status.state == T.TASK_STATE_CANCELED, canceled.status

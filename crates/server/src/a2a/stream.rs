@@ -40,7 +40,9 @@ fn settled(s: RunState) -> bool {
 
 /// Waits until the run ends or asks for input; its row then.
 pub(super) async fn settle(ctx: &Ctx<'_>, row: &RunRow) -> Result<RunRow, RpcError> {
-    if settled(row.state) {
+    // Just answered, a run is still `waiting_for_human` (its question gone) until it goes on.
+    let asks = row.state == RunState::WaitingForHuman && row.question.is_some();
+    if row.state.is_terminal() || asks {
         return Ok(row.clone());
     }
     // A long request, as a run's events with follow=false: revoked with the key, not counted.
