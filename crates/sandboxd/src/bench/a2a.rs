@@ -49,8 +49,8 @@ async fn interleaved(
     };
     // One of each first, unmeasured: the session's first run warms its tools.
     for i in 0..=samples {
-        let a = a2a_run(server, model, key, &session, &format!("a{i}")).await;
-        let v = v1_run(server, model, key, &session, &format!("v{i}")).await;
+        let a = timed_run(server, model, key, (&session, &format!("a{i}")), true).await;
+        let v = timed_run(server, model, key, (&session, &format!("v{i}")), false).await;
         let (a, v) = match (a, v) {
             (Ok(a), Ok(v)) => (a, v),
             (Err(e), _) | (_, Err(e)) => {
@@ -67,19 +67,35 @@ async fn interleaved(
     Ok(out)
 }
 
-/// SendMessage in the session's context until the task is completed.
-async fn a2a_run(
+/// One run through A2A (`a2a`) or /v1, from the request to knowing it completed.
+async fn timed_run(
     server: &BenchServer,
     model: &Model,
     key: &str,
+    (session, tag): (&str, &str),
+    a2a: bool,
+) -> anyhow::Result<Duration> {
+    // Released before the request: the model answers at once, on both paths.
+    model.gate(tag).notify_one();
+    let t = Instant::now();
+    if a2a {
+        send_message(server, key, session, tag).await?;
+    } else {
+        run_and_follow(server, key, session, tag).await?;
+    }
+    Ok(t.elapsed())
+}
+
+/// SendMessage in the session's context, until the task is completed.
+async fn send_message(
+    server: &BenchServer,
+    key: &str,
     session: &str,
     tag: &str,
-) -> anyhow::Result<Duration> {
-    model.gate(tag).notify_one();
+) -> anyhow::Result<()> {
     let body = json!({"jsonrpc": "2.0", "id": tag, "method": "SendMessage", "params": {
         "message": {"messageId": tag, "role": "ROLE_USER", "contextId": session,
             "parts": [{"text": format!("bench tag={tag} steps=1")}]}}});
-    let t = Instant::now();
     let r: Value = server
         .http
         .post(format!("{}/a2a", server.base))
@@ -91,34 +107,20 @@ async fn a2a_run(
         .error_for_status()?
         .json()
         .await?;
-    let took = t.elapsed();
     let state = &r["result"]["task"]["status"]["state"];
     anyhow::ensure!(state == "TASK_STATE_COMPLETED", "SendMessage answered {r}");
-    Ok(took)
+    Ok(())
 }
 
 /// POST /v1/runs in the session, then its events until the stream ends (the run ended).
-async fn v1_run(
+async fn run_and_follow(
     server: &BenchServer,
-    model: &Model,
     key: &str,
     session: &str,
     tag: &str,
-) -> anyhow::Result<Duration> {
-    model.gate(tag).notify_one();
+) -> anyhow::Result<()> {
     let body = json!({"task": format!("bench tag={tag} steps=1"), "session_id": session});
-    let t = Instant::now();
-    let run: Value = server
-        .http
-        .post(format!("{}/v1/runs", server.base))
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let id = run["id"].as_str().unwrap_or_default();
+    let id = super::ui::start_run(&server.http, &server.base, key, body).await?;
     let resp = server
         .http
         .get(format!("{}/v1/runs/{id}/events", server.base))
@@ -131,8 +133,7 @@ async fn v1_run(
     while let Some(e) = reader.next().await? {
         last = Some(e);
     }
-    let took = t.elapsed();
     let state = last.map(|e| e.data["state"].clone()).unwrap_or_default();
     anyhow::ensure!(state == "succeeded", "the /v1 run ended {state}");
-    Ok(took)
+    Ok(())
 }
