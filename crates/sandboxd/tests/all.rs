@@ -55,6 +55,7 @@ mod runtime_files;
 mod runtime_hardening;
 mod runtime_lifecycle;
 mod runtime_shell;
+mod serve_a2a;
 mod serve_api;
 mod serve_bench;
 mod serve_connections;

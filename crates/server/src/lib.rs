@@ -25,6 +25,7 @@
 //! sandbox and removes the rest of the scope (reconcile.rs). The pool fills while serving
 //! and is closed, its warm sandboxes removed, on shutdown.
 
+pub mod a2a;
 pub mod accounts;
 pub mod admin;
 pub mod attach;
@@ -66,7 +67,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::{from_fn, from_fn_with_state};
-use axum::routing::{any, get};
+use axum::routing::{any, get, post};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use utoipa::OpenApi as _;
@@ -258,11 +259,18 @@ pub fn app(state: Shared) -> Router {
     let (api, _) = routes(&state.config)
         .route("/v1/openapi.json", get(openapi_json))
         .route("/mcp", any(mcp::handle))
+        .route(
+            a2a::card::PATH,
+            post(a2a::handle).layer(DefaultBodyLimit::max(
+                state.config.server.body_limit_kb.saturating_mul(1024) as usize,
+            )),
+        )
         .split_for_parts();
     let api = api.route_layer(auth);
     let (health, _) = health_routes().split_for_parts();
     let mut app = api
         .merge(health)
+        .route(a2a::card::WELL_KNOWN, get(a2a::agent_card))
         .merge(ui::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)

@@ -375,6 +375,17 @@ pub struct McpConfig {
     pub token: String,
     /// Client config (mcpServers) used by `sandboxd run`; empty means none.
     pub servers_file: String,
+    /// The users of `sandboxd serve` (names, or "*" for everyone) whose runs get the servers
+    /// of `servers_file` too; empty: no service run gets them.
+    pub service_users: Vec<String>,
+}
+
+impl McpConfig {
+    /// The admin's MCP servers file for a service run of user `name`, if they are allowed it.
+    pub fn servers_for(&self, name: &str) -> Option<PathBuf> {
+        let allowed = self.service_users.iter().any(|u| u == "*" || u == name);
+        (allowed && !self.servers_file.is_empty()).then(|| PathBuf::from(&self.servers_file))
+    }
 }
 
 impl Config {

@@ -72,6 +72,7 @@ impl RunService {
         if let Some(profile) = &req.profile {
             request = request.with_profile(profile);
         }
+        request.mcp_servers = req.mcp_servers.clone();
         match run_in_session(ctx, &req.session, request, asker, sink, live.cancel.clone()).await {
             Ok(outcome) => {
                 self.keep_conversation(&req.session_id, &outcome.conversation)
@@ -164,8 +165,9 @@ async fn run_plan(
     sink: Arc<ServiceSink>,
     asker: Arc<ServiceAsker>,
 ) -> Ending {
-    let runner =
-        AgentStepRunner::new(ctx.clone(), req.session.clone(), asker).with_max_steps(req.max_steps);
+    let runner = AgentStepRunner::new(ctx.clone(), req.session.clone(), asker)
+        .with_max_steps(req.max_steps)
+        .with_mcp_servers(req.mcp_servers.clone());
     let flow = PlanningFlow::new(ctx.llm.clone(), Arc::new(runner), flow_config(&ctx.config));
     let mut flow_request = FlowRequest::new(
         req.task.clone(),

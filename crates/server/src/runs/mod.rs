@@ -216,6 +216,8 @@ pub struct StartRun {
     pub max_active: u32,
     /// The owner's daily input-token quota; 0 is none.
     pub tokens_per_day: u64,
+    /// The admin's MCP servers (an mcp.json) whose tools the run gets, if the owner may.
+    pub mcp_servers: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
