@@ -161,7 +161,8 @@ async fn a_serve_run_gets_the_admins_mcp_tools_only_for_allowed_users() {
     let server = crate::mcp_common::script("server_sdk.py");
     std::fs::write(
         &mcp_json,
-        json!({"mcpServers": {"team": {"command": py, "args": [server]}}}).to_string(),
+        json!({"mcpServers": {"team": {"command": py, "args": [server], "host": true}}})
+            .to_string(),
     )
     .unwrap();
     let llm = FakeLlm::start(vec![
