@@ -91,6 +91,7 @@ pub(crate) fn probe_spec() -> SandboxSpec {
     let suffix = &hex::encode(Sha256::digest(seed.as_bytes()))[..12];
     SandboxSpec {
         session_id: format!("probe{suffix}"),
+        image: None,
         owner: None,
         pooled: false,
         limits: Limits {

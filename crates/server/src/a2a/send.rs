@@ -128,6 +128,7 @@ async fn begin(ctx: &Ctx<'_>, m: Incoming) -> Result<RunRow, RpcError> {
             session: None,
             max_steps: None,
             mode: Some(m.mode),
+            agent: None,
         };
         return start_run(ctx.st, ctx.caller, body)
             .await
