@@ -234,7 +234,7 @@ async fn each_profile_shows_the_model_its_tools_and_prompt_from_the_service() {
             Some(json!({"task": "x", "agent": "nope"})),
         )
         .await;
-    assert_eq!(s, 400, "{e}");
+    assert_eq!(s, 404, "{e}");
     let message = e.to_string();
     assert!(
         message.contains("field `agent`")

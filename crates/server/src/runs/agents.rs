@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::RunMode;
 use super::types::CreateRun;
 use crate::AppState;
-use crate::error::{ApiError, ErrorResponses};
+use crate::error::{ApiError, ErrorCode, ErrorResponses};
 use sandboxd_core::agent::profiles::{Profile, Profiles};
 use sandboxd_core::config::Config;
 
@@ -55,7 +55,9 @@ pub async fn list_agents(State(st): State<Arc<AppState>>) -> Result<Json<AgentLi
 }
 
 /// The agent profile a run asks for: None for a plan (its steps name profiles by tag), else
-/// the named one or the default; an unknown name is a 400 listing the known ones.
+/// the named one or the default. An unknown name is a 404 listing the known ones (a name
+/// that refers to nothing, like an unknown template; the document cannot list the profiles,
+/// which come from the config, so a 400 would refuse input the schema allows).
 pub(super) fn run_profile(config: &Config, body: &CreateRun) -> Result<Option<Profile>, ApiError> {
     if body.mode == Some(RunMode::Plan) {
         return match body.agent {
@@ -68,6 +70,9 @@ pub(super) fn run_profile(config: &Config, body: &CreateRun) -> Result<Option<Pr
     let profiles = Profiles::from_config(config).map_err(|e| ApiError::internal(e.to_string()))?;
     match profiles.get(body.agent.as_deref()) {
         Ok(p) => Ok(Some(p.clone())),
-        Err(e) => Err(ApiError::invalid(format!("field `agent`: {e}"))),
+        Err(e) => Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("field `agent`: {e}"),
+        )),
     }
 }
