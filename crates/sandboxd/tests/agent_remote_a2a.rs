@@ -43,7 +43,11 @@ async fn start_agent() -> (tokio::process::Child, u16) {
 
 fn agents_config(port: u16, allow_loopback: bool) -> String {
     // The agent's port is always allowed, so what refuses it without `allow` is the loopback rule.
-    let allow = if allow_loopback { "\"127.0.0.1/32\"" } else { "" };
+    let allow = if allow_loopback {
+        "\"127.0.0.1/32\""
+    } else {
+        ""
+    };
     let research = format!("[research]\nallow = [{allow}]\nports = [{port}]\n\n");
     format!(
         "{research}[[remote_agents]]\nname = \"weather\"\nurl = \"http://127.0.0.1:{port}\"\nbearer_env = \"WEATHER_TOKEN\"\n\n\
