@@ -4,8 +4,9 @@
 //! and the binary (sandboxd) is the one place that picks a runtime and a store.
 //!
 //! Floors, lowest first: `events`, `config`, `datadir` (the ground floor: serde and std only);
-//! `llm`, `research`, `sandbox`, `store`; `egress`, `tools`; `mcp`; `agent`; `flow`.
+//! `llm`, `research`, `sandbox`, `store`; `egress`, `tools`; `mcp`, `a2a`; `agent`; `flow`.
 
+pub mod a2a;
 pub mod agent;
 pub mod config;
 pub mod datadir;

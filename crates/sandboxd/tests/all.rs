@@ -20,6 +20,7 @@ mod agent_data;
 mod agent_llm;
 mod agent_loop;
 mod agent_profiles;
+mod agent_remote_a2a;
 mod agent_research;
 mod agent_session;
 mod agent_vision;

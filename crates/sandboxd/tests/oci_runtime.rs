@@ -34,12 +34,11 @@ async fn an_unregistered_oci_runtime_is_a_clear_error_and_leaves_nothing() {
         SessionsConfig::default(),
         std::sync::Arc::new(sandboxd_core::sandbox::records::NoRecords),
     );
+    // An owner of this test alone: other tests' sessions pass through the created state while
+    // they start (for longer under load), so only this owner's containers are looked for.
+    let owner = Owner::new("oci-unregistered").unwrap();
     let err = m
-        .create(
-            &support::owner(),
-            &LimitRequest::default(),
-            CreateOptions::default(),
-        )
+        .create(&owner, &LimitRequest::default(), CreateOptions::default())
         .await
         .err()
         .expect("an unregistered runtime cannot create");
@@ -51,15 +50,13 @@ async fn an_unregistered_oci_runtime_is_a_clear_error_and_leaves_nothing() {
         "{text}"
     );
     assert!(m.live().await.is_empty());
-    // Other tests' sessions of owner "test" may run now; none may be in the created state.
+    // No container of this owner is left, in any state.
     let created = std::process::Command::new("docker")
         .args([
             "ps",
             "-aq",
             "--filter",
-            "status=created",
-            "--filter",
-            &format!("label=sandboxd.owner={}", support::owner()),
+            &format!("label=sandboxd.owner={owner}"),
         ])
         .output()
         .unwrap();

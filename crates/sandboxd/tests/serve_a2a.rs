@@ -95,4 +95,15 @@ async fn the_official_a2a_sdk_drives_runs_through_every_method() {
         .map(|r| r.to_string())
         .find(|r| r.contains("Which color?") && r.contains("blue"));
     assert!(asked.is_some(), "the model never saw the answer `blue`");
+    // The 0.3 message named the coding profile (a skill of the card): its run had that prompt.
+    let old = llm
+        .requests()
+        .into_iter()
+        .find(|r| r.to_string().contains("Old client"))
+        .expect("the 0.3 client's run");
+    let system = old["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        system.contains("You are working as a software engineer"),
+        "{system}"
+    );
 }

@@ -215,3 +215,62 @@ async fn a_serve_run_gets_the_admins_mcp_tools_only_for_allowed_users() {
         "ben's run has the session's own tools"
     );
 }
+
+/// A stdio server of the admin's list without `"host": true` runs inside the sandbox of the
+/// service run's session: its process is in the session's cgroup, as the sandbox user, with no
+/// network and no view of a host path.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_serve_runs_stdio_mcp_server_runs_inside_its_sessions_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let mcp_json = dir.path().join("mcp.json");
+    let script = std::fs::read_to_string(crate::mcp_common::script("probe_server.py")).unwrap();
+    let host_path = dir.path().display().to_string();
+    std::fs::write(
+        &mcp_json,
+        json!({"mcpServers": {"probe": {"command": "python3", "args": ["-c", script, host_path]}}})
+            .to_string(),
+    )
+    .unwrap();
+    let llm = FakeLlm::start(vec![
+        Reply::tool("mcp_probe_whereami", json!({})),
+        Reply::tool("bash", json!({"command": "cat /proc/self/cgroup"})),
+        Reply::tool("terminate", json!({"status": "success", "answer": "done"})),
+    ])
+    .await;
+    let mcp = format!(
+        "[mcp]\nservers_file = {:?}\nservice_users = [\"*\"]\n",
+        mcp_json.display().to_string()
+    );
+    let env = Env::new(&format!("{}{SERVER}{mcp}", llm_config(&llm))).await;
+    let key = env.add_user("ann", &[]);
+    let serve = env.start();
+    let api = Api::new(&serve, &key);
+
+    let run = start_run(
+        &api,
+        json!({"task": "where does the probe run?", "session": {}}),
+    )
+    .await;
+    let evs = follow_all(&api, run["id"].as_str().unwrap()).await;
+    assert_eq!(evs.last().unwrap().data["state"], "succeeded", "{evs:?}");
+    let output = |name: &str| {
+        let e = evs
+            .iter()
+            .find(|e| e.event == "tool_result" && e.data["name"] == name)
+            .unwrap_or_else(|| panic!("no result of {name}: {evs:?}"));
+        assert_eq!(e.data["is_error"], false, "{}", e.data);
+        e.data["output"].as_str().unwrap().trim().to_string()
+    };
+    let seen: serde_json::Value = serde_json::from_str(&output("mcp_probe_whereami")).unwrap();
+    assert_eq!(
+        seen["cgroup"],
+        output("bash").as_str(),
+        "in the session's cgroup"
+    );
+    assert_eq!(seen["uid"], 1000, "{seen}");
+    assert!(
+        seen["net"].as_str().unwrap().starts_with("refused"),
+        "{seen}"
+    );
+    assert_eq!(seen["host_path_exists"], false, "{seen}");
+}

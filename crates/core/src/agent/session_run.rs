@@ -193,9 +193,10 @@ pub async fn run_in_session(
     request.shape.apply(&mut registry);
     let Mcp {
         hook: mcp,
-        notices,
+        mut notices,
         mut system_notes,
     } = connect_mcp(request.mcp_servers.as_ref(), session, &mut registry).await?;
+    notices.extend(connect_remote_agents(&ctx.config, session, &mut registry).await);
 
     let conversation = session.slots.get_or_insert_with(Conversation::default);
     let earlier = match request.history {
@@ -291,6 +292,28 @@ async fn connect_mcp(
         notices,
         system_notes,
     })
+}
+
+/// Registers the tools of the remote A2A agents the session's owner may use; the notices say
+/// which were skipped and why, and which tools were added.
+async fn connect_remote_agents(
+    config: &Config,
+    session: &Session,
+    registry: &mut ToolRegistry,
+) -> Vec<String> {
+    let (tools, mut notices) = crate::a2a::connect(config, session.owner.as_str()).await;
+    let mut added = Vec::new();
+    for tool in tools {
+        let name = tool.name().to_string();
+        match registry.register(tool) {
+            Ok(()) => added.push(name),
+            Err(e) => notices.push(format!("remote A2A agent tool {name} is skipped: {e}")),
+        }
+    }
+    if !added.is_empty() {
+        notices.push(format!("remote A2A agent tools: {}", added.join(", ")));
+    }
+    notices
 }
 
 /// The agent's settings from the config, with the request's step limit and its shape's

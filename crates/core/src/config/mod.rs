@@ -14,6 +14,7 @@ pub mod flow;
 pub mod openmanus;
 mod openmanus_llm;
 pub mod proxies;
+pub mod remote_agents;
 pub mod runtime;
 
 pub mod server;
@@ -25,6 +26,7 @@ pub use crate::research::ResearchConfig;
 pub use agents::AgentProfileConfig;
 pub use egress::{EgressConfig, EgressPolicy};
 pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
+pub use remote_agents::RemoteAgentConfig;
 pub use runtime::{BackendKind, KubernetesConfig, RuntimeConfig};
 pub use server::{QuotasConfig, ServerConfig};
 pub use store::{StoreConfig, StoreKind};
@@ -67,6 +69,8 @@ pub struct Config {
     pub flow: FlowConfig,
     /// `[[agents]]`: the user's own agent profiles (agent/profiles.rs has the built-in ones).
     pub agents: Vec<AgentProfileConfig>,
+    /// `[[remote_agents]]`: A2A agents a run may call as tools (remote_agents.rs).
+    pub remote_agents: Vec<RemoteAgentConfig>,
     /// Host-side web_search and web_fetch (src/research/config.rs).
     pub research: ResearchConfig,
     /// `sandboxd serve`: listener, limits of requests, retention.
@@ -445,6 +449,7 @@ impl Config {
         config.limits.validate()?;
         config.flow.validate()?;
         agents::validate(&config.agents)?;
+        remote_agents::validate(&config.remote_agents)?;
         // The profiles' prompt files are read here first, so a bad one stops the start.
         crate::agent::profiles::Profiles::from_config(&config).map_err(|e| {
             ConfigError::Invalid {

@@ -578,7 +578,7 @@ async fn browser(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
 
 async fn mcp(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Result<()> {
     section("MCP (streamable HTTP on loopback, the session's sandbox already up)");
-    let b = sandboxd::bench::mcp::bench_mcp_call(manager, ctx.config.clone(), n)
+    let b = sandboxd::bench::mcp::bench_mcp_call(manager.clone(), ctx.config.clone(), n)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut samples = b.samples.clone();
@@ -589,8 +589,28 @@ async fn mcp(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Resul
         &mut [],
         "p50 ≤ 3 ms",
     );
+    let python = host_python();
+    let b = sandboxd::bench::mcp_stdio::bench_stdio(manager, &python, n)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (mut inside, mut host) = (b.sandbox, b.host);
+    row(
+        "MCP stdio server tools/call: inside the sandbox",
+        &mut inside,
+        &format!("the same server on the host ({python})"),
+        &mut host,
+        "≤ 2 ms added at p50",
+    );
+    let added = percentiles(&mut inside).0 - percentiles(&mut host).0;
+    println!();
+    println!("Added by the sandbox at p50: {added:.3} ms (target ≤ 2 ms).");
     println!();
     Ok(())
+}
+
+/// The host's Python for the host side of the stdio comparison: python3 on PATH.
+fn host_python() -> String {
+    std::env::var("SANDBOXD_BENCH_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 /// The egress proxy's overhead (issue 24): a new connection's first byte and one download,

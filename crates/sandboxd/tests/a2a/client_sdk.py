@@ -88,7 +88,8 @@ async def card_and_auth():
         assert card["capabilities"]["streaming"] is True, card
         scheme = card["securitySchemes"]["sandboxd_api_key"]["httpAuthSecurityScheme"]
         assert scheme["scheme"].lower() == "bearer", card
-        assert [s["id"] for s in card["skills"]] == ["agent", "plan"], card
+        # A skill per agent profile, then the planning flow.
+        assert [s["id"] for s in card["skills"]] == ["general", "coding", "browser", "data", "plan"], card
         body = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
         r = await h.post(f"{BASE}/a2a", json=body, headers={"A2A-Version": "1.0"})
         assert r.status_code == 401, (r.status_code, r.text)
@@ -175,8 +176,16 @@ async def resubscribe():
 
 async def version_03(context_id):
     msg = {"kind": "message", "messageId": str(uuid.uuid4()), "role": "user",
-           "contextId": context_id, "parts": [{"kind": "text", "text": "Old client"}]}
+           "contextId": context_id, "parts": [{"kind": "text", "text": "Old client"}],
+           "metadata": {"agent": "coding"}}
     async with http(ALICE) as h:
+        # An agent profile the server does not have: refused, listing the ones it has.
+        nope = {**msg, "metadata": {"agent": "nope"}}
+        body = {"jsonrpc": "2.0", "id": "r0", "method": "message/send", "params": {"message": nope}}
+        r = (await h.post(f"{BASE}/a2a", json=body)).json()
+        assert r["error"]["code"] == -32602, r
+        assert "general, coding, browser, data" in r["error"]["message"], r
+
         async def rpc(method, params, headers=None):
             body = {"jsonrpc": "2.0", "id": "r1", "method": method, "params": params}
             r = await h.post(f"{BASE}/a2a", json=body, headers=headers or {})

@@ -9,6 +9,8 @@
 use axum::http::HeaderMap;
 use serde_json::{Value, json};
 
+use sandboxd_core::agent::profiles::Profile;
+
 /// Where the JSON-RPC endpoint is.
 pub const PATH: &str = "/a2a";
 pub const WELL_KNOWN: &str = "/.well-known/agent-card.json";
@@ -40,8 +42,8 @@ fn skill(id: &str, name: &str, description: &str, tags: &[&str], example: &str) 
     })
 }
 
-/// The card, with the endpoint at `base`.
-pub fn card(base: &str) -> Value {
+/// The card, with the endpoint at `base` and a skill per agent profile.
+pub fn card(base: &str, profiles: &[Profile]) -> Value {
     let url = format!("{base}{PATH}");
     json!({
         "name": "sandboxd",
@@ -62,19 +64,48 @@ pub fn card(base: &str) -> Value {
         "securityRequirements": [{"schemes": {"sandboxd_api_key": {"list": []}}}],
         "defaultInputModes": ["text/plain"],
         "defaultOutputModes": ["text/plain", "application/octet-stream"],
-        "skills": [
-            skill("agent", "Agent run",
-                "Does the task with tools in the sandbox (Python, shell, browser, files, web research) and answers; the files it leaves in /workspace are artifacts. It may ask you a question (input-required): your next message in the task answers it.",
-                &["code", "browser", "research", "files"],
-                "Plot sin(x) for x in [0, 2pi] and save it as /workspace/sin.png"),
-            skill("plan", "Planning flow",
-                "Plans the task in steps and runs each step as an agent run (send metadata {\"mode\": \"plan\"} with the message).",
-                &["planning", "multi-step"],
-                "Research three Rust HTTP servers and write a comparison to /workspace/report.md"),
-        ],
+        "skills": skills(profiles),
         // 0.3 readers take these; v1.0 readers take supportedInterfaces.
         "url": url,
         "protocolVersion": "0.3.0",
         "preferredTransport": "JSONRPC",
     })
+}
+
+/// One skill per agent profile (a message picks one with `metadata.agent`; without it, the
+/// default profile), and the planning flow.
+fn skills(profiles: &[Profile]) -> Vec<Value> {
+    let mut out: Vec<Value> = profiles
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let how = if i == 0 {
+                format!("The default; or send metadata {{\"agent\": \"{}\"}} with the message.", p.name)
+            } else {
+                format!("Send metadata {{\"agent\": \"{}\"}} with the message.", p.name)
+            };
+            let tags: Vec<&str> = match &p.tools {
+                Some(tools) => tools.iter().map(String::as_str).filter(|t| *t != "terminate").collect(),
+                None => vec!["code", "browser", "research", "files"],
+            };
+            skill(
+                &p.name,
+                &format!("{} agent", p.name),
+                &format!(
+                    "{} It works in the sandbox and answers; the files it leaves in /workspace are artifacts, and it may ask you a question (input-required) that your next message in the task answers. {how}",
+                    p.description.trim_end_matches('.').to_string() + "."
+                ),
+                &tags,
+                "Plot sin(x) for x in [0, 2pi] and save it as /workspace/sin.png",
+            )
+        })
+        .collect();
+    out.push(skill(
+        "plan",
+        "Planning flow",
+        "Plans the task in steps and runs each step as an agent run (send metadata {\"mode\": \"plan\"} with the message).",
+        &["planning", "multi-step"],
+        "Research three Rust HTTP servers and write a comparison to /workspace/report.md",
+    ));
+    out
 }

@@ -39,6 +39,7 @@ use self::wire::Dialect;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorCode};
+use sandboxd_core::agent::profiles::Profiles;
 
 /// A2A's JSON-RPC error codes (spec §5.4 and JSON-RPC 2.0).
 pub mod code {
@@ -170,9 +171,19 @@ pub fn err(id: &Value, e: RpcError) -> Response {
     Json(e.body(id)).into_response()
 }
 
+/// The card with the server's agent profiles as skills.
+fn card_of(st: &AppState, base: &str) -> Result<Value, RpcError> {
+    let profiles = Profiles::from_config(&st.config)
+        .map_err(|e| RpcError::new(code::INTERNAL, e.to_string()))?;
+    Ok(card::card(base, profiles.list()))
+}
+
 /// The public card.
-pub async fn agent_card(headers: HeaderMap) -> Response {
-    Json(card::card(&card::base_url(&headers))).into_response()
+pub async fn agent_card(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    match card_of(&st, &card::base_url(&headers)) {
+        Ok(c) => Json(c).into_response(),
+        Err(e) => ApiError::internal(e.message).into_response(),
+    }
 }
 
 /// `POST /a2a`: one JSON-RPC call (batches are not part of A2A).
@@ -219,7 +230,7 @@ pub async fn handle(
         }
         (Dialect::V1, "GetExtendedAgentCard")
         | (Dialect::V03, "agent/getAuthenticatedExtendedCard") => {
-            Ok(ok(&call.id, card::card(&base)))
+            card_of(&st, &base).map(|c| ok(&call.id, c))
         }
         (_, m) if m.contains("ushNotificationConfig") => Err(RpcError::new(
             code::PUSH_NOT_SUPPORTED,

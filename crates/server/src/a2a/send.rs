@@ -17,6 +17,7 @@ use crate::error::ErrorCode;
 use crate::runs::RunMode;
 use crate::runs::routes::{answer, owned_run, start_run};
 use crate::runs::types::CreateRun;
+use sandboxd_core::agent::profiles::Profiles;
 use sandboxd_core::sandbox::{FileKind, WORKSPACE};
 use sandboxd_core::store::{RunQuery, RunRow, RunState};
 
@@ -39,6 +40,8 @@ struct Incoming {
     task_id: Option<String>,
     context_id: Option<String>,
     mode: RunMode,
+    /// The agent profile (`metadata.agent`, one of the card's skills); None: the default.
+    agent: Option<String>,
     return_immediately: bool,
 }
 
@@ -78,7 +81,8 @@ fn parse_message(d: Dialect, params: &Value) -> Result<Incoming, RpcError> {
             "the message has no text; say what the agent should do",
         ));
     }
-    let mode = [msg.get("metadata"), params.get("metadata")]
+    let metadata = [msg.get("metadata"), params.get("metadata")];
+    let mode = metadata
         .into_iter()
         .flatten()
         .find_map(|m| m.get("mode"))
@@ -91,6 +95,17 @@ fn parse_message(d: Dialect, params: &Value) -> Result<Incoming, RpcError> {
         })
         .transpose()?
         .unwrap_or(RunMode::Agent);
+    let agent = metadata
+        .into_iter()
+        .flatten()
+        .find_map(|m| m.get("agent"))
+        .map(|a| match a.as_str() {
+            Some(name) if !name.is_empty() => Ok(name.to_string()),
+            _ => Err(RpcError::params(
+                "`metadata.agent` must name an agent profile (a skill of the card)",
+            )),
+        })
+        .transpose()?;
     let conf = params.get("configuration");
     let return_immediately = match d {
         Dialect::V1 => conf.and_then(|c| c.get("returnImmediately")) == Some(&json!(true)),
@@ -101,8 +116,20 @@ fn parse_message(d: Dialect, params: &Value) -> Result<Incoming, RpcError> {
         task_id: opt_str(msg, "taskId")?,
         context_id: opt_str(msg, "contextId")?,
         mode,
+        agent,
         return_immediately,
     })
+}
+
+/// Refuses an agent profile the server does not have, listing the ones it has (the card's
+/// skills), before any run or session is made.
+fn check_profile(ctx: &Ctx<'_>, name: &str) -> Result<(), RpcError> {
+    let profiles = Profiles::from_config(&ctx.st.config)
+        .map_err(|e| RpcError::new(code::INTERNAL, e.to_string()))?;
+    match profiles.get(Some(name)) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(RpcError::params(format!("`metadata.agent`: {e}"))),
+    }
 }
 
 /// The caller's run, or `TaskNotFoundError` (another user's run is not found, as in /v1).
@@ -122,13 +149,16 @@ async fn reread(ctx: &Ctx<'_>, id: &str) -> Result<RunRow, RpcError> {
 /// Starts the message's run, or hands it to the task's pending question; the run's row.
 async fn begin(ctx: &Ctx<'_>, m: Incoming) -> Result<RunRow, RpcError> {
     let Some(task_id) = m.task_id else {
+        if let Some(name) = &m.agent {
+            check_profile(ctx, name)?;
+        }
         let body = CreateRun {
             task: m.text,
             session_id: m.context_id.clone(),
             session: None,
             max_steps: None,
             mode: Some(m.mode),
-            agent: None,
+            agent: m.agent,
         };
         return start_run(ctx.st, ctx.caller, body)
             .await
