@@ -157,6 +157,11 @@ pub async fn exec_stream(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Response, ApiError> {
+    if !body.env.is_empty() || body.cwd.is_some() {
+        return Err(ApiError::invalid(
+            "fields `env` and `cwd` are not taken by the streamed exec (it runs in the persistent shell): start a process with them (POST /v1/sessions/{id}/processes) and stream it",
+        ));
+    }
     let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
     // Counted against the caller's streams and ended when their credential is revoked; taken
     // before the command starts, so a refusal is an HTTP status.
@@ -243,7 +248,8 @@ struct Feed {
     guard: StreamGuard,
 }
 
-fn json_event(kind: &str, data: &impl Serialize) -> Event {
+/// One SSE event of a JSON payload (also the process streams', processes.rs).
+pub(crate) fn json_event(kind: &str, data: &impl Serialize) -> Event {
     Event::default()
         .event(kind)
         .json_data(data)

@@ -361,6 +361,11 @@ pub async fn exec(
         .open(&caller, Kind::Request, &CancellationToken::new())?;
     // A command may run longer than the session's idle timeout.
     let _in_use = live.hold();
+    if !body.env.is_empty() || body.cwd.is_some() {
+        return crate::processes::own_process(&st, &live, &body, opts, &guard)
+            .await
+            .map(Json);
+    }
     let out = tokio::select! {
         out = live.sandbox.shell(&body.command, opts) => out,
         _ = guard.token().cancelled() => {

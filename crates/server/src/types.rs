@@ -261,6 +261,15 @@ pub struct ExecBody {
     #[schema(minimum = 1, maximum = 86400)]
     #[serde(default, deserialize_with = "integral")]
     pub timeout: Option<u64>,
+    /// Environment variables for this command alone (names `[A-Za-z_][A-Za-z0-9_]*`, at most
+    /// 128). With `env` or `cwd` the command runs as its own process, not in the persistent
+    /// shell: what it exports or `cd`s does not persist, and the values never appear in the
+    /// command text. Not taken by the streamed exec.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The command's working directory (its own process, as for `env`).
+    #[serde(default)]
+    pub cwd: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

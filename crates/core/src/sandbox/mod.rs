@@ -22,6 +22,8 @@ pub mod manager;
 mod output;
 mod owner;
 mod pool;
+mod process_feed;
+pub mod processes;
 pub mod proxy_env;
 pub mod records;
 pub mod runtime;

@@ -32,7 +32,7 @@ const IMAGE_LIMIT: usize = crate::tools::MAX_IMAGE_BYTES;
 
 /// What one cell produced.
 #[derive(Debug, Default)]
-pub(super) struct CellOutput {
+pub struct CellOutput {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub stdout_cut: bool,
