@@ -9,6 +9,7 @@
 
 pub mod extract;
 pub mod memory;
+pub mod profiles;
 pub mod prompts;
 mod react;
 pub mod session_run;

@@ -1,10 +1,10 @@
 //! A cell's output as the model reads it: stdout, then stderr, the final expression's repr,
-//! notes on cut output and saved figures; the traceback as the error; the first figure as
-//! an image.
+//! notes on cut output and saved figures; the traceback as the error; the figures as images,
+//! in order.
 
 use base64::Engine as _;
 
-use super::driver::CellOutput;
+use super::driver::{CellOutput, SHOWN_LIMIT};
 use crate::tools::ToolResult;
 
 /// Formats a cell's output for the model; `timed_out` explains an interrupted cell.
@@ -32,10 +32,13 @@ pub(super) fn observe(out: CellOutput, timed_out: Option<String>) -> ToolResult 
         );
     }
     if !out.figures.is_empty() {
-        let shown = if out.image.is_some() {
-            "the first is shown as an image"
-        } else {
-            "too large to show"
+        let shown = match (out.images.len(), out.figures.len()) {
+            (0, _) => "too large to show".to_string(),
+            (s, f) if s == f => "shown as images, in order".to_string(),
+            (s, f) => format!(
+                "{s} of {f} shown as images, in order: at most {SHOWN_LIMIT} and {} MiB together",
+                crate::tools::MAX_IMAGE_BYTES >> 20
+            ),
         };
         push_block(
             &mut text,
@@ -57,7 +60,7 @@ pub(super) fn observe(out: CellOutput, timed_out: Option<String>) -> ToolResult 
         },
         None => ToolResult::ok(text),
     };
-    if let Some(png) = out.image {
+    for png in out.images {
         result = result.with_image(base64::engine::general_purpose::STANDARD.encode(png));
     }
     result

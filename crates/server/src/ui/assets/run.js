@@ -17,7 +17,7 @@ UI.views.run = async function () {
   let run = null;
   let state = 'queued';
   const TYPES = ['run_started', 'notice', 'thinking', 'context_trimmed', 'retry', 'token_usage',
-    'assistant_text', 'tool_call', 'tool_result', 'nudge', 'error', 'run_finished', 'run_state',
+    'assistant_text', 'tool_call', 'tool_result', 'tool_image', 'nudge', 'error', 'run_finished', 'run_state',
     'question_asked', 'question_answered', 'plan_created', 'step_started', 'step_finished',
     'replanned', 'flow_finished', 'message'];
 
@@ -161,6 +161,11 @@ UI.views.run = async function () {
       status.className = 'status ' + (f.status === 'error' ? 'error' : 'ok');
       card.querySelector('.dur').textContent = (f.duration_ms / 1000).toFixed(1) + ' s';
       card.querySelector('.result').replaceChildren(wrap);
+      return;
+    }
+    // A cell's further figures join its result, in order.
+    if (f.kind === 'tool_image' && cards.has(f.call_id)) {
+      cards.get(f.call_id).querySelector('.result').append(wrap);
       return;
     }
     timeline.append(wrap);
