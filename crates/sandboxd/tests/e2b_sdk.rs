@@ -157,8 +157,9 @@ async fn e2b_code_interpreter_sdk() {
     let key = env.add_user("carol", &[]);
     let serve = env.start();
     let o = sdk(&serve, &key, "code_interpreter", &[]).await;
+    assert_eq!(o["env_in_python"], "'in-python'", "{o}");
     assert_eq!(o["result"], "42", "{o}");
-    assert_eq!(o["count"], 2, "{o}");
+    assert_eq!(o["count"], 3, "{o}");
     assert_eq!(strs(&o["logs"]["stdout"]), ["out\n"], "{o}");
     assert_eq!(strs(&o["logs"]["stderr"]), ["err\n"], "{o}");
     // base64 of the PNG signature.
@@ -201,4 +202,44 @@ async fn e2b_sdk_users_do_not_see_each_other() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(s["state"], "running", "{s}");
+}
+
+/// An admin's template (jq, built offline as tests/serve_templates.rs does; later runs find
+/// it by its content hash) chosen by name from the SDK; an unknown name is E2B's not-found
+/// listing the names this server knows.
+#[tokio::test]
+async fn e2b_sdk_chooses_a_template_by_name() {
+    let env = Env::new("[[templates]]\nname = \"jq\"\npackages = [\"jq\"]\n").await;
+    let out = env
+        .cmd()
+        .env("SANDBOXD_IMAGE_KEEP_OLD", "1")
+        .args(["image", "build", "--template", "jq"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "image build --template jq: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = env.add_user("tess", &[]);
+    let serve = env.start();
+    let o = sdk(&serve, &key, "template", &[("TEMPLATE", "jq")]).await;
+    assert_eq!(o["jq"], "42\n", "{o}");
+    assert_eq!(o["template_id"], "jq", "{o}");
+    assert_eq!(o["listed_template"], serde_json::json!(["jq"]), "{o}");
+    let unknown = o["unknown"].as_str().unwrap();
+    assert!(
+        unknown.contains("no-such-template")
+            && unknown.contains("base, code-interpreter-v1, default, jq"),
+        "{o}"
+    );
+    // /v1 sees the session, made from the template.
+    let id = o["sandbox_id"].as_str().unwrap();
+    let api = serve::Api::new(&serve, &key);
+    let (status, s) = api
+        .json(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["metadata"]["e2b.template"], "jq", "{s}");
+    wait_gone(&env, id).await;
 }

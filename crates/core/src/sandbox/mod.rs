@@ -176,6 +176,12 @@ pub trait Sandbox: Send + Sync {
     /// sandbox without processes of its own ignores it.
     fn set_proxy_env(&self, _on: bool) {}
 
+    /// The session's own environment, given to every process started from now on (the
+    /// persistent shell after its next restart, the python interpreter when it starts);
+    /// never part of a command line or an event. A sandbox without processes of its own
+    /// ignores it.
+    fn set_session_env(&self, _env: Vec<(String, String)>) {}
+
     /// Adds (or drops) the session CA's trust variables (`mitm_trust::trust_env()`) to the
     /// proxy variables, the same way: once its files are written (egress/inject.rs).
     fn set_egress_trust(&self, _on: bool) {}

@@ -82,8 +82,6 @@ pub enum Signal {
 pub struct ProcessTable {
     sandbox: Arc<dyn Sandbox>,
     procs: Mutex<Procs>,
-    /// The session's environment: every process gets it under its own (E2B's `envVars`).
-    default_env: Mutex<BTreeMap<String, String>>,
 }
 
 #[derive(Default)]
@@ -110,13 +108,7 @@ impl ProcessTable {
                 running: BTreeMap::new(),
                 starting: 0,
             }),
-            default_env: Mutex::new(BTreeMap::new()),
         }
-    }
-
-    /// Sets the environment every later process starts with (its own variables win).
-    pub fn set_default_env(&self, env: BTreeMap<String, String>) {
-        *lock(&self.default_env) = env;
     }
 
     /// Starts a process; the subscription sees it from its first byte.
@@ -124,18 +116,17 @@ impl ProcessTable {
         self: &Arc<Self>,
         mut spec: ProcessSpec,
     ) -> Result<Subscription, SandboxError> {
-        let mut env = lock(&self.default_env).clone();
-        env.append(&mut spec.env);
-        spec.env = env;
         check_spec(&spec)?;
         spec.cwd = spec.cwd.as_deref().map(super::resolve_path).transpose()?;
         check_cwd(&*self.sandbox, spec.cwd.as_deref()).await?;
         let pid = {
             let mut procs = lock(&self.procs);
             if procs.running.len() + procs.starting >= MAX_PROCESSES {
-                return Err(SandboxError::InvalidRequest(format!(
-                    "this session already runs {MAX_PROCESSES} processes, the most it may; wait for one to end or kill one"
-                )));
+                return Err(SandboxError::Refused {
+                    message: format!(
+                        "this session already runs {MAX_PROCESSES} processes, the most it may; wait for one to end or kill one"
+                    ),
+                });
             }
             if let Some(tag) = &spec.tag
                 && procs
@@ -143,7 +134,7 @@ impl ProcessTable {
                     .values()
                     .any(|p| p.spec.tag.as_ref() == Some(tag))
             {
-                return Err(SandboxError::InvalidRequest(format!(
+                return Err(SandboxError::Conflict(format!(
                     "a running process already has the tag {tag:?}"
                 )));
             }
@@ -228,13 +219,13 @@ impl ProcessTable {
         self.find(Some(pid), None).map(|p| p.subscribe())
     }
 
-    /// Writes to a running process's stdin. Err(InvalidRequest) when it was started without
+    /// Writes to a running process's stdin. Err(Conflict) when it was started without
     /// stdin or closed it; None when there is no such process.
     pub async fn send_stdin(&self, pid: u32, data: &[u8]) -> Option<Result<(), SandboxError>> {
         let proc = self.find(Some(pid), None)?;
         let mut stdin = proc.stdin.lock().await;
         let Some(w) = stdin.as_mut().filter(|_| proc.spec.stdin) else {
-            return Some(Err(SandboxError::InvalidRequest(format!(
+            return Some(Err(SandboxError::Conflict(format!(
                 "process {pid} was started without stdin (or closed it)"
             ))));
         };
@@ -242,9 +233,11 @@ impl ProcessTable {
             w.write_all(data).await?;
             w.flush().await
         };
-        Some(written.await.map_err(|e| {
-            SandboxError::InvalidRequest(format!("process {pid}'s stdin is closed: {e}"))
-        }))
+        Some(
+            written.await.map_err(|e| {
+                SandboxError::Conflict(format!("process {pid}'s stdin is closed: {e}"))
+            }),
+        )
     }
 
     /// Closes a running process's stdin (it reads EOF).
@@ -282,9 +275,12 @@ pub async fn check_cwd(sandbox: &dyn Sandbox, cwd: Option<&str>) -> Result<(), S
     let path = super::resolve_path(cwd)?;
     match sandbox.stat(&path).await {
         Ok(st) if st.kind == super::FileKind::Dir => Ok(()),
-        Ok(_) | Err(SandboxError::NotFound { .. }) => Err(SandboxError::InvalidRequest(format!(
-            "the working directory {cwd:?} is not a directory of the sandbox"
+        Ok(_) => Err(SandboxError::Conflict(format!(
+            "the working directory {cwd:?} is not a directory"
         ))),
+        Err(SandboxError::NotFound { .. }) => Err(SandboxError::NotFound {
+            path: format!("{path} (the working directory)"),
+        }),
         Err(e) => Err(e),
     }
 }
@@ -295,22 +291,30 @@ pub fn check_spec(spec: &ProcessSpec) -> Result<(), SandboxError> {
     if spec.argv.first().is_none_or(|c| c.is_empty()) {
         return bad("the command is empty".into());
     }
-    if spec.env.len() > MAX_ENV {
-        return bad(format!(
-            "{} environment variables; at most {MAX_ENV} are allowed",
-            spec.env.len()
-        ));
-    }
     let nul = |s: &String| s.contains('\0');
     if spec.argv.iter().any(nul) || spec.cwd.as_ref().is_some_and(nul) {
         return bad("the command or its working directory contains a NUL byte".into());
     }
-    for (k, v) in &spec.env {
+    check_env(&spec.env)
+}
+
+/// Refuses an environment a process cannot be given (a process's, or a session's), saying
+/// why: at most `MAX_ENV` variables, names `[A-Za-z_][A-Za-z0-9_]*` but not `SANDBOXD_TAG`,
+/// values without NUL.
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), SandboxError> {
+    let bad = |why: String| Err(SandboxError::InvalidRequest(why));
+    if env.len() > MAX_ENV {
+        return bad(format!(
+            "{} environment variables; at most {MAX_ENV} are allowed",
+            env.len()
+        ));
+    }
+    for (k, v) in env {
         let name_ok = k
             .bytes()
             .enumerate()
             .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
-        if k.is_empty() || !name_ok || nul(v) {
+        if k.is_empty() || !name_ok || v.contains('\0') {
             return bad(format!(
                 "environment variable {k:?}: names match [A-Za-z_][A-Za-z0-9_]* and values have no NUL byte"
             ));

@@ -123,8 +123,9 @@ def refused():
 
 def code_interpreter():
     out = {}
-    sbx = e2b_code_interpreter.Sandbox.create()
+    sbx = e2b_code_interpreter.Sandbox.create(envs={"CI_VAR": "in-python"})
     out["sandbox_id"] = sbx.sandbox_id
+    out["env_in_python"] = sbx.run_code("import os; os.environ.get('CI_VAR')").text
     sbx.run_code("x = 41")
     ex = sbx.run_code("x + 1")
     out["result"] = ex.text
@@ -175,6 +176,23 @@ def foreign():
     return out
 
 
+def template():
+    """A sandbox from the admin's template `jq` (TEMPLATE names it), and an unknown one."""
+    out = {}
+    sbx = Sandbox.create(template=os.environ["TEMPLATE"])
+    out["jq"] = sbx.commands.run("echo '{\"a\": 41}' | jq '.a + 1'").stdout
+    out["template_id"] = sbx.get_info().template_id
+    out["listed_template"] = [s.template_id for s in Sandbox.list().next_items()]
+    out["sandbox_id"] = sbx.sandbox_id
+    sbx.kill()
+    try:
+        Sandbox.create(template="no-such-template")
+        out["unknown"] = None
+    except Exception as e:
+        out["unknown"] = f"{type(e).__name__}: {e}"
+    return out
+
+
 def keep():
     """Creates a sandbox and leaves it running; prints its id."""
     sbx = Sandbox.create()
@@ -187,6 +205,7 @@ MODES = {
     "code_interpreter": code_interpreter,
     "foreign": foreign,
     "keep": keep,
+    "template": template,
 }
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, ApiQuery};
 use crate::types::{CreateSession, ListSessionsQuery, Session, SessionKindView, SessionStatus};
-use sandboxd_core::sandbox::processes::ProcessTable;
 
 /// The metadata key that records which E2B template a sandbox was made from.
 const TEMPLATE_KEY: &str = "e2b.template";
@@ -82,6 +81,32 @@ fn check_refused(body: &NewSandbox) -> Result<(), E2bError> {
     Ok(())
 }
 
+/// The sandboxd template an E2B template name makes a sandbox from: E2B's base and code
+/// interpreter templates are the default image (None); any other name is one of the admin's
+/// `[[templates]]` (or `default`). An unknown name is E2B's not-found, listing the names
+/// this server knows.
+fn sandboxd_template(st: &AppState, name: &str) -> Result<Option<String>, E2bError> {
+    if TEMPLATES.contains(&name) {
+        return Ok(None);
+    }
+    let templates = st.backend.manager().templates();
+    match templates.resolve(Some(name)) {
+        Ok(t) => Ok(Some(t.name)),
+        Err(_) => {
+            let known: Vec<String> = TEMPLATES
+                .iter()
+                .map(|t| t.to_string())
+                .chain(templates.names())
+                .collect();
+            Err(E2bError::not_found(format!(
+                "template '{}' not found: this sandboxd knows {} (base and code-interpreter-v1 are its default image)",
+                name.chars().take(64).collect::<String>(),
+                known.join(", ")
+            )))
+        }
+    }
+}
+
 /// The key the caller authenticated with, which the SDK sends back as envd's access token
 /// and as the traffic token (the code interpreter's context routes send only that one).
 fn access_token(headers: &HeaderMap) -> Option<String> {
@@ -96,15 +121,7 @@ pub(super) async fn create(
 ) -> Result<Response, E2bError> {
     check_refused(&body)?;
     let template = body.template_id.clone().unwrap_or_else(|| "base".into());
-    if !TEMPLATES.contains(&template.as_str()) {
-        return Err(E2bError::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "template '{template}' not found: this sandboxd knows {}",
-                TEMPLATES.join(", ")
-            ),
-        ));
-    }
+    let image = sandboxd_template(&st, &template)?;
     if body.metadata.contains_key(TEMPLATE_KEY) {
         return Err(E2bError::invalid(format!(
             "metadata key {TEMPLATE_KEY} is sandboxd's own"
@@ -115,13 +132,11 @@ pub(super) async fn create(
     let request = CreateSession {
         metadata,
         idle_timeout: body.timeout.filter(|t| *t > 0),
+        template: image,
+        env: body.env_vars,
         ..CreateSession::default()
     };
     let row = crate::sessions::create(&st, &caller, request).await?;
-    if !body.env_vars.is_empty() {
-        let live = crate::sessions::live_session(&st, &caller, &row.id).await?;
-        ProcessTable::of(live.session()).set_default_env(body.env_vars);
-    }
     let mut answer = json!({
         "templateID": template,
         "sandboxID": row.id,

@@ -2,8 +2,9 @@
 //! session's stateful python, the same interpreter as the python tool (`Python::run_cell`):
 //! variables persist between calls. `/execute` answers E2B's line-delimited JSON: stdout,
 //! stderr, a result with the final expression's repr as `text` (the main result) and one
-//! with the PNG of a matplotlib figure, an error with name, value and traceback, and the
-//! execution count. The lines come when the cell ends, not as it prints.
+//! with the PNG of each matplotlib figure, an error with name, value and traceback, and the
+//! execution count. The lines come when the cell ends, not as it prints; each figure the cell
+//! showed is one PNG result.
 //!
 //! One interpreter per sandbox: the default context is it; creating another is refused,
 //! saying so. Languages other than python are refused the same way.
@@ -126,7 +127,7 @@ fn output_lines(out: CellOutput, timed_out: Option<u64>) -> Vec<Value> {
             lines.push(json!({"type": kind, "text": text, "timestamp": now_ms()}));
         }
     }
-    if let Some(png) = &out.image {
+    for png in &out.images {
         let png = base64::engine::general_purpose::STANDARD.encode(png);
         lines.push(
             json!({"type": "result", "png": png, "text": "<Figure>", "is_main_result": false}),

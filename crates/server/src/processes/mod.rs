@@ -19,6 +19,8 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+mod schema;
+
 use crate::AppState;
 use crate::auth::Caller;
 use crate::backend::Live;
@@ -32,25 +34,21 @@ use crate::types::{ExecBody, ExecResult};
 use sandboxd_core::sandbox::processes::{ProcessEvent, ProcessSpec, ProcessTable, Signal};
 use sandboxd_core::sandbox::{ShellOptions, resolve_path};
 
-#[derive(Debug, Default, Deserialize, ToSchema)]
+/// What to start: exactly one of `command` and `argv` (its schema is written out in
+/// schema.rs, which says so; a derived one could not).
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartProcess {
-    /// A bash command line (run as `bash -c LINE`); give this or `argv`.
     #[serde(default)]
     pub command: Option<String>,
-    /// The program and its arguments, run as they are.
     #[serde(default)]
     pub argv: Option<Vec<String>>,
-    /// Environment variables of this process (names `[A-Za-z_][A-Za-z0-9_]*`, at most 128).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Its working directory (default: /workspace).
     #[serde(default)]
     pub cwd: Option<String>,
-    /// A name for it, unique among the session's running processes.
     #[serde(default)]
     pub tag: Option<String>,
-    /// Keep stdin open for POST .../stdin (default: it reads EOF at once).
     #[serde(default)]
     pub stdin: bool,
 }
@@ -78,8 +76,21 @@ pub struct StdinBody {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalBody {
-    /// `TERM` or `KILL`; either ends the process and everything it started.
-    pub signal: String,
+    /// Either ends the process and everything it started.
+    pub signal: SignalName,
+}
+
+/// A signal's name, with or without `SIG`.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+pub enum SignalName {
+    #[serde(rename = "TERM")]
+    Term,
+    #[serde(rename = "KILL")]
+    Kill,
+    #[serde(rename = "SIGTERM")]
+    SigTerm,
+    #[serde(rename = "SIGKILL")]
+    SigKill,
 }
 
 async fn table(st: &AppState, caller: &Caller, id: &str) -> Result<Arc<ProcessTable>, ApiError> {
@@ -250,14 +261,9 @@ pub async fn signal_process(
     ApiPath((id, pid)): ApiPath<(String, u32)>,
     ApiJson(body): ApiJson<SignalBody>,
 ) -> Result<StatusCode, ApiError> {
-    let signal = match body.signal.trim_start_matches("SIG") {
-        "TERM" => Signal::Term,
-        "KILL" => Signal::Kill,
-        other => {
-            return Err(ApiError::invalid(format!(
-                "field `signal`: {other:?} is not TERM or KILL"
-            )));
-        }
+    let signal = match body.signal {
+        SignalName::Term | SignalName::SigTerm => Signal::Term,
+        SignalName::Kill | SignalName::SigKill => Signal::Kill,
     };
     let table = table(&st, &caller, &id).await?;
     table
@@ -316,5 +322,6 @@ pub(crate) async fn own_process(
         timed_out: out.timed_out,
         duration_ms: out.duration.as_millis() as u64,
         note: None,
+        timeout: opts.timeout.as_secs(),
     })
 }
