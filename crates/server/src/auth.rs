@@ -128,13 +128,20 @@ impl Throttle {
     }
 }
 
-fn bearer(req: &Request) -> Option<&str> {
-    let v = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = v.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
+/// The API key a request carries: `Authorization: Bearer sbx_…`, or the headers E2B's SDKs
+/// send it in (`X-API-Key` to the control plane; to a sandbox, `X-Access-Token` and, on the
+/// code interpreter's context routes, only `E2B-Traffic-Access-Token`; see e2b/).
+pub fn request_key(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token);
+    let e2b = ["x-api-key", "x-access-token", "e2b-traffic-access-token"]
+        .into_iter()
+        .find_map(|h| headers.get(h).and_then(|v| v.to_str().ok()));
+    bearer.or(e2b).map(str::trim).filter(|t| !t.is_empty())
 }
 
 /// Resolves the key to a user, or None for a missing, unknown or expired key.
@@ -201,7 +208,7 @@ pub async fn require_user(
     next: Next,
 ) -> Response {
     let client = client_addr(req.extensions(), peer);
-    let caller = match bearer(&req) {
+    let caller = match request_key(req.headers()) {
         Some(token) => match authenticate(&state, token).await {
             Ok(u) => u.map(|user| Caller {
                 user,

@@ -254,7 +254,7 @@ impl From<SandboxError> for ApiError {
             }
             // The request was well-formed; the file system disagrees (a directory, a name
             // too long, a file over the cap, permission denied).
-            FileTooLarge { .. } | FileOp { .. } => ErrorCode::Conflict,
+            FileTooLarge { .. } | FileOp { .. } | Conflict(_) => ErrorCode::Conflict,
             InvalidPath { .. } | Tar(_) | InvalidRequest(_) => ErrorCode::InvalidRequest,
             // The command timed out and its process tree could not be confirmed gone: still
             // a timeout to the client, with the message saying what was left.

@@ -49,7 +49,7 @@ use crate::backend::Live;
 use crate::error::{ApiError, ApiJson, ApiPath, ErrorBody, ErrorCode, ErrorResponses};
 use crate::sessions::{TIMEOUT_HEADER, exec_target, sandbox_failed};
 use crate::streams::{Kind, StreamGuard};
-use crate::types::ExecBody;
+use crate::types::{ExecBody, ExecStreamBody};
 use sandboxd_core::sandbox::in_use::InUse;
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::sandbox::{
@@ -147,7 +147,7 @@ impl ExecExit {
     }
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/exec/stream", tag = "sessions", request_body = ExecBody,
+#[utoipa::path(post, path = "/v1/sessions/{id}/exec/stream", tag = "sessions", request_body = ExecStreamBody,
     params(("id" = String, Path, description = "The session id")),
     responses(
         (status = 200, description = "The command started; its output follows as Server-Sent Events (`stdout`, `stderr`, `holding`, `cut`), then `exit` (or `error`), then the stream ends. Comment lines `: keep-alive` come every 15 s. Closing the connection kills the command.",
@@ -159,8 +159,9 @@ pub async fn exec_stream(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
-    ApiJson(body): ApiJson<ExecBody>,
+    ApiJson(body): ApiJson<ExecStreamBody>,
 ) -> Result<Response, ApiError> {
+    let body = ExecBody::from(body);
     let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
     let timeout = opts.timeout.as_secs();
     // Counted against the caller's streams and ended when their credential is revoked; taken
@@ -253,7 +254,8 @@ struct Feed {
     guard: StreamGuard,
 }
 
-fn json_event(kind: &str, data: &impl Serialize) -> Event {
+/// One SSE event of a JSON payload (also the process streams', processes.rs).
+pub(crate) fn json_event(kind: &str, data: &impl Serialize) -> Event {
     Event::default()
         .event(kind)
         .json_data(data)

@@ -31,6 +31,7 @@ pub mod admin;
 pub mod attach;
 pub mod auth;
 pub mod backend;
+pub mod e2b;
 pub mod egress;
 pub mod egress_credentials;
 pub mod egress_proxies;
@@ -46,6 +47,7 @@ pub mod mcp;
 pub mod mcp_http;
 pub mod mcp_quota;
 pub mod openapi;
+pub mod processes;
 pub use sandboxd_core::config::proxies;
 pub mod quota;
 pub mod reconcile;
@@ -215,6 +217,13 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
         .routes(l(Short, routes!(session_end::delete_history)))
         .routes(l(Long, routes!(sessions::exec)))
         .routes(l(Long, routes!(exec_stream::exec_stream)))
+        .routes(l(
+            Short,
+            routes!(processes::start_process, processes::list_processes),
+        ))
+        .routes(l(Stream, routes!(processes::stream_process)))
+        .routes(l(Short, routes!(processes::process_stdin)))
+        .routes(l(Long, routes!(processes::signal_process)))
         .routes(l(Short, routes!(sessions::list_tools)))
         .routes(l(Long, routes!(sessions::call_tool)))
         .routes(l(Short, routes!(files::list_dir)))
@@ -266,7 +275,7 @@ pub fn app(state: Shared) -> Router {
             )),
         )
         .split_for_parts();
-    let api = api.route_layer(auth);
+    let api = api.merge(e2b::router(&state)).route_layer(auth);
     let (health, _) = health_routes().split_for_parts();
     let mut app = api
         .merge(health)

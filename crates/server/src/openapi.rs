@@ -18,9 +18,10 @@ use crate::exec_stream::{ExecCut, ExecExit, ExecHolding, ExecText};
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     modifiers(&BearerAuth),
-    components(schemas(ErrorCode, ErrorBody, ExecText, ExecHolding, ExecCut, ExecExit)),
+    components(schemas(ErrorCode, ErrorBody, ExecText, ExecHolding, ExecCut, ExecExit, crate::processes::ProcessText, crate::processes::ProcessExitView)),
     tags(
         (name = "sessions", description = "Sandboxes and their persistent shell"),
+        (name = "processes", description = "Several processes at once in a session, beside its shell: started, listed, streamed, signalled"),
         (name = "tools", description = "The agent's tools, called directly"),
         (name = "files", description = "Files and tar archives of /workspace"),
         (name = "runs", description = "Agent and plan runs in sessions, and their live events"),

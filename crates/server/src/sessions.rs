@@ -4,6 +4,7 @@
 //! caller owns the session (or is an admin): another user's session is indistinguishable
 //! from one that never existed.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,6 +148,8 @@ pub async fn create(
     body: CreateSession,
 ) -> Result<SessionRow, ApiError> {
     check_metadata(&body.metadata)?;
+    sandboxd_core::sandbox::processes::check_env(&body.env)
+        .map_err(|e| ApiError::invalid(format!("field `env`: {e}")))?;
     // Before anything is reserved. An unknown template is a 404 (as E2B answers one), with
     // the known names in the message.
     let template = st
@@ -219,7 +222,8 @@ pub async fn create(
     let task_state = st.clone();
     let task_row = row.clone();
     let image = template.image;
-    let made = tokio::spawn(async move { make(&task_state, &task_row, &filled, image).await })
+    let env = body.env;
+    let made = tokio::spawn(async move { make(&task_state, &task_row, &filled, image, env).await })
         .await
         .map_err(ApiError::internal)?;
     made?;
@@ -236,9 +240,15 @@ async fn make(
     row: &SessionRow,
     filled: &LimitRequest,
     image: Option<String>,
+    env: BTreeMap<String, String>,
 ) -> Result<(), ApiError> {
     match st.backend.create(row, filled, image).await {
         Ok(live) => {
+            if !env.is_empty() {
+                // A warm sandbox's shell started before the session had an environment.
+                live.sandbox.set_session_env(env.into_iter().collect());
+                let _ = live.sandbox.restart_shell().await;
+            }
             if let Err(e) = st
                 .store
                 .session_started(&row.id, &live.runtime_id, &live.handle)
@@ -386,6 +396,10 @@ pub async fn exec(
         .open(&caller, Kind::Request, &CancellationToken::new())?;
     // A command may run longer than the session's idle timeout.
     let _in_use = live.hold();
+    if !body.env.is_empty() || body.cwd.is_some() {
+        let result = crate::processes::own_process(&st, &live, &body, opts, &guard).await?;
+        return Ok(([(TIMEOUT_HEADER, HeaderValue::from(applied))], Json(result)));
+    }
     let out = tokio::select! {
         out = live.sandbox.shell(&body.command, opts) => out,
         _ = guard.token().cancelled() => {

@@ -95,6 +95,14 @@ pub struct CreateSession {
     #[serde(default)]
     #[schema(max_length = 64)]
     pub template: Option<String>,
+    /// Environment variables every command, process and python interpreter of the session
+    /// gets (as `env` on an exec: at most 128, names `[A-Za-z_][A-Za-z0-9_]*` but not
+    /// `SANDBOXD_TAG`, values without NUL); never part of a command line, an event or a view.
+    /// Held by the replica that made the session: one that restarts or attaches it elsewhere
+    /// starts its processes without them.
+    #[serde(default)]
+    #[schema(schema_with = env_schema)]
+    pub env: BTreeMap<String, String>,
 }
 
 fn metadata_schema() -> utoipa::openapi::Object {
@@ -277,6 +285,66 @@ pub struct ExecBody {
     #[schema(minimum = 1, maximum = 86400)]
     #[serde(default, deserialize_with = "integral")]
     pub timeout: Option<u64>,
+    /// Environment variables for this command alone (at most 128; names
+    /// `[A-Za-z_][A-Za-z0-9_]*` but not `SANDBOXD_TAG`, values without NUL). With `env` or
+    /// `cwd` the command runs as its own process, not in the persistent shell: what it exports
+    /// or `cd`s does not persist, and the values never appear in the command text.
+    #[serde(default)]
+    #[schema(schema_with = env_schema)]
+    pub env: BTreeMap<String, String>,
+    /// The command's working directory (its own process, as for `env`); a relative path is
+    /// under /workspace. One that does not exist is a 404, one that is not a directory a 409.
+    #[serde(default)]
+    #[schema(min_length = 1, pattern = "^[^\\u0000]+$")]
+    pub cwd: Option<String>,
+}
+
+/// A shell command for the streamed exec: it runs in the persistent shell, so it takes no
+/// `env` or `cwd` (start a process with them, POST /v1/sessions/{id}/processes, and stream it).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecStreamBody {
+    /// A bash command line; not blank, no NUL bytes.
+    #[schema(pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
+    pub command: String,
+    /// Seconds before the command's process tree is killed; default 120; a value above the
+    /// session's `max_timeout_secs` is lowered to it, and the answer says so (the
+    /// `Sandboxd-Timeout` header and the `exit` event's `timeout`).
+    #[schema(minimum = 1, maximum = 86400)]
+    #[serde(default, deserialize_with = "integral")]
+    pub timeout: Option<u64>,
+}
+
+impl From<ExecStreamBody> for ExecBody {
+    fn from(b: ExecStreamBody) -> Self {
+        ExecBody {
+            command: b.command,
+            timeout: b.timeout,
+            env: BTreeMap::new(),
+            cwd: None,
+        }
+    }
+}
+
+/// The schema of a process's environment (`env` of an exec or a process start): what
+/// `processes::check_spec` takes, so a document-valid environment is never refused.
+pub(crate) fn env_schema() -> utoipa::openapi::Object {
+    use sandboxd_core::sandbox::processes::MAX_ENV;
+    use utoipa::openapi::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^(?!SANDBOXD_TAG$)[A-Za-z_][A-Za-z0-9_]*$")),
+        ))
+        .additional_properties(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[^\\u0000]*$")),
+        ))
+        .max_properties(Some(MAX_ENV))
+        .build()
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

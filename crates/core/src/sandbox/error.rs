@@ -83,6 +83,11 @@ pub enum SandboxError {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
 
+    /// A well-formed request the sandbox's present state refuses (a name already taken,
+    /// stdin already closed); the message says what is in the way.
+    #[error("{0}")]
+    Conflict(String),
+
     /// The front end that asked for a session refused it by its own rules (a user's
     /// session quota on `serve`); the message says what is in use and what to do.
     #[error("{message}")]

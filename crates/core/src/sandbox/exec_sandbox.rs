@@ -196,6 +196,10 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         self.proxy.set(on);
     }
 
+    fn set_session_env(&self, env: Vec<(String, String)>) {
+        self.proxy.set_session_env(env);
+    }
+
     fn set_egress_trust(&self, on: bool) {
         self.proxy.set_trust(on);
     }

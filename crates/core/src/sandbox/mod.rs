@@ -24,6 +24,8 @@ pub mod manager;
 mod output;
 mod owner;
 mod pool;
+mod process_feed;
+pub mod processes;
 pub mod proxy_env;
 pub mod records;
 pub mod runtime;
@@ -173,6 +175,12 @@ pub trait Sandbox: Send + Sync {
     /// next command and the python interpreter before its next cell (proxy_env.rs). A
     /// sandbox without processes of its own ignores it.
     fn set_proxy_env(&self, _on: bool) {}
+
+    /// The session's own environment, given to every process started from now on (the
+    /// persistent shell after its next restart, the python interpreter when it starts);
+    /// never part of a command line or an event. A sandbox without processes of its own
+    /// ignores it.
+    fn set_session_env(&self, _env: Vec<(String, String)>) {}
 
     /// Adds (or drops) the session CA's trust variables (`mitm_trust::trust_env()`) to the
     /// proxy variables, the same way: once its files are written (egress/inject.rs).

@@ -39,10 +39,13 @@ impl ProxyEnvState {
     }
 }
 
-/// The host's switch for one sandbox (held by the sandbox object).
+/// The host's switch for one sandbox (held by the sandbox object); it also keeps the
+/// session's own environment (`set_session_env`), which every process started after it is
+/// set gets before the proxy's variables and the request's own.
 #[derive(Debug, Default)]
 pub struct ProxySwitch {
     state: Mutex<ProxyEnvState>,
+    session: Mutex<Vec<(String, String)>>,
 }
 
 impl ProxySwitch {
@@ -69,9 +72,21 @@ impl ProxySwitch {
         self.state.lock().map(|s| *s).unwrap_or_default()
     }
 
-    /// What a process started now adds to its environment (before the request's own).
+    /// Sets the session's environment (E2B's `envVars`): given to every process started from
+    /// now on, never written into a command line. What already runs does not see it (the
+    /// caller restarts the shell).
+    pub fn set_session_env(&self, env: Vec<(String, String)>) {
+        if let Ok(mut s) = self.session.lock() {
+            *s = env;
+        }
+    }
+
+    /// What a process started now adds to its environment (before the request's own): the
+    /// session's variables, then the proxy's.
     pub fn spawn_env(&self) -> Vec<(String, String)> {
-        self.state().vars()
+        let mut env = self.session.lock().map(|s| s.clone()).unwrap_or_default();
+        env.extend(self.state().vars());
+        env
     }
 }
 
@@ -169,6 +184,20 @@ mod tests {
             }
         );
         assert!(s.spawn_env().is_empty(), "off sets nothing, trust or not");
+    }
+
+    #[test]
+    fn the_session_env_comes_first_and_stays_out_of_the_lines() {
+        let s = ProxySwitch::default();
+        s.set_session_env(vec![("TOKEN".into(), "it's secret".into())]);
+        s.set(true);
+        let env = s.spawn_env();
+        assert_eq!(env[0], ("TOKEN".to_string(), "it's secret".to_string()));
+        assert!(env.iter().any(|(k, _)| k == "HTTPS_PROXY"));
+        assert!(!shell_line(s.state()).contains("secret"));
+        assert!(!python_cell(s.state()).contains("secret"));
+        s.set(false);
+        assert_eq!(s.spawn_env().len(), 1, "the proxy's go, the session's stay");
     }
 
     #[test]

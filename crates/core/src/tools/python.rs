@@ -11,19 +11,21 @@
 //! interpreter: the next call reconnects.
 
 mod driver;
+mod observe;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use base64::Engine as _;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::{Tool, ToolContext, ToolError, ToolResult, arg_str, timeout_arg};
 use crate::sandbox::Sandbox;
 use crate::sandbox::watch::while_alive;
-use driver::{CellEnd, CellOutput, Driver, GRACE, Loss, SHOWN_LIMIT};
+pub use driver::CellOutput;
+use driver::{CellEnd, Driver, GRACE, Loss};
+use observe::observe;
 
 pub struct Python {
     sandbox: Arc<dyn Sandbox>,
@@ -235,6 +237,74 @@ impl Python {
     }
 }
 
+/// How one cell ended, in parts, for callers that show them apart (the E2B code
+/// interpreter) rather than as the model's text.
+pub enum Cell {
+    /// It ran; Some(seconds) when it ran past its timeout and was interrupted.
+    Ran(CellOutput, Option<u64>),
+    /// The interpreter was lost or stuck: what the model would be told.
+    Failed(ToolResult),
+}
+
+impl Python {
+    /// Runs one cell (the same interpreter and rules as the tool); `timeout` is capped at
+    /// the tool's maximum. Returns the cell and notes (e.g. a fresh interpreter started).
+    pub async fn run_cell(
+        &self,
+        code: &str,
+        timeout: Duration,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<(Cell, Vec<String>), ToolError> {
+        let mut slot = self.slot.lock().await;
+        let mut notes = Vec::new();
+        let timeout = timeout.min(self.max_timeout);
+        let cell = self
+            .run_locked(&mut slot, code, timeout, cancel, &mut notes)
+            .await?;
+        Ok((cell, notes))
+    }
+
+    /// Starts a fresh interpreter (every variable is lost).
+    pub async fn restart(&self) -> Result<(), ToolError> {
+        let mut slot = self.slot.lock().await;
+        self.reset(&mut slot).await;
+        self.ready(&mut slot, &mut Vec::new()).await
+    }
+
+    async fn run_locked(
+        &self,
+        slot: &mut Slot,
+        code: &str,
+        timeout: Duration,
+        cancel: &tokio_util::sync::CancellationToken,
+        notes: &mut Vec<String>,
+    ) -> Result<Cell, ToolError> {
+        self.ready(slot, notes).await?;
+        self.sync_proxy_env(slot).await;
+        let Some(driver) = slot.driver.as_mut() else {
+            return Err(ToolError::Internal(
+                "the python interpreter did not start".into(),
+            ));
+        };
+        let run = driver.run(code, self.output_cap, timeout, cancel);
+        let end = match while_alive(&*self.sandbox, async { Ok(run.await) }).await {
+            Ok(end) => end,
+            Err(gone) => {
+                slot.driver = None;
+                return Err(ToolError::Sandbox(gone));
+            }
+        };
+        let secs = timeout.as_secs();
+        Ok(match end {
+            CellEnd::Done(out) => Cell::Ran(out, None),
+            CellEnd::TimedOut(Some(out)) => Cell::Ran(out, Some(secs)),
+            CellEnd::TimedOut(None) => Cell::Failed(self.stuck(slot, secs).await),
+            CellEnd::Cancelled => return Err(ToolError::Cancelled),
+            CellEnd::Died(why) => Cell::Failed(self.died(slot, why).await?),
+        })
+    }
+}
+
 #[async_trait]
 impl Tool for Python {
     fn name(&self) -> &str {
@@ -286,97 +356,24 @@ impl Tool for Python {
             }
             return Ok(ToolResult::error("the code is empty"));
         }
-        self.ready(&mut slot, &mut notes).await?;
-        self.sync_proxy_env(&mut slot).await;
-        let Some(driver) = slot.driver.as_mut() else {
-            return Err(ToolError::Internal(
-                "the python interpreter did not start".into(),
-            ));
-        };
-        let run = driver.run(code, self.output_cap, timeout, &ctx.cancel);
-        let end = match while_alive(&*self.sandbox, async { Ok(run.await) }).await {
-            Ok(end) => end,
-            Err(gone) => {
-                slot.driver = None;
-                return Err(ToolError::Sandbox(gone));
-            }
-        };
         let secs = timeout.as_secs();
-        let mut result = match end {
-            CellEnd::Done(out) => observe(out, None),
-            CellEnd::TimedOut(Some(out)) => observe(
+        let mut result = match self
+            .run_locked(&mut slot, code, timeout, &ctx.cancel, &mut notes)
+            .await?
+        {
+            Cell::Ran(out, None) => observe(out, None),
+            Cell::Ran(out, Some(_)) => observe(
                 out,
                 Some(format!(
                     "the cell timed out after {secs}s and was interrupted with KeyboardInterrupt; \
                      variables defined so far are kept"
                 )),
             ),
-            CellEnd::TimedOut(None) => self.stuck(&mut slot, secs).await,
-            CellEnd::Cancelled => return Err(ToolError::Cancelled),
-            CellEnd::Died(why) => self.died(&mut slot, why).await?,
+            Cell::Failed(result) => result,
         };
         if !notes.is_empty() {
             result = result.with_system(notes.join("; "));
         }
         Ok(result)
     }
-}
-
-/// Formats a cell's output for the model; `timed_out` explains an interrupted cell.
-fn observe(out: CellOutput, timed_out: Option<String>) -> ToolResult {
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    fn push_block(text: &mut String, block: &str) {
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
-        }
-        text.push_str(block);
-    }
-    if !out.stderr.is_empty() {
-        push_block(
-            &mut text,
-            &format!("[stderr]\n{}", String::from_utf8_lossy(&out.stderr)),
-        );
-    }
-    if let Some(value) = &out.value {
-        push_block(&mut text, value);
-    }
-    if out.stdout_cut || out.stderr_cut {
-        push_block(
-            &mut text,
-            "[output was cut in the middle; print less, or write it to a file and read parts of it]",
-        );
-    }
-    if !out.figures.is_empty() {
-        let shown = match (out.images.len(), out.figures.len()) {
-            (0, _) => "too large to show".to_string(),
-            (s, f) if s == f => "shown as images, in order".to_string(),
-            (s, f) => format!(
-                "{s} of {f} shown as images, in order: at most {SHOWN_LIMIT} and {} MiB together",
-                crate::tools::MAX_IMAGE_BYTES >> 20
-            ),
-        };
-        push_block(
-            &mut text,
-            &format!("[figures saved: {} ({shown})]", out.figures.join(", ")),
-        );
-    }
-    let text = text.trim_end().to_string();
-    let error = match (timed_out, out.error) {
-        (Some(t), Some(tb)) => Some(format!("{t}\n{}", tb.trim_end())),
-        (Some(t), None) => Some(t),
-        (None, Some(tb)) => Some(tb.trim_end().to_string()),
-        (None, None) => None,
-    };
-    let mut result = match error {
-        Some(e) => ToolResult {
-            output: text,
-            error: Some(e),
-            ..ToolResult::default()
-        },
-        None => ToolResult::ok(text),
-    };
-    for png in out.images {
-        result = result.with_image(base64::engine::general_purpose::STANDARD.encode(png));
-    }
-    result
 }

@@ -5,6 +5,7 @@
 pub mod a2a;
 pub mod agent;
 pub mod browser;
+pub mod e2b;
 pub mod egress;
 pub mod egress_ceiling;
 pub mod egress_page;

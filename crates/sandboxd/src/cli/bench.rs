@@ -16,7 +16,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, e2b (not in all: it needs the E2B SDKs' venv), or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -153,17 +153,21 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     if all || args.group == "pool" {
         super::bench_pool::pool(&ctx, args.iterations).await?;
     }
+    if args.group == "e2b" {
+        // Not in `all`: it needs the E2B SDKs' venv.
+        super::bench_e2b::e2b(&ctx, args.iterations).await?;
+    }
     if all || args.group == "ui" {
         ui(manager.clone(), &ctx, args.iterations.min(10)).await?;
     }
     if ![
         "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "egress",
-        "serve", "a2a", "pool", "ui",
+        "serve", "a2a", "pool", "ui", "e2b",
     ]
     .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a, pool, ui or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a, pool, ui, e2b or all",
             args.group
         );
     }

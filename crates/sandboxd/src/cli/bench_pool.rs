@@ -19,7 +19,7 @@ async fn manager(ctx: &Ctx, pool: usize) -> anyhow::Result<Arc<SessionManager>> 
     manager_with(ctx, pool, ctx.config.pool.refill_delay_ms).await
 }
 
-async fn manager_with(
+pub(crate) async fn manager_with(
     ctx: &Ctx,
     pool: usize,
     refill_delay_ms: u64,

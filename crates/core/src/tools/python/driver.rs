@@ -34,7 +34,7 @@ pub(super) const SHOWN_LIMIT: usize = 8;
 
 /// What one cell produced.
 #[derive(Debug, Default)]
-pub(super) struct CellOutput {
+pub struct CellOutput {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub stdout_cut: bool,

@@ -1,0 +1,245 @@
+//! sandboxd's E2B-compatible API against the official SDKs from PyPI (`e2b` 2.63.0 and
+//! `e2b-code-interpreter` 2.11.5, unmodified, in the venv .ci/run makes): a real `serve`,
+//! engine and image, driven by tests/e2b/sdk_check.py as the SDKs' documentation shows.
+//! Commands (output, exit codes, streaming, background processes beside a foreground one with
+//! their own env and cwd, list, kill, stdin), files (text, bytes, several at once, list with
+//! depth, make_dir, rename, remove, exists), timeout, connect, kill (the container is gone);
+//! the code interpreter (state kept, a PNG figure, an error with its traceback); two users
+//! (404 across them, each lists only their own); no network; refused requests say why.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
+
+use crate::serve;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use serve::{Env, Serve, container_of};
+
+/// SANDBOXD_TEST_E2B_PYTHON (CI sets it: a missing venv fails there), else .venv-e2b in the
+/// repo.
+fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("SANDBOXD_TEST_E2B_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-e2b/bin/python");
+    assert!(
+        repo.exists(),
+        "the E2B SDKs are missing: python3 -m venv .venv-e2b && .venv-e2b/bin/pip install 'e2b==2.63.0' 'e2b-code-interpreter==2.11.5'"
+    );
+    repo
+}
+
+async fn sdk(serve: &Serve, key: &str, mode: &str, extra: &[(&str, &str)]) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/sdk_check.py");
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(script)
+        .arg(mode)
+        .env("E2B_API_URL", serve.url("/e2b"))
+        .env("E2B_SANDBOX_URL", serve.url("/e2b/sandbox"))
+        .env("E2B_API_KEY", key)
+        // Plain HTTP to a local server: HTTP/1.1, as a proxy in front of it would speak.
+        .env("E2B_HTTP_VERSION", "1.1")
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG");
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(300), cmd.output())
+        .await
+        .expect("sdk_check.py finishes")
+        .expect("run sdk_check.py");
+    assert!(
+        out.status.success(),
+        "sdk_check.py {mode} failed:\n{}\n--- serve log ---\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        serve.log.lock().unwrap()
+    );
+    serde_json::from_slice(&out.stdout).expect("sdk_check.py prints JSON")
+}
+
+async fn wait_gone(env: &Env, id: &str) {
+    let runtime = env.runtime_id(id).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while container_of(&runtime, false) {
+        assert!(
+            Instant::now() < deadline,
+            "the container of {id} is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn e2b_sdk_commands_files_and_lifecycle() {
+    let env = Env::new("").await;
+    let key = env.add_user("alice", &[]);
+    let serve = env.start();
+    let o = sdk(&serve, &key, "commands_and_files", &[]).await;
+    let id = o["sandbox_id"].as_str().unwrap();
+    assert_eq!(o["echo"]["stdout"], "hi\n", "{o}");
+    assert_eq!(o["echo"]["exit_code"], 0);
+    assert_eq!(
+        strs(&o["streamed"]).concat(),
+        "line1\nline2\nline3\n",
+        "{o}"
+    );
+    assert_eq!(o["exit3"]["exit_code"], 3, "{o}");
+    assert_eq!(o["exit3"]["stderr"], "oops\n");
+    assert_eq!(o["session_env"], "from-create\n", "{o}");
+    // Background processes beside a foreground command, each with its env and cwd.
+    assert_eq!(o["fg_while_bg"], "fg-/tmp\n", "{o}");
+    assert_eq!(o["listed"], o["bg_pids"], "{o}");
+    assert_eq!(o["bg1_file"], "first\n/workspace/wd\n", "{o}");
+    assert_eq!(o["killed"], serde_json::json!([true, true]), "{o}");
+    assert_eq!(o["kill_missing"], false);
+    assert_eq!(o["after_kill"], serde_json::json!([]), "{o}");
+    assert_eq!(o["stdin_echo"], "typed\n", "{o}");
+    // Files.
+    assert_eq!(o["text"], "hello text");
+    assert_eq!(o["bytes"], serde_json::json!([0, 1, 2, 255]));
+    assert_eq!(strs(&o["multi"]), ["a.txt", "b.txt"]);
+    assert_eq!(o["make_dir"], serde_json::json!([true, false]), "{o}");
+    assert_eq!(
+        strs(&o["list_depth2"]),
+        ["/workspace/multi/a.txt", "/workspace/multi/b.txt"]
+    );
+    assert_eq!(o["renamed"], "/workspace/renamed.txt");
+    assert_eq!(o["exists"], serde_json::json!([true, false]));
+    assert_eq!(o["removed"], true);
+    assert_eq!(o["missing"], "FileNotFoundException", "{o}");
+    assert_eq!(o["script"], "ran-script\n", "{o}");
+    // No network: curl fails (no route, no name resolution).
+    assert_ne!(o["curl_exit"], 0, "{o}");
+    // Control plane.
+    assert_eq!(o["info_metadata"]["suite"], "e2b-sdk", "{o}");
+    assert_eq!(strs(&o["list_ids"]), [id.to_string()], "{o}");
+    assert_eq!(o["list_none"], 0);
+    assert_eq!(o["connected"], "again\n");
+    assert_eq!(o["is_running"], true);
+    assert_eq!(o["kill"], true);
+    assert_eq!(o["kill_again"], false, "{o}");
+    wait_gone(&env, id).await;
+
+    // The session is sandboxd's: /v1 sees it, ended.
+    let api = serve::Api::new(&serve, &key);
+    let (status, s) = api
+        .json(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["state"], "ended", "{s}");
+    assert_eq!(s["metadata"]["suite"], "e2b-sdk");
+
+    let r = sdk(&serve, &key, "refused", &[]).await;
+    let template = r["template"].as_str().unwrap();
+    assert!(
+        template.contains("no-such-template") && template.contains("base, code-interpreter-v1"),
+        "{r}"
+    );
+    assert!(
+        r["internet"].as_str().unwrap().contains("no network"),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn e2b_code_interpreter_sdk() {
+    let env = Env::new("").await;
+    let key = env.add_user("carol", &[]);
+    let serve = env.start();
+    let o = sdk(&serve, &key, "code_interpreter", &[]).await;
+    assert_eq!(o["env_in_python"], "'in-python'", "{o}");
+    assert_eq!(o["result"], "42", "{o}");
+    assert_eq!(o["count"], 3, "{o}");
+    assert_eq!(strs(&o["logs"]["stdout"]), ["out\n"], "{o}");
+    assert_eq!(strs(&o["logs"]["stderr"]), ["err\n"], "{o}");
+    // base64 of the PNG signature.
+    assert_eq!(o["png_prefix"], "iVBORw0KGgoA", "{o}");
+    assert_eq!(o["error"]["name"], "ZeroDivisionError", "{o}");
+    assert_eq!(o["error"]["value"], "division by zero");
+    assert!(
+        o["error"]["traceback"]
+            .as_str()
+            .unwrap()
+            .contains("Traceback"),
+        "{o}"
+    );
+    assert!(o["js"].as_str().unwrap().contains("python only"), "{o}");
+    assert_eq!(strs(&o["contexts"]), ["default"]);
+    wait_gone(&env, o["sandbox_id"].as_str().unwrap()).await;
+}
+
+#[tokio::test]
+async fn e2b_sdk_users_do_not_see_each_other() {
+    let env = Env::new("").await;
+    let alice = env.add_user("alice", &[]);
+    let bob = env.add_user("bob", &[]);
+    let serve = env.start();
+    let a = sdk(&serve, &alice, "keep", &[]).await;
+    let id = a["sandbox_id"].as_str().unwrap();
+    let b = sdk(&serve, &bob, "foreign", &[("SANDBOX_ID", id)]).await;
+    assert_eq!(b["connect"], "SandboxNotFoundException", "{b}");
+    assert_eq!(b["kill"], false, "{b}");
+    assert_eq!(b["listed"], serde_json::json!([]), "{b}");
+    assert_eq!(
+        b["forged_list"],
+        serde_json::json!([503, "unavailable"]),
+        "{b}"
+    );
+    // Alice's sandbox is untouched.
+    let api = serve::Api::new(&serve, &alice);
+    let (status, s) = api
+        .json(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(s["state"], "running", "{s}");
+}
+
+/// An admin's template (jq, built offline as tests/serve_templates.rs does; later runs find
+/// it by its content hash) chosen by name from the SDK; an unknown name is E2B's not-found
+/// listing the names this server knows.
+#[tokio::test]
+async fn e2b_sdk_chooses_a_template_by_name() {
+    let env = Env::new("[[templates]]\nname = \"jq\"\npackages = [\"jq\"]\n").await;
+    let out = env
+        .cmd()
+        .env("SANDBOXD_IMAGE_KEEP_OLD", "1")
+        .args(["image", "build", "--template", "jq"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "image build --template jq: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = env.add_user("tess", &[]);
+    let serve = env.start();
+    let o = sdk(&serve, &key, "template", &[("TEMPLATE", "jq")]).await;
+    assert_eq!(o["jq"], "42\n", "{o}");
+    assert_eq!(o["template_id"], "jq", "{o}");
+    assert_eq!(o["listed_template"], serde_json::json!(["jq"]), "{o}");
+    let unknown = o["unknown"].as_str().unwrap();
+    assert!(
+        unknown.contains("no-such-template")
+            && unknown.contains("base, code-interpreter-v1, default, jq"),
+        "{o}"
+    );
+    // /v1 sees the session, made from the template.
+    let id = o["sandbox_id"].as_str().unwrap();
+    let api = serve::Api::new(&serve, &key);
+    let (status, s) = api
+        .json(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["metadata"]["e2b.template"], "jq", "{s}");
+    wait_gone(&env, id).await;
+}
