@@ -16,7 +16,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, pool, ui, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, pool, ui, stream, or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -151,14 +151,17 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     if all || args.group == "ui" {
         ui(manager.clone(), &ctx, args.iterations.min(10)).await?;
     }
+    if all || args.group == "stream" {
+        super::bench_stream::stream(manager.clone(), &ctx, args.iterations).await?;
+    }
     if ![
         "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "egress",
-        "serve", "pool", "ui",
+        "serve", "pool", "ui", "stream",
     ]
     .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, pool, ui or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, pool, ui, stream or all",
             args.group
         );
     }

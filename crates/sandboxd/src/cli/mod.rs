@@ -8,6 +8,7 @@
 pub(crate) mod bench;
 pub(crate) mod bench_pool;
 pub(crate) mod bench_replicas;
+pub(crate) mod bench_stream;
 pub(crate) mod copy_out;
 pub(crate) mod doctor;
 pub(crate) mod egress;

@@ -2,7 +2,9 @@
 // resumes with Last-Event-ID after a drop; events at or below the last seq seen are
 // ignored, so a replay never duplicates a step), has the server render each batch of events
 // into timeline fragments (POST /ui/render), and keeps the header (state, tokens, steps)
-// current. Stop, the answer to ask_human and the follow-up use the runs API.
+// current. Stop, the answer to ask_human and the follow-up use the runs API. While the run
+// is live, `delta` events (no id, never replayed) show the model's text as it is written in
+// one live box, replaced by the step's own events when they arrive.
 'use strict';
 
 UI.views.run = async function () {
@@ -16,7 +18,9 @@ UI.views.run = async function () {
   let source = null;
   let run = null;
   let state = 'queued';
-  const TYPES = ['run_started', 'notice', 'thinking', 'context_trimmed', 'retry', 'token_usage',
+  let liveBox = null; // the text of the answer being written
+  let answered = 0; // the newest step whose answer event came: its deltas are stale
+  const TYPES = ['run_started', 'notice', 'thinking', 'context_trimmed', 'context_condensed', 'retry', 'token_usage',
     'assistant_text', 'tool_call', 'tool_result', 'nudge', 'error', 'run_finished', 'run_state',
     'question_asked', 'question_answered', 'plan_created', 'step_started', 'step_finished',
     'replanned', 'flow_finished', 'message'];
@@ -86,6 +90,27 @@ UI.views.run = async function () {
       else $('#live').textContent = 'reconnecting…';
     };
     for (const t of TYPES) source.addEventListener(t, onEvent);
+    source.addEventListener('delta', onDelta);
+  }
+
+  function onDelta(e) {
+    let d;
+    try { d = JSON.parse(e.data); } catch (err) { return; }
+    if (!(d.step > answered) || typeof d.text !== 'string') return;
+    if (!liveBox || liveBox.dataset.step !== String(d.step)) {
+      if (liveBox) liveBox.remove();
+      liveBox = el('div', { class: 'item ev live-text', 'data-step': String(d.step) });
+      timeline.append(liveBox);
+    }
+    const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
+    liveBox.textContent += d.text;
+    document.body.dataset.liveMs = String(Math.round(performance.now()));
+    if (stick) window.scrollTo(0, document.body.scrollHeight);
+  }
+
+  function dropLive() {
+    if (liveBox) liveBox.remove();
+    liveBox = null;
   }
 
   function onEvent(e) {
@@ -96,7 +121,11 @@ UI.views.run = async function () {
     lastSeq = seq;
     run.last_seq = Math.max(run.last_seq || 0, seq);
     switch (ev.type) {
-      case 'token_usage': setUsage(ev.total_prompt_tokens, ev.total_completion_tokens); setSteps(ev.step); break;
+      case 'token_usage':
+        setUsage(ev.total_prompt_tokens, ev.total_completion_tokens);
+        setSteps(ev.step);
+        answered = Math.max(answered, ev.step);
+        break;
       case 'run_state': setState(ev.state); break;
       case 'question_asked': showQuestion(ev.question); break;
       case 'question_answered': $('#answer-box').hidden = true; break;
@@ -137,6 +166,8 @@ UI.views.run = async function () {
       }
       queue = queue.slice(n);
       const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
+      // The step's answer is drawn now: its live text goes.
+      if (batch.some((ev) => ev.type === 'token_usage' || ev.type === 'run_finished')) dropLive();
       for (const f of r.data.fragments) place(f);
       document.body.dataset.rendered = String(batch[batch.length - 1].seq || 0);
       document.body.dataset.renderedMs = String(Math.round(performance.now()));
