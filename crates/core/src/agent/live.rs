@@ -20,7 +20,7 @@ use crate::events::EventKind;
 use crate::llm::{Completion, LlmClient, LlmError, Message, RetryNotice};
 
 /// The shortest time between two deltas of one run.
-pub const COALESCE: Duration = Duration::from_millis(25);
+pub(super) const COALESCE: Duration = Duration::from_millis(25);
 
 /// Asks the model with `tools`, streaming the answer's text to `emitter` as deltas of `step`.
 pub(super) async fn chat(
