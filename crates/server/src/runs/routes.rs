@@ -2,7 +2,6 @@
 //! the images their events reference. A thin shell over `RunService`; every route resolves
 //! the run through the store and answers 404 unless the caller owns it (or is an admin).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 

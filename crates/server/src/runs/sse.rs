@@ -39,7 +39,7 @@ enum Next {
 }
 
 /// The stream of SSE events for `follower`, with the run's deltas when `deltas` is given.
-pub fn events(
+pub(super) fn events(
     follower: Follower,
     guard: StreamGuard,
     deltas: Option<broadcast::Receiver<TextDelta>>,
