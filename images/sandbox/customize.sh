@@ -40,20 +40,44 @@ echo "I: sandboxd: removing usrmerge and the perl it needed" >&2
 chroot "$root" dpkg --purge usrmerge libfile-find-rule-perl libnumber-compare-perl \
     libtext-glob-perl perl perl-modules-5.36 libperl5.36 >&2
 
-# The libraries' own test suites (~45 MB) are never imported by user code. They are deleted here
-# rather than kept out with dpkg path-exclude, because the packages' postinst byte-compiles every
-# listed .py file and fails on missing ones.
-echo "I: sandboxd: removing the test suites of pandas and matplotlib" >&2
+# python3-scipy depends on python3-pythran (its build-time compiler: the compiled modules need
+# nothing of it at run time), which pulls in g++, boost and the Python headers (~400 MB). Only
+# pythran is removed against a dependency (--force-depends); the rest goes by a normal purge,
+# which dpkg refuses if anything left still needs it, so this list stays honest.
+echo "I: sandboxd: removing pythran and the C++ toolchain it pulled in" >&2
+chroot "$root" dpkg --purge --force-depends python3-pythran >&2
+chroot "$root" dpkg --purge python3-beniget python3-gast python3-ply libxsimd-dev \
+    libboost-dev libboost1.74-dev python3-all-dev python3-all libpython3-all-dev python3-dev \
+    libpython3-dev python3.11-dev libpython3.11-dev libpython3.11 libexpat1-dev zlib1g-dev \
+    libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread \
+    g++ g++-12 libstdc++-12-dev gcc gcc-12 libgcc-12-dev cpp cpp-12 libcc1-0 libisl23 libmpc3 \
+    libmpfr6 libasan8 liblsan0 libtsan2 libubsan1 libitm1 libatomic1 binutils \
+    binutils-x86-64-linux-gnu binutils-common libbinutils libctf0 libctf-nobfd0 libgprofng0 \
+    libjansson4 libc6-dev libc-dev-bin libcrypt-dev libnsl-dev libtirpc-dev linux-libc-dev \
+    rpcsvc-proto >&2
+
+# The libraries' own test suites (~45 MB for pandas and matplotlib alone) are never imported by
+# user code. They are deleted here rather than kept out with dpkg path-exclude, because the
+# packages' postinst byte-compiles every listed .py file and fails on missing ones.
+echo "I: sandboxd: removing the test suites of the python libraries" >&2
 rm -rf "$root/usr/lib/python3/dist-packages/pandas/tests" \
     "$root/usr/lib/python3/dist-packages/matplotlib/tests" \
     "$root/usr/lib/python3/dist-packages/mpl_toolkits/tests"
+for lib in scipy sklearn statsmodels seaborn plotly; do
+    find "$root/usr/lib/python3/dist-packages/$lib" -depth -type d -name tests -exec rm -rf {} +
+done
+
+# matplotlib reads this file first (MATPLOTLIBRC in image.conf): Agg, and the CJK font.
+install -D -o root -g root -m 0644 "$recipe_dir/matplotlibrc" \
+    "$root/usr/local/share/sandboxd/matplotlibrc"
 
 # matplotlib scans the fonts on first use (~1 s); do it once here. Its cache must live in a
 # writable MPLCONFIGDIR at run time (/tmp/matplotlib on tmpfs), so init.sh copies this one there
 # when a container starts.
 echo "I: sandboxd: building matplotlib's font cache" >&2
 install -d -o root -g root -m 0755 "$root/usr/local/share/sandboxd/matplotlib"
-chroot "$root" env MPLCONFIGDIR=/usr/local/share/sandboxd/matplotlib MPLBACKEND=Agg HOME=/tmp \
+chroot "$root" env MPLCONFIGDIR=/usr/local/share/sandboxd/matplotlib \
+    MATPLOTLIBRC=/usr/local/share/sandboxd/matplotlibrc MPLBACKEND=Agg HOME=/tmp \
     python3 -c 'import matplotlib.pyplot' >&2
 chmod -R a+rX "$root/usr/local/share/sandboxd"
 

@@ -152,6 +152,15 @@ pub enum EventKind {
         data: Option<Box<serde_json::Value>>,
         duration_ms: u64,
     },
+    /// A further image of the tool result before it (a python cell's second and later
+    /// figures), in order: `index` 1 is the result's second image (its `image` is the first).
+    ToolImage {
+        step: usize,
+        call_id: String,
+        name: String,
+        index: usize,
+        image: ImageRef,
+    },
     /// The same step came twice; the model is told to change strategy (or no longer is).
     Nudge {
         step: usize,

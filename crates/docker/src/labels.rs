@@ -55,6 +55,7 @@ mod tests {
             limits: limits.clone(),
             keep: true,
             replica: None,
+            image: None,
         };
         let labels = encode(&spec.meta("1234:5678"));
         let expected: HashMap<String, String> = [

@@ -132,7 +132,9 @@ impl DockerRuntime {
 
     /// Creates and starts a session container with every hardening default in place.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<Arc<DockerSandbox>, SandboxError> {
-        let body = container_body(&self.image, self.oci_runtime.as_deref(), spec);
+        // A template's image, or this runtime's own.
+        let image = spec.image.as_deref().unwrap_or(&self.image);
+        let body = container_body(image, self.oci_runtime.as_deref(), spec);
         let name = format!("sandboxd-{}", spec.session_id);
         let created = self
             .docker
@@ -145,7 +147,7 @@ impl DockerRuntime {
                 bollard::errors::Error::DockerResponseServerError {
                     status_code: 404, ..
                 } => SandboxError::ImageMissing {
-                    tag: self.image.clone(),
+                    tag: image.to_string(),
                 },
                 bollard::errors::Error::DockerResponseServerError { message, .. }
                     if message.to_lowercase().contains("unknown runtime")

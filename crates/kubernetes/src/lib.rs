@@ -2,9 +2,9 @@
 //! (spec.rs), reached only through the pod's exec subresource over a WebSocket (exec.rs,
 //! channel.rs), with sandboxd's `SandboxMeta` as labels and annotations (meta.rs), behind
 //! the same `Runtime` seam as Docker. This crate is the only one that imports kube and
-//! k8s-openapi. The deny-all NetworkPolicy is created before the first pod and checked by
-//! the readiness probe; whether the cluster's network plugin enforces it is not proven here
-//! (see README, "On Kubernetes": what was and was not tested).
+//! k8s-openapi. The deny-all NetworkPolicy is created before the first pod, and a probe pod
+//! proves the network plugin enforces it before the first session starts (probe.rs);
+//! `doctor` checks the rest of what a cluster must have (doctor.rs).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,18 +12,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config};
-use tokio::sync::OnceCell;
+use tokio::sync::{Mutex, OnceCell};
 
 use sandboxd_core::config::Limits;
 use sandboxd_core::sandbox::runtime::{FoundSandbox, Runtime, SandboxSpec};
-use sandboxd_core::sandbox::{Sandbox, SandboxError, SandboxState, host};
+use sandboxd_core::sandbox::{Owner, Sandbox, SandboxError, SandboxState, host};
+
+use state::{start_failure, state_of};
 
 mod channel;
+pub mod doctor;
 mod exec;
 pub mod meta;
+pub mod probe;
 pub mod spec;
+mod state;
+mod usage;
 
 pub use exec::{KubeExec, KubeSandbox};
 pub use spec::PodSettings;
@@ -46,6 +52,8 @@ pub struct KubeRuntime {
     /// This host's name: creators are recorded as `<host>/<pid>:<start>`.
     host: String,
     policy: Arc<OnceCell<()>>,
+    /// The network probe's verdict once it had one: the leaks it found, if any (probe.rs).
+    isolation: Arc<Mutex<Option<probe::Isolation>>>,
 }
 
 /// The client for the cluster `KUBECONFIG` names (or `~/.kube/config`), else the in-cluster
@@ -105,6 +113,7 @@ impl KubeRuntime {
             settings,
             host,
             policy: Arc::new(OnceCell::new()),
+            isolation: Arc::default(),
         }
     }
 
@@ -116,12 +125,16 @@ impl KubeRuntime {
         Api::namespaced(self.client.clone(), &self.settings.namespace)
     }
 
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     fn creator(&self) -> String {
         format!("{}/{}", self.host, host::creator_label())
     }
 
     /// Creates the deny-all NetworkPolicy unless it exists (once per process).
-    async fn ensure_policy(&self) -> Result<(), SandboxError> {
+    pub(crate) async fn ensure_policy(&self) -> Result<(), SandboxError> {
         self.policy
             .get_or_try_init(|| async {
                 let api: Api<NetworkPolicy> =
@@ -142,7 +155,7 @@ impl KubeRuntime {
             .map(|_| ())
     }
 
-    fn sandbox(&self, pod: String, session_id: &str, limits: &Limits) -> KubeSandbox {
+    pub(crate) fn sandbox(&self, pod: String, session_id: &str, limits: &Limits) -> KubeSandbox {
         let exec = KubeExec {
             client: self.client.clone(),
             namespace: self.settings.namespace.clone(),
@@ -188,6 +201,52 @@ impl KubeRuntime {
         }
     }
 
+    /// Creates a pod and waits until it runs; a pod that does not run is removed again.
+    /// Its name.
+    pub(crate) async fn create_pod(
+        &self,
+        pod: &Pod,
+        session: &str,
+    ) -> Result<String, SandboxError> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        self.pods()
+            .create(&PostParams::default(), pod)
+            .await
+            .map_err(|e| kube_err("create the session pod", session, e))?;
+        if let Err(e) = self.wait_running(&name, session).await {
+            let _ = self.remove_pod(&name).await;
+            return Err(e);
+        }
+        Ok(name)
+    }
+
+    /// Deletes the pod at once (no grace: nothing in it is worth a clean shutdown) and
+    /// waits until the API no longer has it, so a find right after finds nothing.
+    pub(crate) async fn remove_pod(&self, handle: &str) -> Result<(), SandboxError> {
+        let op = "remove the session pod";
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        match self.pods().delete(handle, &dp).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(r)) if r.code == 404 => return Ok(()),
+            Err(e) => return Err(kube_err(op, handle, e)),
+        }
+        let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            match self.pods().get_opt(handle).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => return Err(kube_err(op, handle, e)),
+            }
+        }
+        Err(SandboxError::Timeout {
+            what: format!("the pod {handle} to be deleted"),
+            after: REMOVE_TIMEOUT,
+        })
+    }
+
     async fn list_selected(
         &self,
         session: Option<&str>,
@@ -216,68 +275,13 @@ impl KubeRuntime {
     }
 }
 
-/// Why a starting pod will not run, when it says so (the image cannot be pulled, the pod
-/// failed, its container ended).
-fn start_failure(pod: &Pod) -> Option<String> {
-    if exec::stopped(pod) {
-        return Some(exec::stop_reason(pod).unwrap_or_else(|| "the pod stopped".into()));
-    }
-    let waiting = pod
-        .status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find_map(|c| c.state.as_ref()?.waiting.clone())?;
-    let reason = waiting.reason.unwrap_or_default();
-    let fatal = [
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-    ];
-    fatal.contains(&reason.as_str()).then(|| {
-        let message: String = waiting
-            .message
-            .unwrap_or_default()
-            .chars()
-            .filter(|c| !c.is_control())
-            .take(300)
-            .collect();
-        format!("{reason}: {message} (is the sandbox image pushed to the cluster's registry? [kubernetes] image)")
-    })
-}
-
-/// A pod's state in the seam's words.
-fn state_of(pod: &Pod) -> SandboxState {
-    if pod.metadata.deletion_timestamp.is_some() {
-        return SandboxState::Removing;
-    }
-    if exec::stopped(pod) {
-        return SandboxState::Stopped;
-    }
-    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
-        Some("Running") => SandboxState::Running,
-        _ => SandboxState::Starting,
-    }
-}
-
 #[async_trait]
 impl Runtime for KubeRuntime {
     async fn create(&self, spec: &SandboxSpec) -> Result<(String, Arc<dyn Sandbox>), SandboxError> {
         self.ensure_policy().await?;
+        self.ensure_isolated().await?;
         let pod = spec::pod(&self.settings, spec, &self.creator());
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let op = "create the session pod";
-        self.pods()
-            .create(&PostParams::default(), &pod)
-            .await
-            .map_err(|e| kube_err(op, &spec.session_id, e))?;
-        if let Err(e) = self.wait_running(&name, &spec.session_id).await {
-            let _ = self.remove(&name).await;
-            return Err(e);
-        }
+        let name = self.create_pod(&pod, &spec.session_id).await?;
         let sandbox = self.sandbox(name.clone(), &spec.session_id, &spec.limits);
         Ok((name, Arc::new(sandbox)))
     }
@@ -300,6 +304,25 @@ impl Runtime for KubeRuntime {
         )))
     }
 
+    /// One merge patch: the label `sandboxd/claimed=true` (what a selector for free warm
+    /// pods excludes) and the annotation `sandboxd/claimed-by` with the owner.
+    async fn mark_claimed(&self, handle: &str, owner: &Owner) -> Result<(), SandboxError> {
+        let patch = serde_json::json!({"metadata": {
+            "labels": {meta::CLAIMED: "true"},
+            "annotations": {meta::CLAIMED_BY: owner.to_string()},
+        }});
+        self.pods()
+            .patch(handle, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| kube_err("mark a warm pod claimed", handle, e))
+    }
+
+    /// Read in the pod through exec (usage.rs): no metrics API needed.
+    async fn memory_usage(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
+        self.read_memory(handle).await
+    }
+
     async fn list(&self) -> Result<Vec<FoundSandbox>, SandboxError> {
         self.list_selected(None).await
     }
@@ -309,35 +332,12 @@ impl Runtime for KubeRuntime {
         Ok(found.into_iter().find(|f| f.session_id == session_id))
     }
 
-    /// Deletes the pod at once (no grace: nothing in it is worth a clean shutdown) and
-    /// waits until the API no longer has it, so a find right after finds nothing.
     async fn remove(&self, handle: &str) -> Result<(), SandboxError> {
-        let op = "remove the session pod";
-        let dp = DeleteParams {
-            grace_period_seconds: Some(0),
-            ..DeleteParams::default()
-        };
-        match self.pods().delete(handle, &dp).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(r)) if r.code == 404 => return Ok(()),
-            Err(e) => return Err(kube_err(op, handle, e)),
-        }
-        let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
-        while tokio::time::Instant::now() < deadline {
-            match self.pods().get_opt(handle).await {
-                Ok(None) => return Ok(()),
-                Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
-                Err(e) => return Err(kube_err(op, handle, e)),
-            }
-        }
-        Err(SandboxError::Timeout {
-            what: format!("the pod {handle} to be deleted"),
-            after: REMOVE_TIMEOUT,
-        })
+        self.remove_pod(handle).await
     }
 
-    /// The API server answers in the namespace, and the deny-all NetworkPolicy is there
-    /// (created if missing). That the network plugin enforces it is not checked yet.
+    /// The API server answers in the namespace, the deny-all NetworkPolicy is there
+    /// (created if missing), and the network probe found it enforced (probe.rs).
     async fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
         let cluster = self
             .pods()
@@ -346,7 +346,12 @@ impl Runtime for KubeRuntime {
             .map(|_| ())
             .map_err(|e| kube_err("list pods", "", e).to_string());
         let policy = self.ensure_policy().await.map_err(|e| e.to_string());
-        vec![("cluster", cluster), ("network policy", policy)]
+        let isolation = self.isolation_ready().await;
+        vec![
+            ("cluster", cluster),
+            ("network policy", policy),
+            ("network isolation", isolation),
+        ]
     }
 
     /// A creator is `<host>/<pid>:<start>`: a process of this host is checked; another
@@ -357,40 +362,5 @@ impl Runtime for KubeRuntime {
             Some((h, label)) if h == self.host => host::creator_alive(label),
             _ => true,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn states_of_pods() {
-        let pod = |status: serde_json::Value| -> Pod {
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "status": status}))
-                .unwrap()
-        };
-        assert_eq!(
-            state_of(&pod(serde_json::json!({"phase": "Pending"}))),
-            SandboxState::Starting
-        );
-        assert_eq!(
-            state_of(&pod(serde_json::json!({"phase": "Running"}))),
-            SandboxState::Running
-        );
-        assert_eq!(
-            state_of(&pod(serde_json::json!({"phase": "Failed"}))),
-            SandboxState::Stopped
-        );
-        let pulling = pod(
-            serde_json::json!({"phase": "Pending", "containerStatuses": [{
-            "name": "sandbox", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}}]}),
-        );
-        assert!(
-            start_failure(&pulling)
-                .unwrap()
-                .contains("ImagePullBackOff")
-        );
     }
 }

@@ -16,6 +16,11 @@ use sandboxd_core::sandbox::runtime::{SandboxMeta, meta_key};
 /// Kubernetes rules for qualified names ask).
 pub(crate) const PREFIX: &str = "sandboxd/";
 
+/// The label a claimed warm pod carries, and the annotation with who claimed it
+/// (`Runtime::mark_claimed`; informational, never read back as the binding).
+pub const CLAIMED: &str = "sandboxd/claimed";
+pub const CLAIMED_BY: &str = "sandboxd/claimed-by";
+
 /// Longest annotation value written; longer ones (never ours) are left out.
 const MAX_ANNOTATION: usize = 4096;
 
@@ -118,6 +123,7 @@ mod tests {
             limits: Limits::default(),
             keep: true,
             replica: Some("replica-1".into()),
+            image: None,
         }
     }
 

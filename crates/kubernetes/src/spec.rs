@@ -129,7 +129,7 @@ pub fn pod(settings: &PodSettings, spec: &SandboxSpec, creator: &str) -> Pod {
     .collect();
     let container = Container {
         name: CONTAINER.to_string(),
-        image: Some(settings.image.clone()),
+        image: Some(spec.image.clone().unwrap_or_else(|| settings.image.clone())),
         image_pull_policy: Some(pull_policy(&settings.pull_policy)),
         command: Some(vec![format!("{HELPERS_DIR}/init.sh")]),
         working_dir: Some(WORKSPACE.to_string()),
@@ -220,10 +220,11 @@ pub fn role(namespace: &str) -> Role {
             ..Default::default()
         },
         rules: Some(vec![
+            // patch: a warm pod is marked claimed (`Runtime::mark_claimed`).
             rule(
                 &[""],
                 &["pods"],
-                &["create", "get", "list", "watch", "delete"],
+                &["create", "get", "list", "watch", "patch", "delete"],
             ),
             // The exec subresource is opened with a GET upgraded to a WebSocket.
             rule(&[""], &["pods/exec"], &["create", "get"]),

@@ -9,5 +9,7 @@
 mod conformance;
 mod fake;
 mod golden;
+mod isolation;
 mod manifests;
+mod pool;
 mod protocol;

@@ -45,6 +45,7 @@ fn session(id: &str, owner: &str) -> SandboxSpec {
         limits: Limits::default(),
         keep: false,
         replica: None,
+        image: None,
     }
 }
 
@@ -91,7 +92,10 @@ fn the_objects_are_the_golden_ones() {
     for rule in role.rules.unwrap() {
         for verb in &rule.verbs {
             assert!(
-                ["create", "get", "list", "watch", "delete", "update"].contains(&verb.as_str()),
+                [
+                    "create", "get", "list", "watch", "patch", "delete", "update"
+                ]
+                .contains(&verb.as_str()),
                 "{verb}"
             );
         }

@@ -13,7 +13,8 @@ use tokio::io::AsyncWriteExt;
 use crate::conformance::runtime;
 use crate::fake::FakeApi;
 
-fn spec(what: &str) -> SandboxSpec {
+/// A session spec with a unique id (`what` says which test made it).
+pub(crate) fn spec(what: &str) -> SandboxSpec {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -28,6 +29,7 @@ fn spec(what: &str) -> SandboxSpec {
         },
         keep: false,
         replica: None,
+        image: None,
     }
 }
 

@@ -5,12 +5,14 @@
 //! plus a branch here. (The Docker-only commands — `image`, `doctor`'s engine checks and the
 //! docker-CLI baselines of `bench` — talk to the Docker crate directly by design.)
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use sandboxd_core::config::{BackendKind, Config, StoreKind};
 use sandboxd_core::sandbox::Runtime;
 use sandboxd_core::sandbox::records::{FileRecords, SessionRecords};
+use sandboxd_core::sandbox::templates::Templates;
 use sandboxd_core::store::{Store, StoreRecords};
 use sandboxd_docker::image as docker_image;
 use sandboxd_docker::{self as docker, DockerRuntime};
@@ -21,7 +23,16 @@ use sandboxd_sqlite::SqliteStore;
 /// and the sandbox image present (built, with progress on stderr, when it is missing).
 pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
     if config.runtime.kind() == BackendKind::Kubernetes {
-        return kubernetes(config).await;
+        let rt = kube_runtime(config).await?;
+        // The network probe starts now, not at the first session: its verdict is in the
+        // log at start-up, and a create waits for it (probe.rs).
+        let probe = rt.clone();
+        tokio::spawn(async move {
+            if let Err(e) = probe.ensure_isolated().await {
+                tracing::error!(error = %e, "no session can start on this cluster");
+            }
+        });
+        return Ok(Arc::new(rt));
     }
     let engine = docker::connect().await?;
     let image = if config.docker.image.is_empty() {
@@ -39,7 +50,7 @@ pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>>
 /// The runtime for commands that only look at or remove sessions: it never builds anything.
 pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
     if config.runtime.kind() == BackendKind::Kubernetes {
-        return kubernetes(config).await;
+        return Ok(Arc::new(kube_runtime(config).await?));
     }
     let engine = docker::connect().await?;
     let image = if config.docker.image.is_empty() {
@@ -54,14 +65,45 @@ pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc
     )))
 }
 
+/// The templates sessions may name, with the images they are made from: on Docker the
+/// default image and each `[[templates]]` entry's tag (`sandboxd image build --template`
+/// builds it; a session of one not built yet fails with the image missing). Kubernetes runs
+/// only its configured image, so there only `default` is known.
+pub(crate) fn templates(config: &Config) -> anyhow::Result<Templates> {
+    if config.runtime.kind() == BackendKind::Kubernetes {
+        if !config.templates.is_empty() {
+            tracing::warn!(
+                "[[templates]] are built for the Docker backend only; Kubernetes sessions use the default image"
+            );
+        }
+        return Ok(Templates::new(
+            Some(config.kubernetes.image.clone()),
+            BTreeMap::new(),
+        ));
+    }
+    let default = if config.docker.image.is_empty() {
+        docker_image::image_tag()
+    } else {
+        config.docker.image.clone()
+    };
+    let mut named = BTreeMap::new();
+    for t in &config.templates {
+        let tag = docker_image::template_tag(t)
+            .with_context(|| format!("template {:?} in [[templates]]", t.name))?;
+        named.insert(t.name.clone(), tag);
+    }
+    Ok(Templates::new(Some(default), named))
+}
+
 /// Pods in `[kubernetes] namespace` of the cluster KUBECONFIG names (or the in-cluster
-/// service account); the image is the configured one, never built here.
-async fn kubernetes(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
+/// service account); the image is the configured one, never built here. (`doctor` asks it
+/// for the cluster's checks too.)
+pub(crate) async fn kube_runtime(
+    config: &Config,
+) -> anyhow::Result<sandboxd_kubernetes::KubeRuntime> {
     let settings: sandboxd_kubernetes::PodSettings = config.kubernetes.clone();
     let client = sandboxd_kubernetes::connect().await?;
-    Ok(Arc::new(sandboxd_kubernetes::KubeRuntime::new(
-        client, settings,
-    )))
+    Ok(sandboxd_kubernetes::KubeRuntime::new(client, settings))
 }
 
 /// Where the CLI's kept sessions' tool records live: private files in the data directory.

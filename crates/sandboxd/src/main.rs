@@ -27,6 +27,8 @@ struct Cli {
 enum Command {
     /// Run the agent on a task inside a fresh sandbox.
     Run(cli::run::RunArgs),
+    /// List the agent profiles `run --agent` and `POST /v1/runs {"agent": …}` accept.
+    Agents(cli::agents::AgentsArgs),
     /// Run one command in a fresh sandbox, streaming its output; exits with its exit code.
     Exec(cli::exec::ExecArgs),
     /// An interactive persistent shell in a fresh sandbox.
@@ -48,6 +50,9 @@ enum Command {
     /// Add, list, remove users of `serve`; rotate their keys; set their quotas.
     #[command(subcommand)]
     Users(cli::users::UsersCommand),
+    /// Bring in configuration from elsewhere (OpenManus's config.toml and mcp.json).
+    #[command(subcommand)]
+    Config(cli::config::ConfigCommand),
     /// Measure sandboxd beside the plain docker CLI; prints tables for BENCHMARKS.md.
     Bench(cli::bench::BenchArgs),
 }
@@ -72,6 +77,7 @@ fn main() -> ExitCode {
         let ctx = cli::Ctx::load(cli.config.as_deref())?;
         match cli.command {
             Command::Run(args) => cli::run::main(ctx, args).await,
+            Command::Agents(args) => cli::agents::main(ctx, args).await,
             Command::Exec(args) => cli::exec::exec(ctx, args).await,
             Command::Shell(args) => cli::exec::shell(ctx, args).await,
             Command::Tool(args) => cli::tool::main(ctx, args).await,
@@ -82,6 +88,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => cli::serve::main(ctx, args).await,
             Command::Users(cmd) => cli::users::main(ctx, cmd).await,
             Command::Bench(args) => cli::bench::main(ctx, args).await,
+            Command::Config(cmd) => cli::config::main(ctx, cmd).await,
         }
     });
     match result {

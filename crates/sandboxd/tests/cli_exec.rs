@@ -99,6 +99,41 @@ fn doctor_reports_docker_and_the_limits() {
     );
 }
 
+/// With the Kubernetes backend doctor checks the cluster, not Docker: an API server that
+/// does not answer is a failure that says how to point at one.
+#[test]
+fn doctor_checks_the_cluster_when_the_backend_is_kubernetes() {
+    let dir = std::env::temp_dir().join(format!("sandboxd-kdoc-{:08x}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("k8s.toml");
+    std::fs::write(
+        &cfg,
+        "[runtime]\nbackend = \"kubernetes\"\n[kubernetes]\nimage = \"registry.example/sandboxd-sandbox:1\"\n",
+    )
+    .unwrap();
+    // A kubeconfig whose API server is a closed loopback port.
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"http://127.0.0.1:9\"}}]\nusers: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u, namespace: sandboxd}}]\ncurrent-context: x\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["--config", cfg.to_str().unwrap(), "doctor"])
+        .env("SANDBOXD_RESEARCH_ENABLED", "false")
+        .env("KUBECONFIG", &kubeconfig)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sandboxd");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("FAIL  Kubernetes API server"), "{text}");
+    assert!(text.contains("→ point KUBECONFIG at the cluster"), "{text}");
+    assert!(text.contains("deny-all NetworkPolicy"), "{text}");
+    assert!(!text.contains("Docker engine"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_bad_config_key_is_named() {
     let dir = std::env::temp_dir().join(format!("sandboxd-cfg-{:08x}", std::process::id()));

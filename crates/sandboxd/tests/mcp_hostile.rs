@@ -98,8 +98,11 @@ async fn hostile_sandboxes_do_not_hurt_the_server_or_its_other_clients() {
         json!({"action": "go_to_url", "url": "file:///workspace/big.html"}),
     )
     .await;
+    // Until the cut is seen, or a generous deadline: how long Chromium takes to build the big
+    // message depends on the machine's load, and is not what this test measures.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
     let mut notes = String::new();
-    for _ in 0..10 {
+    while std::time::Instant::now() < deadline {
         let r = call(
             reg_a,
             &format!("mcp_{a}_browser_use"),
@@ -112,8 +115,9 @@ async fn hostile_sandboxes_do_not_hurt_the_server_or_its_other_clients() {
             break;
         }
         // On a loaded machine Chromium can be too slow to answer before it builds the big
-        // message; sandboxd then restarts it on about:blank, and the page must be opened again.
-        if text.contains("Chromium was stopped") {
+        // message; sandboxd then restarts it on about:blank, and the page must be opened
+        // again (as often as that happens, since the reopening can be cut short the same way).
+        if text.contains("Chromium was stopped") || text.contains("URL: \"about:blank\"") {
             call(
                 reg_a,
                 &format!("mcp_{a}_browser_use"),

@@ -218,6 +218,7 @@ async fn failing_server_is_skipped_and_clashes_keep_the_first() {
             command: "/nonexistent/mcp-server".into(),
             args: vec![],
             env: vec![],
+            host: true,
         },
         keep_names: false,
         refresh_every: 5,
@@ -254,9 +255,9 @@ async fn denied_environment_is_refused_at_parse_time() {
     let py = common::python().display().to_string();
     let script = common::script("server_sdk.py");
     let text = json!({"mcpServers": {
-        "ok": {"command": py, "args": [script]},
-        "evil": {"command": py, "args": [script], "env": {"LD_PRELOAD": "/tmp/x.so"}},
-        "evil2": {"command": py, "args": [script], "env": {"PYTHONPATH": "/tmp"}}
+        "ok": {"command": py, "args": [script], "host": true},
+        "evil": {"command": py, "args": [script], "env": {"LD_PRELOAD": "/tmp/x.so"}, "host": true},
+        "evil2": {"command": py, "args": [script], "env": {"PYTHONPATH": "/tmp"}, "host": true}
     }});
     std::fs::write(&path, text.to_string()).unwrap();
     let clients = sandboxd_core::mcp::connect_all(&path).await.unwrap();

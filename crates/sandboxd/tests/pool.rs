@@ -507,3 +507,37 @@ async fn a_scoped_pool_serves_kept_sessions_and_only_its_records_can_adopt_a_cla
     assert!(unscoped.reconcile().await.unwrap().is_empty());
     rt.set_alive(ME, true);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_is_marked_on_the_backend_once_or_the_session_is_created_cold() {
+    let rt = FakeRuntime::new();
+    let m = pooled(&rt, 2, 16);
+    m.refill_pool().await;
+    let warm = rt.sessions();
+    let s = m
+        .create(&owner("a"), &LimitRequest::default(), FRESH)
+        .await
+        .unwrap();
+    assert!(warm.contains(&s.id));
+    assert_eq!(rt.claims(), [(s.handle.clone(), "a".to_string())]);
+    // A mark the backend refuses: that warm sandbox is not handed out but removed, and the
+    // session is made cold.
+    rt.fail_claims(true);
+    let creates = rt.creates();
+    let s2 = m
+        .create(&owner("b"), &LimitRequest::default(), FRESH)
+        .await
+        .unwrap();
+    assert!(
+        !warm.contains(&s2.id),
+        "an unmarked warm sandbox is not handed out"
+    );
+    assert_eq!(rt.creates(), creates + 1);
+    settle().await;
+    assert!(
+        warm.iter()
+            .all(|id| *id == s.id || !rt.sessions().contains(id)),
+        "the unmarked warm sandbox was removed"
+    );
+    assert_eq!(rt.claims().len(), 1);
+}

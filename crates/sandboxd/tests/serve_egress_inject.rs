@@ -29,7 +29,7 @@ const VAR: &str = "SANDBOXD_TEST_INJECT_SECRET";
 /// Bash that counts, for the needle given reversed (so no command line, event or file of
 /// the test holds it), its occurrences in the shell's `env`, in every process's environ and
 /// cmdline, and the files under / holding it. The needle lives only in a pipe.
-fn search(reversed: &str) -> String {
+pub(crate) fn search(reversed: &str) -> String {
     format!(
         "needle() {{ python3 -c 'import sys; sys.stdout.write(sys.stdin.read().strip()[::-1])' <<< '{reversed}'; }}\n\
          echo \"env $(env | grep -cF -f <(needle))\"\n\
@@ -39,7 +39,7 @@ fn search(reversed: &str) -> String {
 }
 
 /// The three counts `search` printed.
-fn counts(out: &str) -> (u64, u64, u64) {
+pub(crate) fn counts(out: &str) -> (u64, u64, u64) {
     let n = |k: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(&format!("{k} ")))
@@ -70,7 +70,7 @@ EOF"
 
 /// Runs `command` in the session (up to ten minutes: the file search reads the whole image)
 /// and returns its stdout.
-async fn exec(api: &Api, id: &str, command: &str) -> String {
+pub(crate) async fn exec(api: &Api, id: &str, command: &str) -> String {
     let (s, v) = api
         .json(
             Method::POST,
@@ -84,6 +84,27 @@ async fn exec(api: &Api, id: &str, command: &str) -> String {
         v["stdout"].as_str().unwrap_or_default(),
         v["stderr"].as_str().unwrap_or_default()
     )
+}
+
+/// Asserts that `secret` is in no environment, command line or file of session `id`, after
+/// the same searches found a canary planted in a process's environment and in a file (a
+/// search that cannot find anything fails).
+pub(crate) async fn assert_absent_from_sandbox(api: &Api, id: &str, secret: &str) {
+    let canary = format!("canary-{:032x}", rand::random::<u128>());
+    let rev = |s: &str| s.chars().rev().collect::<String>();
+    // (a process that keeps it in its environment: `export` does not change the shell's own)
+    let planted = format!(
+        "export PLANTED=\"$(python3 -c 'import sys; print(sys.argv[1][::-1])' {})\"; (sleep 120 </dev/null >/dev/null 2>&1 &); printf %s \"$PLANTED\" > /workspace/planted.txt; {}",
+        rev(&canary),
+        search(&rev(&canary))
+    );
+    let (e, p, f) = counts(&exec(api, id, &planted).await);
+    assert!(
+        e >= 1 && p >= 1 && f >= 1,
+        "the search must find the canary: {e} {p} {f}"
+    );
+    let (e, p, f) = counts(&exec(api, id, &search(&rev(secret))).await);
+    assert_eq!((e, p, f), (0, 0, 0), "the secret is in the sandbox");
 }
 
 /// Puts the config back as `users add` read it (without the credential whose variable only
@@ -222,23 +243,7 @@ async fn a_credential_reaches_the_api_and_nothing_in_the_sandbox_events_or_logs(
         "intercepted: {out}"
     );
 
-    // The searches find a canary planted in the environment and a file ...
-    let canary = format!("canary-{:032x}", rand::random::<u128>());
-    let rev = |s: &str| s.chars().rev().collect::<String>();
-    // (a process that keeps it in its environment: `export` does not change the shell's own)
-    let planted = format!(
-        "export PLANTED=\"$(python3 -c 'import sys; print(sys.argv[1][::-1])' {})\"; (sleep 120 </dev/null >/dev/null 2>&1 &); printf %s \"$PLANTED\" > /workspace/planted.txt; {}",
-        rev(&canary),
-        search(&rev(&canary))
-    );
-    let (e, p, f) = counts(&exec(&api, &id, &planted).await);
-    assert!(
-        e >= 1 && p >= 1 && f >= 1,
-        "the search must find the canary: {e} {p} {f}"
-    );
-    // ... and find the secret nowhere.
-    let (e, p, f) = counts(&exec(&api, &id, &search(&rev(&secret))).await);
-    assert_eq!((e, p, f), (0, 0, 0), "the secret is in the sandbox");
+    assert_absent_from_sandbox(&api, &id, &secret).await;
 
     let (_, egress) = api
         .json(Method::GET, &format!("/v1/sessions/{id}/egress"), None)

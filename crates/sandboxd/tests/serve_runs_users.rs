@@ -149,3 +149,69 @@ async fn the_daily_token_quota_stops_a_run_and_refuses_the_next() {
     assert_eq!(v["error"]["quota"], "input_tokens_per_day");
     assert_eq!(v["error"]["limit"], "50");
 }
+
+/// The admin's MCP servers (`[mcp] servers_file`) reach the service runs of the users
+/// `[mcp] service_users` names: their tool is in the run's tool list and its call is a tool
+/// event like any; a user the admin did not name gets no such tool.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_serve_run_gets_the_admins_mcp_tools_only_for_allowed_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let mcp_json = dir.path().join("mcp.json");
+    let py = crate::mcp_common::python();
+    let server = crate::mcp_common::script("server_sdk.py");
+    std::fs::write(
+        &mcp_json,
+        json!({"mcpServers": {"team": {"command": py, "args": [server], "host": true}}})
+            .to_string(),
+    )
+    .unwrap();
+    let llm = FakeLlm::start(vec![
+        Reply::tool("mcp_team_echo_text", json!({"text": "from serve"})),
+        Reply::tool(
+            "terminate",
+            json!({"status": "success", "answer": "ann done"}),
+        ),
+        Reply::tool(
+            "terminate",
+            json!({"status": "success", "answer": "ben done"}),
+        ),
+    ])
+    .await;
+    let mcp = format!(
+        "[mcp]\nservers_file = {:?}\nservice_users = [\"ann\"]\n",
+        mcp_json.display().to_string()
+    );
+    let env = Env::new(&format!("{}{SERVER}{mcp}", llm_config(&llm))).await;
+    let ann = env.add_user("ann", &[]);
+    let ben = env.add_user("ben", &[]);
+    let serve = env.start();
+    let (a, b) = (Api::new(&serve, &ann), Api::new(&serve, &ben));
+
+    let run = start_run(&a, json!({"task": "use the team tool", "session": {}})).await;
+    let evs = follow_all(&a, run["id"].as_str().unwrap()).await;
+    assert_eq!(evs.last().unwrap().data["state"], "succeeded", "{evs:?}");
+    let result = evs
+        .iter()
+        .find(|e| e.event == "tool_result" && e.data["name"] == "mcp_team_echo_text")
+        .expect("the MCP tool's result is an event");
+    assert_eq!(result.data["is_error"], false, "{}", result.data);
+    assert!(
+        result.data["output"]
+            .as_str()
+            .unwrap()
+            .contains("echo: from serve")
+    );
+
+    let run = start_run(&b, json!({"task": "no team tool for you", "session": {}})).await;
+    let evs = follow_all(&b, run["id"].as_str().unwrap()).await;
+    assert_eq!(evs.last().unwrap().data["state"], "succeeded", "{evs:?}");
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 3);
+    assert!(reqs[0]["tools"].to_string().contains("mcp_team_echo_text"));
+    let ben_tools = reqs[2]["tools"].to_string();
+    assert!(!ben_tools.contains("mcp_team"), "{ben_tools}");
+    assert!(
+        ben_tools.contains("\"bash\""),
+        "ben's run has the session's own tools"
+    );
+}

@@ -201,6 +201,7 @@ fn the_tool_command_runs_one_call_and_lists_the_tools() {
             "browser_use",
             "web_search",
             "web_fetch",
+            "view_image",
             "ask_human",
             "terminate"
         ]

@@ -135,18 +135,20 @@ impl Backend {
         Owner::new(format!("{OWNER_PREFIX}{user_id}"))
     }
 
-    /// Makes the container of a reserved session; `request` is already within the user's
-    /// ceilings and the manager lowers the admin's limits to it. It idles out after the
-    /// row's timeout.
+    /// Makes the container of a reserved session, from `image` (a template's; None: the
+    /// default); `request` is already within the user's ceilings and the manager lowers the
+    /// admin's limits to it. It idles out after the row's timeout.
     pub async fn create(
         &self,
         row: &SessionRow,
         request: &LimitRequest,
+        image: Option<String>,
     ) -> Result<Arc<Live>, SandboxError> {
         let owner = Self::owner_of(&row.owner)?;
+        let keep = CreateOptions { keep: true };
         let session = self
             .manager
-            .create(&owner, request, CreateOptions { keep: true })
+            .create_from(&owner, request, keep, image)
             .await?;
         session.set_idle_timeout(idle_timeout(row));
         Ok(Arc::new(Live::new(row, session)))

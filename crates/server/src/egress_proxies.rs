@@ -9,11 +9,13 @@
 //! Another replica's helper already serving the sandbox (`PortTaken`) is fine: that replica
 //! serves it, with the same row as its policy.
 //!
-//! With `[egress] credentials`, every session held here gets one `Injector` (its CA's key in
-//! this process's memory only), made at its first `follow` and kept while the session is
-//! held, so a restarted proxy keeps the CA the sandbox already trusts and the browser's pin
-//! (fixed when its tools are made) stays right. Its files and variables are put into the
-//! sandbox once a proxy with it runs.
+//! With `[egress] credentials` or a key for users' own (`credential_key_file`), every
+//! session held here gets one `Injector` (its CA's key in this process's memory only), made
+//! at its first `follow` and kept while the session is held, so a restarted proxy keeps the
+//! CA the sandbox already trusts and the browser's pin (on the session's one leaf key, fixed
+//! when its tools are made) stays right. Every `follow` gives it the admin's credentials and
+//! the owner's, read from the store; when their hosts changed its CA is made again and its
+//! files are written into the sandbox again. Files and variables go in once a proxy runs.
 //!
 //! The map's lock is never held across a start (a docker exec): a `Starting` entry claims
 //! the session instead, so two `follow`s cannot both start its proxy.
@@ -27,6 +29,7 @@ use tokio::sync::Mutex;
 use crate::AppState;
 use crate::egress::{StoreAudit, StorePolicy};
 use sandboxd_core::egress::inject::{self, Injector};
+use sandboxd_core::egress::user_credentials;
 use sandboxd_core::egress::{EgressDeps, EgressError, EgressProxy, TRACE_TARGET};
 use sandboxd_core::research::resolver::SystemResolver;
 use sandboxd_core::research::ssrf::Policy;
@@ -145,28 +148,63 @@ impl Proxies {
         }
     }
 
-    /// The session's injector: made at the first call when credentials are configured.
-    fn injector(&self, st: &AppState, id: &str) -> Option<Arc<Injector>> {
-        if st.config.egress.credentials.is_empty() {
-            return None;
+    /// The session's injector with its credentials brought up to date (the admin's and the
+    /// owner's, read from the store now), made at the first call when the admin configured
+    /// credentials or a key for users' own; true when its CA changed (made, or made again
+    /// for a new set of hosts), so the sandbox's trust files must be written again.
+    async fn injector(&self, st: &AppState, row: &SessionRow) -> (Option<Arc<Injector>>, bool) {
+        let config = &st.config.egress;
+        if config.credentials.is_empty() && !config.credential_key.is_set() {
+            return (None, false);
         }
-        let mut map = self.injectors.lock().ok()?;
-        if let Some(i) = map.get(id) {
-            return Some(i.clone());
-        }
-        match Injector::for_config(id, &st.config.egress) {
-            Ok(Some(i)) => {
-                let i = Arc::new(i);
-                map.insert(id.to_string(), i.clone());
-                Some(i)
-            }
-            Ok(None) => None,
+        let held = self
+            .injectors
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&row.id).cloned());
+        let credentials = match user_credentials::for_session(st.store.as_ref(), config, &row.owner)
+            .await
+        {
+            Ok(c) => Some(c),
             Err(e) => {
-                tracing::warn!(target: TRACE_TARGET, session = %id, error = %e,
-                    "no credential injection for this session; its credential hosts are tunneled without their credentials");
+                tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %e,
+                        "the owner's egress credentials cannot be read; the session keeps the ones it has");
                 None
             }
+        };
+        if let Some(i) = held {
+            let changed = match credentials.map(|c| i.set_credentials(c)) {
+                Some(Ok(changed)) => changed,
+                Some(Err(e)) => {
+                    tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %e,
+                        "the session CA could not be made for the new credentials; the old ones stay");
+                    false
+                }
+                None => false,
+            };
+            return (Some(i), changed);
         }
+        let credentials = credentials.unwrap_or_else(|| config.credentials.clone());
+        match Injector::new(&row.id, config, credentials) {
+            Ok(i) => {
+                // Two first `follow`s may race: the one in the map first is the session's.
+                let i = match self.injectors.lock() {
+                    Ok(mut map) => map.entry(row.id.clone()).or_insert(Arc::new(i)).clone(),
+                    Err(_) => Arc::new(i),
+                };
+                (Some(i), true)
+            }
+            Err(e) => {
+                tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %e,
+                    "no credential injection for this session; its credential hosts are tunneled without their credentials");
+                (None, false)
+            }
+        }
+    }
+
+    /// Whether this replica runs the session's proxy now.
+    async fn runs(&self, id: &str) -> bool {
+        matches!(self.running.lock().await.get(id), Some(Slot::Running(p)) if p.is_running())
     }
 
     /// Claims the session for a start: false when its proxy runs or another start is under
@@ -210,7 +248,7 @@ impl Proxies {
 pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
     let sandbox = &session.sandbox;
     let proxies = &st.egress_proxies;
-    let injector = proxies.injector(st, &row.id);
+    let (injector, changed) = proxies.injector(st, row).await;
     // The browser reads the same row as the proxy (at every navigation).
     set_egress(
         session,
@@ -234,6 +272,13 @@ pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
         dead.stop().await;
     }
     if !claimed {
+        // Its proxy runs here already: a CA made again for new credential hosts goes in now.
+        if changed
+            && let Some(i) = &injector
+            && proxies.runs(&row.id).await
+        {
+            install_trust(sandbox.as_ref(), i, &row.id).await;
+        }
         return;
     }
     let started = match start_proxy(st, sandbox, row, injector.clone()).await {
@@ -247,11 +292,16 @@ pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
             None
         }
     };
-    if let (Some(_), Some(i)) = (&started, &injector)
-        && let Err(e) = inject::install(sandbox.as_ref(), i).await
-    {
-        tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %e,
-            "the session CA could not be written into the sandbox; its programs will not trust the credential hosts");
+    if let (Some(_), Some(i)) = (&started, &injector) {
+        install_trust(sandbox.as_ref(), i, &row.id).await;
     }
     proxies.settle(&row.id, started).await;
+}
+
+/// Writes the session CA's files into the sandbox (nothing while no host has a credential).
+async fn install_trust(sandbox: &dyn Sandbox, injector: &Injector, id: &str) {
+    if let Err(e) = inject::install(sandbox, injector).await {
+        tracing::warn!(target: TRACE_TARGET, session = %id, error = %e,
+            "the session CA could not be written into the sandbox; its programs will not trust the credential hosts");
+    }
 }

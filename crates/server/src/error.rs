@@ -209,6 +209,13 @@ impl From<StoreError> for ApiError {
                     "you have {active} runs in flight and your quota is {limit}; wait for one to end, cancel one (POST /v1/runs/{{id}}/cancel) or ask the admin to raise it"
                 ),
             ),
+            StoreError::CredentialQuota { limit } => ApiError::quota(
+                "egress_credentials",
+                limit,
+                format!(
+                    "you have {limit} egress credentials, the most [egress] user_credentials allows; remove one (DELETE /v1/egress/credentials/{{host}}) or ask the admin to raise it"
+                ),
+            ),
             StoreError::Unavailable(message) => {
                 tracing::warn!(error = %message, "the store is unavailable");
                 let mut e = ApiError::new(

@@ -47,7 +47,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::backend::Live;
 use crate::error::{ApiError, ApiJson, ApiPath, ErrorBody, ErrorCode, ErrorResponses};
-use crate::sessions::{exec_target, sandbox_failed};
+use crate::sessions::{TIMEOUT_HEADER, exec_target, sandbox_failed};
 use crate::streams::{Kind, StreamGuard};
 use crate::types::ExecBody;
 use sandboxd_core::sandbox::in_use::InUse;
@@ -129,10 +129,12 @@ pub struct ExecExit {
     pub duration_ms: u64,
     /// What sandboxd did besides running the command (a restarted shell, an OOM kill).
     pub note: Option<String>,
+    /// The timeout the command ran under, in seconds (also the `Sandboxd-Timeout` header).
+    pub timeout: u64,
 }
 
-impl From<&ShellOutput> for ExecExit {
-    fn from(o: &ShellOutput) -> Self {
+impl ExecExit {
+    fn new(o: &ShellOutput, timeout: u64) -> Self {
         ExecExit {
             exit_code: o.exit_code,
             stdout_truncated: o.stdout_truncated,
@@ -140,6 +142,7 @@ impl From<&ShellOutput> for ExecExit {
             timed_out: o.timed_out,
             duration_ms: o.duration.as_millis() as u64,
             note: o.note.clone(),
+            timeout,
         }
     }
 }
@@ -148,7 +151,8 @@ impl From<&ShellOutput> for ExecExit {
     params(("id" = String, Path, description = "The session id")),
     responses(
         (status = 200, description = "The command started; its output follows as Server-Sent Events (`stdout`, `stderr`, `holding`, `cut`), then `exit` (or `error`), then the stream ends. Comment lines `: keep-alive` come every 15 s. Closing the connection kills the command.",
-            content_type = "text/event-stream", body = ExecStreamEvent),
+            content_type = "text/event-stream", body = ExecStreamEvent,
+            headers(("Sandboxd-Timeout" = u64, description = "The timeout the command runs under, in seconds"))),
         ErrorResponses),
     security(("bearer" = [])))]
 pub async fn exec_stream(
@@ -158,6 +162,7 @@ pub async fn exec_stream(
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Response, ApiError> {
     let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
+    let timeout = opts.timeout.as_secs();
     // Counted against the caller's streams and ended when their credential is revoked; taken
     // before the command starts, so a refusal is an HTTP status.
     let guard = st.streams.open(&caller, Kind::Stream, &st.shutdown)?;
@@ -202,6 +207,7 @@ pub async fn exec_stream(
         rx,
         task: Some(task),
         peeked,
+        timeout,
         text: [Utf8Carry::default(), Utf8Carry::default()],
         ready: VecDeque::new(),
         done: false,
@@ -221,6 +227,8 @@ pub async fn exec_stream(
         "x-accel-buffering",
         axum::http::HeaderValue::from_static("no"),
     );
+    resp.headers_mut()
+        .insert(TIMEOUT_HEADER, axum::http::HeaderValue::from(timeout));
     Ok(resp)
 }
 
@@ -231,6 +239,8 @@ struct Feed {
     rx: mpsc::Receiver<ShellPiece>,
     task: Option<JoinHandle<Result<ShellOutput, SandboxError>>>,
     peeked: Option<ShellPiece>,
+    /// The timeout the command runs under, in seconds, for the `exit` event.
+    timeout: u64,
     /// Per stream (stdout, stderr): the start of a character split across pieces.
     text: [Utf8Carry; 2],
     ready: VecDeque<Event>,
@@ -362,7 +372,7 @@ impl Feed {
             return;
         };
         let event = match task.await {
-            Ok(Ok(out)) => json_event("exit", &ExecExit::from(&out)),
+            Ok(Ok(out)) => json_event("exit", &ExecExit::new(&out, self.timeout)),
             Ok(Err(e)) => error_event(&sandbox_failed(&self.st, &self.live, e).await),
             Err(e) => error_event(&ApiError::internal(e)),
         };

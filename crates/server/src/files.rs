@@ -1,10 +1,10 @@
 //! /v1/sessions/{id}/files and /archive: list a directory, download and upload one file,
 //! download and upload /workspace (or a directory in it) as a tar archive.
 //!
-//! Every path is hostile: it is resolved lexically against /workspace and refused if it
-//! leaves it (the container is the security boundary, so a symlink inside /workspace that
-//! points elsewhere in the container reaches only the container; but an archive's `path` is
-//! never followed through a symlink, see `copy_out::tar_to_file`). Archives pass the
+//! Every path is hostile: it is resolved lexically (`file_paths`). A file or a listing may be
+//! read anywhere in the container the sandbox user can read; writes and archives stay inside
+//! /workspace, a write through a symbolic link is refused, and an archive's `path` is never
+//! followed through a symlink (see `copy_out::tar_to_file`). Archives pass the
 //! hostile-tar rules (`sandbox::tar_safety`) on the host before anything is unpacked, and the
 //! archive sent to a client is validated the same way first.
 //!
@@ -27,63 +27,27 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::backend::Live;
 use crate::error::{ApiError, ApiPath, ApiQuery, ErrorCode, ErrorResponses};
+use crate::file_paths::{readable_path, workspace_path, write_target};
 use crate::sessions::{live_session, sandbox_failed};
 use crate::spool::{self, INLINE_MAX, Spooled};
 use crate::transfers::TransferPermit;
 use crate::types::*;
 use sandboxd_core::sandbox::copy_out::{ARCHIVE_SLACK, tar_to_file};
+use sandboxd_core::sandbox::file_mode::set_mode;
 use sandboxd_core::sandbox::tar_safety::{TarLimits, validate_archive, validate_archive_file};
 use sandboxd_core::sandbox::{FileKind, WORKSPACE, transfer};
 
-/// Resolves a client path to an absolute path inside /workspace, or says why not.
-pub fn workspace_path(raw: &str) -> Result<String, ApiError> {
-    let bad = |why: &str| {
-        Err(ApiError::invalid(format!(
-            "parameter `path`: {raw:?} {why}"
-        )))
-    };
-    if raw.len() > 4096 {
-        return bad("is longer than 4096 bytes");
-    }
-    if raw.chars().any(|c| c.is_control()) {
-        return bad("contains a control character");
-    }
-    let rel = match raw.strip_prefix(WORKSPACE) {
-        Some("") => "",
-        Some(rest) if rest.starts_with('/') => rest,
-        _ if raw.starts_with('/') => return bad("is outside /workspace"),
-        _ => raw,
-    };
-    let mut parts: Vec<&str> = Vec::new();
-    for part in rel.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                if parts.pop().is_none() {
-                    return bad("leaves /workspace");
-                }
-            }
-            p => parts.push(p),
-        }
-    }
-    if parts.is_empty() {
-        Ok(WORKSPACE.to_string())
-    } else {
-        Ok(format!("{WORKSPACE}/{}", parts.join("/")))
-    }
-}
-
 #[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "files",
-    params(("id" = String, Path, description = "The session id"), DirQuery),
+    params(("id" = String, Path, description = "The session id"), ReadDirQuery),
     responses((status = 200, description = "The directory's entries", body = DirListing), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn list_dir(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
-    ApiQuery(q): ApiQuery<DirQuery>,
+    ApiQuery(q): ApiQuery<ReadDirQuery>,
 ) -> Result<Json<DirListing>, ApiError> {
-    let path = workspace_path(q.path.as_deref().unwrap_or(WORKSPACE))?;
+    let path = readable_path(q.path.as_deref().unwrap_or(WORKSPACE))?;
     let live = live_session(&st, &caller, &id).await?;
     // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
     let _in_use = live.hold();
@@ -109,16 +73,16 @@ pub async fn list_dir(
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/content", tag = "files",
-    params(("id" = String, Path, description = "The session id"), PathQuery),
+    params(("id" = String, Path, description = "The session id"), ReadPathQuery),
     responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn download_file(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
-    ApiQuery(q): ApiQuery<PathQuery>,
+    ApiQuery(q): ApiQuery<ReadPathQuery>,
 ) -> Result<Response, ApiError> {
-    let path = workspace_path(&q.path)?;
+    let path = readable_path(&q.path)?;
     let live = live_session(&st, &caller, &id).await?;
     // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
     let _in_use = live.hold();
@@ -194,14 +158,14 @@ async fn spool_upload(
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/content", tag = "files",
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's new bytes"),
-    params(("id" = String, Path, description = "The session id"), PathQuery),
-    responses((status = 200, description = "Written (parents are created)", body = Written), ErrorResponses),
+    params(("id" = String, Path, description = "The session id"), UploadQuery),
+    responses((status = 200, description = "Written (parents are created), with `mode` if one was given", body = Written), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn upload_file(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
-    ApiQuery(q): ApiQuery<PathQuery>,
+    ApiQuery(q): ApiQuery<UploadQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Written>, ApiError> {
@@ -228,6 +192,7 @@ pub async fn upload_file(
     if let Some(n) = spool::declared_len(&headers).filter(|n| *n > cap) {
         return Err(too_large(n));
     }
+    write_target(&st, &live, &path).await?;
     let (_permit, body) = spool_upload(&st, &caller, &headers, body, limit).await?;
     let bytes = body.size();
     if bytes > cap {
@@ -240,11 +205,16 @@ pub async fn upload_file(
             transfer::write_file_from(&*live.sandbox, &path, file, *len, cap, to).await
         }
     };
-    match written {
+    let moded = match (written, q.mode) {
+        (Ok(()), Some(mode)) => set_mode(&*live.sandbox, &path, mode, timeout(&live)).await,
+        (done, _) => done,
+    };
+    match moded {
         Ok(()) => Ok(Json(Written {
             path,
             bytes,
             entries: None,
+            mode: q.mode.map(|m| m.to_string()),
         })),
         Err(e) => Err(sandbox_failed(&st, &live, e).await),
     }
@@ -314,6 +284,7 @@ pub async fn upload_archive(
     let live = live_session(&st, &caller, &id).await?;
     // A large transfer may outlast a short idle timeout: the session is in use meanwhile.
     let _in_use = live.hold();
+    write_target(&st, &live, &path).await?;
     let (_permit, body) = spool_upload(&st, &caller, &headers, body, limit).await?;
     // Validated here, from the spool file in bounded reads, to answer with the summary (and
     // 400 before touching the sandbox); `upload_tar` validates a small one again on its own.
@@ -342,38 +313,8 @@ pub async fn upload_archive(
             path,
             bytes: summary.total_bytes,
             entries: Some(summary.entries as u64),
+            mode: None,
         })),
         Err(e) => Err(sandbox_failed(&st, &live, e).await),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_stay_inside_the_workspace() {
-        for (raw, want) in [
-            ("a.txt", "/workspace/a.txt"),
-            ("/workspace", "/workspace"),
-            ("/workspace/", "/workspace"),
-            ("/workspace/d/../e", "/workspace/e"),
-            ("./x//y/.", "/workspace/x/y"),
-            (".", "/workspace"),
-        ] {
-            assert_eq!(workspace_path(raw).unwrap(), want, "{raw}");
-        }
-        for raw in [
-            "/etc/passwd",
-            "..",
-            "../etc",
-            "/workspace/../etc",
-            "/workspacex/a",
-            "a/../../b",
-            "a\nb",
-            "/tmp/x",
-        ] {
-            assert!(workspace_path(raw).is_err(), "{raw} must be refused");
-        }
     }
 }

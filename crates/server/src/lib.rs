@@ -25,16 +25,19 @@
 //! sandbox and removes the rest of the scope (reconcile.rs). The pool fills while serving
 //! and is closed, its warm sandboxes removed, on shutdown.
 
+pub mod a2a;
 pub mod accounts;
 pub mod admin;
 pub mod attach;
 pub mod auth;
 pub mod backend;
 pub mod egress;
+pub mod egress_credentials;
 pub mod egress_proxies;
 pub mod ends;
 pub mod error;
 pub mod exec_stream;
+pub mod file_paths;
 pub mod files;
 pub mod health;
 pub mod http;
@@ -64,7 +67,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::{from_fn, from_fn_with_state};
-use axum::routing::{any, get};
+use axum::routing::{any, get, post};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use utoipa::OpenApi as _;
@@ -201,6 +204,14 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
             routes!(sessions::get_session, session_end::delete_session),
         ))
         .routes(l(Short, routes!(egress::get_egress, egress::put_egress)))
+        .routes(l(Short, routes!(egress_credentials::list_credentials)))
+        .routes(l(
+            Short,
+            routes!(
+                egress_credentials::put_credential,
+                egress_credentials::delete_credential
+            ),
+        ))
         .routes(l(Short, routes!(session_end::delete_history)))
         .routes(l(Long, routes!(sessions::exec)))
         .routes(l(Long, routes!(exec_stream::exec_stream)))
@@ -215,6 +226,7 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
             Short,
             routes!(runs::routes::create_run, runs::routes::list_runs),
         ))
+        .routes(l(Short, routes!(runs::agents::list_agents)))
         .routes(l(Short, routes!(runs::routes::get_run)))
         .routes(l(Short, routes!(runs::routes::cancel_run)))
         .routes(l(Short, routes!(runs::routes::answer_run)))
@@ -247,11 +259,18 @@ pub fn app(state: Shared) -> Router {
     let (api, _) = routes(&state.config)
         .route("/v1/openapi.json", get(openapi_json))
         .route("/mcp", any(mcp::handle))
+        .route(
+            a2a::card::PATH,
+            post(a2a::handle).layer(DefaultBodyLimit::max(
+                state.config.server.body_limit_kb.saturating_mul(1024) as usize,
+            )),
+        )
         .split_for_parts();
     let api = api.route_layer(auth);
     let (health, _) = health_routes().split_for_parts();
     let mut app = api
         .merge(health)
+        .route(a2a::card::WELL_KNOWN, get(a2a::agent_card))
         .merge(ui::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)

@@ -24,6 +24,7 @@ use crate::exec_stream::{ExecCut, ExecExit, ExecHolding, ExecText};
         (name = "tools", description = "The agent's tools, called directly"),
         (name = "files", description = "Files and tar archives of /workspace"),
         (name = "runs", description = "Agent and plan runs in sessions, and their live events"),
+        (name = "egress", description = "A user's secrets for the egress proxy (write-only values)"),
         (name = "users", description = "The caller, and the admin's view of users"),
         (name = "health", description = "Unauthenticated liveness and readiness"),
     )

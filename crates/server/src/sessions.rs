@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Extension;
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
@@ -135,7 +135,8 @@ pub async fn create_session(
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     let row = create(&st, &caller, body).await?;
-    Ok((StatusCode::CREATED, Json((&row).into())))
+    let view = Session::of(&row, &st.config.runtime.backend);
+    Ok((StatusCode::CREATED, Json(view)))
 }
 
 /// Makes a session for the caller (within their quota and ceilings), running; also how
@@ -146,6 +147,14 @@ pub async fn create(
     body: CreateSession,
 ) -> Result<SessionRow, ApiError> {
     check_metadata(&body.metadata)?;
+    // Before anything is reserved. An unknown template is a 404 (as E2B answers one), with
+    // the known names in the message.
+    let template = st
+        .backend
+        .manager()
+        .templates()
+        .resolve(body.template.as_deref())
+        .map_err(|e| ApiError::new(ErrorCode::NotFound, format!("field `template`: {e}")))?;
     let admin_idle = st.config.sessions.idle_timeout_secs.max(1);
     let idle = match body.idle_timeout {
         None => admin_idle,
@@ -209,7 +218,8 @@ pub async fn create(
     // Made on its own task: a client that disconnects must not leave a half-made session.
     let task_state = st.clone();
     let task_row = row.clone();
-    let made = tokio::spawn(async move { make(&task_state, &task_row, &filled).await })
+    let image = template.image;
+    let made = tokio::spawn(async move { make(&task_state, &task_row, &filled, image).await })
         .await
         .map_err(ApiError::internal)?;
     made?;
@@ -221,8 +231,13 @@ pub async fn create(
     Ok(row)
 }
 
-async fn make(st: &AppState, row: &SessionRow, filled: &LimitRequest) -> Result<(), ApiError> {
-    match st.backend.create(row, filled).await {
+async fn make(
+    st: &AppState,
+    row: &SessionRow,
+    filled: &LimitRequest,
+    image: Option<String>,
+) -> Result<(), ApiError> {
+    match st.backend.create(row, filled, image).await {
         Ok(live) => {
             if let Err(e) = st
                 .store
@@ -289,7 +304,11 @@ pub async fn list_sessions(
         })
         .await?;
     Ok(Json(SessionList {
-        sessions: page.sessions.iter().map(Session::from).collect(),
+        sessions: page
+            .sessions
+            .iter()
+            .map(|r| Session::of(r, &st.config.runtime.backend))
+            .collect(),
         next_cursor: page.next.map(|n| n.to_string()),
     }))
 }
@@ -307,7 +326,7 @@ pub async fn get_session(
     if let Some(live) = st.backend.get(&row).await {
         row.last_used_at = row.last_used_at.max(live.last_used_ms());
     }
-    Ok(Json((&row).into()))
+    Ok(Json(Session::of(&row, &st.config.runtime.backend)))
 }
 
 /// Checks an exec body and finds its session: the sync and the streamed exec take the same
@@ -343,17 +362,23 @@ pub async fn exec_target(
     Ok((live, opts))
 }
 
+/// The header both execs answer with: the seconds of timeout the command runs under (the
+/// request's, or the default, lowered to the session's `max_timeout_secs`).
+pub const TIMEOUT_HEADER: &str = "sandboxd-timeout";
+
 #[utoipa::path(post, path = "/v1/sessions/{id}/exec", tag = "sessions", request_body = ExecBody,
     params(("id" = String, Path, description = "The session id")),
-    responses((status = 200, description = "The command ran (see exit_code and timed_out)", body = ExecResult), ErrorResponses),
+    responses((status = 200, description = "The command ran (see exit_code and timed_out)", body = ExecResult,
+        headers(("Sandboxd-Timeout" = u64, description = "The timeout the command ran under, in seconds"))), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn exec(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ExecBody>,
-) -> Result<Json<ExecResult>, ApiError> {
+) -> Result<([(&'static str, HeaderValue); 1], Json<ExecResult>), ApiError> {
     let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
+    let applied = opts.timeout.as_secs();
     // Ended when the caller's credential is revoked (not counted as a stream). Not at
     // shutdown: a request in flight has the drain to finish.
     let guard = st
@@ -377,7 +402,7 @@ pub async fn exec(
         Ok(o) => o,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
     };
-    Ok(Json(ExecResult {
+    let result = ExecResult {
         exit_code: out.exit_code,
         stdout: out.stdout_lossy(),
         stderr: out.stderr_lossy(),
@@ -386,7 +411,9 @@ pub async fn exec(
         timed_out: out.timed_out,
         duration_ms: out.duration.as_millis() as u64,
         note: out.note,
-    }))
+        timeout: applied,
+    };
+    Ok(([(TIMEOUT_HEADER, HeaderValue::from(applied))], Json(result)))
 }
 
 #[utoipa::path(get, path = "/v1/tools", tag = "tools",

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use sandboxd_core::config::{LimitRequest, Limits};
+use sandboxd_core::sandbox::file_mode::FileMode;
 use sandboxd_core::store::{SessionKind, SessionRow, SessionState};
 
 /// An optional whole number; JSON Schema counts `5.0` as an integer, so it is accepted.
@@ -88,6 +89,12 @@ pub struct CreateSession {
     #[serde(default)]
     #[schema(schema_with = crate::egress::policy_schema_or_null)]
     pub egress: Option<sandboxd_core::config::egress::EgressPolicy>,
+    /// The image to make the sandbox from: `default` (the default, served by the warm pool)
+    /// or the name of one of the admin's `[[templates]]` (made cold); an unknown name is a
+    /// 404 whose message lists the known ones.
+    #[serde(default)]
+    #[schema(max_length = 64)]
+    pub template: Option<String>,
 }
 
 fn metadata_schema() -> utoipa::openapi::Object {
@@ -200,14 +207,20 @@ pub struct Session {
     /// Its egress policy as rules (`["off"]`, `["any"]`, `["a.org", "!b.a.org"]`);
     /// GET /v1/sessions/{id}/egress has its counters and recent connections.
     pub egress: Vec<String>,
+    /// The backend its sandbox runs on: `docker` or `kubernetes`.
+    pub backend: String,
+    /// The backend's name for its sandbox (the Docker container id, the Kubernetes pod
+    /// name); none before the sandbox is made.
+    pub handle: Option<String>,
 }
 
 pub fn time(ms: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
 
-impl From<&SessionRow> for Session {
-    fn from(r: &SessionRow) -> Self {
+impl Session {
+    /// The view of `r`, a session on the backend named `backend`.
+    pub fn of(r: &SessionRow, backend: &str) -> Self {
         Session {
             id: r.id.clone(),
             owner: r.owner.clone(),
@@ -221,6 +234,8 @@ impl From<&SessionRow> for Session {
             ended_at: r.ended_at.map(time),
             end_reason: r.end_reason.clone(),
             egress: r.egress.items(),
+            backend: backend.trim().to_string(),
+            handle: r.container_id.clone(),
         }
     }
 }
@@ -257,7 +272,8 @@ pub struct ExecBody {
     #[schema(pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
     pub command: String,
     /// Seconds before the command's process tree is killed; default 120; a value above the
-    /// session's `max_timeout_secs` is lowered to it.
+    /// session's `max_timeout_secs` is lowered to it, and the answer says so (`timeout`, and
+    /// the `Sandboxd-Timeout` header).
     #[schema(minimum = 1, maximum = 86400)]
     #[serde(default, deserialize_with = "integral")]
     pub timeout: Option<u64>,
@@ -276,6 +292,9 @@ pub struct ExecResult {
     pub duration_ms: u64,
     /// What sandboxd did besides running the command (e.g. restarted the shell).
     pub note: Option<String>,
+    /// The timeout the command ran under, in seconds: the request's `timeout` (or the
+    /// default), lowered to the session's `max_timeout_secs`.
+    pub timeout: u64,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -311,6 +330,49 @@ pub struct PathQuery {
     pub path: String,
 }
 
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UploadQuery {
+    /// A path inside /workspace, absolute or relative to it; not through a symbolic link.
+    #[param(
+        pattern = "^(?!.*[^/]{256})(/workspace(/[^\\u0000-\\u001f\\u007f-\\u009f]*)?|[^/\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*)?$",
+        max_length = 4096
+    )]
+    pub path: String,
+    /// The file's permission bits in octal (`0755`, `755` or `0o755`); without it a new file
+    /// is 0644 and a replaced one keeps its mode. Setuid, setgid and sticky are refused.
+    #[param(value_type = Option<String>, pattern = "^(0o)?0?[0-7]{1,3}$")]
+    pub mode: Option<FileMode>,
+}
+
+/// A path to read: anywhere in the container the sandbox user can read.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReadPathQuery {
+    /// An absolute path in the container, or one relative to /workspace (a `..` that goes
+    /// above `/` is refused).
+    #[param(
+        pattern = "^(?!(.*/)?\\.\\.(/|$))(?!.*[^/]{256})[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+        max_length = 4096
+    )]
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReadDirQuery {
+    /// A directory to list: an absolute path in the container, or one relative to /workspace
+    /// (default /workspace).
+    #[param(
+        pattern = "^(?!(.*/)?\\.\\.(/|$))(?!.*[^/]{256})[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+        max_length = 4096
+    )]
+    pub path: Option<String>,
+}
+
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -343,6 +405,8 @@ pub struct Written {
     pub bytes: u64,
     /// Entries unpacked, for archives.
     pub entries: Option<u64>,
+    /// The permission bits set (octal), when the upload gave a `mode`.
+    pub mode: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -23,6 +23,7 @@ use async_trait::async_trait;
 use rusqlite::{TransactionBehavior, params};
 use tokio::sync::Semaphore;
 
+mod credentials;
 mod edges;
 mod egress;
 mod events;
@@ -52,6 +53,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v8.sql"),
     include_str!("schema_v9.sql"),
     include_str!("schema_v10.sql"),
+    include_str!("schema_v11.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

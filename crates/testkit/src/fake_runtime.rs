@@ -39,6 +39,8 @@ struct State {
     warm_ups: usize,
     /// Every `kill_tagged` asked of a sandbox: (handle, tag).
     kills: Vec<(String, String)>,
+    /// Every `mark_claimed`: (handle, owner).
+    claims: Vec<(String, String)>,
 }
 
 #[derive(Default)]
@@ -51,6 +53,8 @@ pub struct FakeRuntime {
     revision: Mutex<String>,
     /// Whether `update_limits` accepts (true) or declines.
     updates_accepted: Mutex<bool>,
+    /// Whether `mark_claimed` fails.
+    claims_fail: Mutex<bool>,
     /// What `memory_usage` answers for every sandbox (None: the backend cannot tell).
     memory_each: Mutex<Option<u64>>,
 }
@@ -76,6 +80,16 @@ impl FakeRuntime {
 
     pub fn accept_updates(&self, yes: bool) {
         *self.updates_accepted.lock().unwrap() = yes;
+    }
+
+    /// Makes `mark_claimed` fail (as a patch the API server refuses would).
+    pub fn fail_claims(&self, yes: bool) {
+        *self.claims_fail.lock().unwrap() = yes;
+    }
+
+    /// Claims marked so far: (handle, owner).
+    pub fn claims(&self) -> Vec<(String, String)> {
+        self.state.lock().unwrap().claims.clone()
     }
 
     /// The handles of every sandbox that exists, sorted.
@@ -306,6 +320,19 @@ impl Runtime for FakeRuntime {
         }
         st.updates.push((handle.to_string(), limits.clone()));
         Ok(true)
+    }
+
+    async fn mark_claimed(&self, handle: &str, owner: &Owner) -> Result<(), SandboxError> {
+        if *self.claims_fail.lock().unwrap() {
+            return Err(SandboxError::Backend {
+                backend: "fake",
+                operation: "mark a claim".into(),
+                message: "refused".into(),
+            });
+        }
+        let mut st = self.state.lock().unwrap();
+        st.claims.push((handle.to_string(), owner.to_string()));
+        Ok(())
     }
 
     async fn memory_usage(&self, handle: &str) -> Result<Option<u64>, SandboxError> {

@@ -21,11 +21,12 @@ the helper sends more. Credit may be given back in any grouping: this helper sen
 CREDIT per connection per read of its stdin (not one per DATA frame), once the socket took
 the bytes.
 
-Speed (issue 24): everything runs in asyncio protocol callbacks, with no await per frame. A
-read of stdin (up to 256 KiB) is cut into frames in one pass; each DATA goes straight to its
-socket's transport (bytes the kernel does not take at once stay in the transport, whose
-write limits are 0, so pause_writing/resume_writing say exactly when they are gone); the
-CREDIT frames of that read leave in one write.
+Speed (issue 24): everything runs in asyncio callbacks, with no await per frame. Stdin is
+read frame by frame: a header alone, then a DATA payload is spliced from the pipe straight
+into its client's socket (no copy through python); what the socket does not take at once is
+read and left in the client's transport (whose write limits are 0, so pause_writing and
+resume_writing say exactly when it is gone), and no splice goes to that socket until the
+transport is empty again. The CREDIT frames owed after a pass over stdin leave in one write.
 
 The protocol runs on private duplicates of fds 0/1 (sandboxd_proto.claim_channel), and the
 process makes itself non-dumpable, so other processes of the sandbox user cannot open its
@@ -42,6 +43,7 @@ import os
 import socket
 import struct
 import sys
+import termios
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sandboxd_proto as proto  # noqa: E402
@@ -49,8 +51,12 @@ import sandboxd_proto as proto  # noqa: E402
 HELLO, OPEN, DATA, EOF, CLOSE, CREDIT, REFUSED = 1, 2, 3, 4, 5, 6, 7
 HEADER = struct.Struct(">IBI")
 COUNT = struct.Struct(">I")
+# FIONREAD's answer: a native int.
+COUNT_LE = struct.Struct("=i")
 MAX_PAYLOAD = 64 * 1024
 WINDOW = 256 * 1024
+# Payload bytes one pass over stdin moves before the event loop's other callbacks run.
+PASS = 1024 * 1024
 # The channel's pipes are grown to this (Linux's default pipe-max-size for unprivileged
 # processes): fewer, larger reads and writes per megabyte than with the default 64 KiB.
 PIPE_SIZE = 1024 * 1024
@@ -136,6 +142,8 @@ class Client(asyncio.Protocol):
         self.helper = helper
         self.cid = 0
         self.transport = None
+        # The socket's fd, for splice; -1 when the transport has none.
+        self.fd = -1
         self.credit = WINDOW
         # Bytes read from the client beyond the credit: at most one read (reading pauses).
         self.pending = b""
@@ -156,6 +164,7 @@ class Client(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.fd = sock.fileno()
         transport.set_write_buffer_limits(high=0, low=0)
         self.cid = h.next_id
         h.next_id += 1
@@ -202,6 +211,19 @@ class Client(asyncio.Protocol):
         self.owed += len(payload)
         self.helper.owed.add(self)
 
+    def can_splice(self):
+        """Whether bytes may go into the socket behind the transport: only when it holds
+        none, so the order of the bytes stays the host's."""
+        t = self.transport
+        return self.fd >= 0 and not self.blocked and not t.is_closing() and (
+            t.get_write_buffer_size() == 0
+        )
+
+    def spliced(self, n):
+        """n bytes went into the socket: their credit goes back after this pass."""
+        self.owed += n
+        self.helper.owed.add(self)
+
     def pause_writing(self):
         self.blocked = True
 
@@ -217,38 +239,130 @@ class Client(asyncio.Protocol):
             self.helper.send(self.cid, CLOSE)
 
 
-class Channel(asyncio.Protocol):
-    """The host's frames on stdin, cut and handled a whole read at a time."""
+class Channel:
+    """The host's frames on stdin. A frame's header is read alone; a DATA payload goes from
+    the pipe straight into its client's socket with splice(2) (no copy through python) while
+    that socket takes it; what the socket does not take at once is read and left in the
+    client's transport, which then holds the rest of that payload (at most one frame). Other
+    frames (CREDIT, EOF, CLOSE) are read whole. The CREDIT frames owed leave after each pass."""
 
-    def __init__(self, helper):
+    def __init__(self, helper, fd):
         self.helper = helper
-        self.buf = bytearray()
+        self.fd = fd
+        self.head = b""
+        # The DATA frame whose payload is being moved: [connection or None, bytes left].
+        self.data = None
+        # A frame other than DATA being read: [id, type, length, payload so far].
+        self.frame = None
+        # Payload bytes moved since credit was last sent back.
+        self.moved = 0
+        self.splice = hasattr(os, "splice")
 
-    def data_received(self, data):
-        buf = self.buf
-        buf += data
-        at, end = 0, len(buf)
-        frames = []
-        with memoryview(buf) as view:
-            while end - at >= HEADER.size:
-                cid, kind, length = HEADER.unpack_from(view, at)
-                if length > MAX_PAYLOAD:
-                    fail(EXIT_PROTOCOL, "a frame of %d bytes is over the limit" % length)
-                if end - at - HEADER.size < length:
+    def readable(self):
+        """One pass over what stdin holds: at most PASS bytes of payload before the loop's
+        other callbacks get their turn, the credit owed sent back every half window."""
+        moved = 0
+        try:
+            while moved < PASS:
+                before = self.moved
+                if not self.step():
                     break
-                start = at + HEADER.size
-                frames.append((cid, kind, bytes(view[start:start + length])))
-                at = start + length
-        del buf[:at]
-        for cid, kind, payload in frames:
-            self.helper.on_frame(cid, kind, payload)
-        self.helper.flush_credit()
+                moved += self.moved - before
+                if self.moved >= WINDOW // 2:
+                    self.helper.flush_credit()
+                    self.moved = 0
+        finally:
+            self.helper.flush_credit()
 
-    def eof_received(self):
-        os._exit(0)
+    def read(self, n):
+        """Up to n bytes of stdin; None when the pipe is empty for now."""
+        try:
+            b = os.read(self.fd, n)
+        except BlockingIOError:
+            return None
+        if not b:
+            os._exit(0)  # the host closed stdin
+        return b
 
-    def connection_lost(self, exc):
-        os._exit(0)
+    def step(self):
+        """Moves what stdin holds for one frame; False when it must wait for more."""
+        if self.data is not None:
+            return self.payload()
+        if self.frame is not None:
+            return self.small()
+        b = self.read(HEADER.size - len(self.head))
+        if b is None:
+            return False
+        self.head += b
+        if len(self.head) < HEADER.size:
+            return True
+        cid, kind, length = HEADER.unpack(self.head)
+        self.head = b""
+        if length > MAX_PAYLOAD:
+            fail(EXIT_PROTOCOL, "a frame of %d bytes is over the limit" % length)
+        if kind == DATA and length:
+            conn = self.helper.conns.get(cid)
+            if conn is None and not cid < self.helper.next_id:
+                fail(EXIT_PROTOCOL, "unexpected frame %d for connection %d" % (kind, cid))
+            self.data = [conn, length]
+        else:
+            self.frame = [cid, kind, length, b""]
+        return True
+
+    def small(self):
+        """Reads the rest of a frame other than DATA, then handles it."""
+        cid, kind, length, payload = self.frame
+        if len(payload) < length:
+            b = self.read(length - len(payload))
+            if b is None:
+                return False
+            payload += b
+            self.frame[3] = payload
+            if len(payload) < length:
+                return True
+        self.frame = None
+        self.helper.on_frame(cid, kind, payload)
+        return True
+
+    def payload(self):
+        """Moves the current DATA payload on; False when the pipe is empty for now."""
+        conn, left = self.data
+        if conn is not None and not conn.live():
+            conn = self.data[0] = None
+        moved = None
+        if conn is not None and self.splice and conn.can_splice():
+            moved = self.splice_to(conn, left)
+            if moved is False:
+                return False
+        if moved is None:
+            b = self.read(left)
+            if b is None:
+                return False
+            if conn is not None:
+                conn.to_client(b)
+            moved = len(b)
+        left -= moved
+        self.moved += moved
+        self.data = [conn, left] if left else None
+        return True
+
+    def splice_to(self, conn, left):
+        """Bytes spliced into the socket; False if the pipe is empty; None when the socket
+        takes none now (or splice cannot be used): the caller reads them instead."""
+        try:
+            n = os.splice(self.fd, conn.fd, left, flags=os.SPLICE_F_NONBLOCK | os.SPLICE_F_MOVE)
+        except BlockingIOError:
+            # Either end may be the one that would block: the pipe's count tells which.
+            avail = fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0")
+            return False if COUNT_LE.unpack(avail)[0] == 0 else None
+        except OSError as e:
+            if e.errno in (errno.EINVAL, errno.ENOSYS):
+                self.splice = False  # not on this kernel / these fds: read and write
+            return None
+        if n == 0:
+            os._exit(0)  # the host closed stdin
+        conn.spliced(n)
+        return n
 
 
 def grow_pipe(f):
@@ -282,7 +396,9 @@ async def main(port, max_conns):
     loop = asyncio.get_running_loop()
     helper = Helper(max_conns)
     helper.out, _ = await loop.connect_write_pipe(asyncio.Protocol, proto_out)
-    await loop.connect_read_pipe(lambda: Channel(helper), proto_in)
+    os.set_blocking(proto_in.fileno(), False)
+    channel = Channel(helper, proto_in.fileno())
+    loop.add_reader(proto_in.fileno(), channel.readable)
     await loop.create_server(lambda: Client(helper), sock=sock)
     helper.send(0, HELLO, b"sandboxd-egress/1")
     await asyncio.Event().wait()

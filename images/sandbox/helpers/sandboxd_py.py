@@ -17,7 +17,9 @@ cell id it was sent, so a new process numbers its cells after it). Then frames
 
 Each execute is answered by one frame whose header names the sizes of the body's parts, in
 this order: stdout, stderr, value (the repr of a final expression), error (a traceback) and
-image (the PNG of the first figure). The reply goes to whichever connection is current when
+images (the PNGs of the cell's figures, in order, back to back; the header's "images" lists
+their sizes: at most SHOWN_LIMIT of them and IMAGE_LIMIT bytes together, every figure is saved
+and listed in "figures" whether shown or not). The reply goes to whichever connection is current when
 the cell ends (a cell outlives a connection that dropped). A reader thread per connection
 takes frames while a cell runs, so an interrupt reaches the main thread at once with
 pthread_kill; processes the cell started get SIGINT too (like Ctrl-C in a terminal),
@@ -53,6 +55,7 @@ del sys.path[0]
 DRIVER_FILES = {__file__, os.path.abspath(__file__)}
 FIGURE_DIR = "/workspace/figures"
 IMAGE_LIMIT = 4 << 20
+SHOWN_LIMIT = 8
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 DRIVER_MODULE = None
 
@@ -298,11 +301,12 @@ class Figures:
 
     @classmethod
     def collect(cls):
-        """Saves and closes every open pyplot figure; returns (paths, first PNG)."""
+        """Saves and closes every open pyplot figure; returns (paths, PNGs to show): the
+        figures in order while they fit SHOWN_LIMIT and IMAGE_LIMIT bytes together."""
         plt = sys.modules.get("matplotlib.pyplot")
         if plt is None:
-            return [], b""
-        paths, first = [], b""
+            return [], []
+        paths, shown, total = [], [], 0
         for num in plt.get_fignums():
             fig = plt.figure(num)
             try:
@@ -314,13 +318,14 @@ class Figures:
                 with open(path, "wb") as f:
                     f.write(data)
                 paths.append(path)
-                if not first and len(data) <= IMAGE_LIMIT:
-                    first = data
+                if len(shown) < SHOWN_LIMIT and total + len(data) <= IMAGE_LIMIT:
+                    shown.append(data)
+                    total += len(data)
             except Exception as exc:  # one bad figure must not lose the cell's result
                 sys.stderr.write("sandboxd: could not save figure %s: %r\n" % (num, exc))
             finally:
                 plt.close(fig)
-        return paths, first
+        return paths, shown
 
 
 class Cell:
@@ -341,7 +346,7 @@ class Cell:
         out_f = tempfile.TemporaryFile(dir="/tmp", prefix="sandboxd-py-")
         err_f = tempfile.TemporaryFile(dir="/tmp", prefix="sandboxd-py-")
         value = error = ""
-        figures, image, interrupted = [], b"", False
+        figures, images, interrupted = [], [], False
         try:
             os.dup2(out_f.fileno(), 1)
             os.dup2(err_f.fileno(), 2)
@@ -369,7 +374,7 @@ class Cell:
                             value = repr(result)
                     finally:
                         try:
-                            figures, image = Figures.collect()
+                            figures, images = Figures.collect()
                         finally:
                             with State.lock:
                                 State.running = None
@@ -398,10 +403,11 @@ class Cell:
         err_f.close()
         value, _ = cut_middle(value.encode("utf-8", "backslashreplace"), cap)
         error, _ = cut_middle(error.encode("utf-8", "backslashreplace"), cap)
-        parts = [stdout, stderr, value, error, image]
+        parts = [stdout, stderr, value, error, b"".join(images)]
         header = {
             "id": cell_id,
             "sizes": [len(p) for p in parts],
+            "images": [len(i) for i in images],
             "stdout_cut": stdout_cut,
             "stderr_cut": stderr_cut,
             "interrupted": interrupted,

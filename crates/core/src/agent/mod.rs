@@ -11,6 +11,7 @@ pub mod condense;
 pub mod extract;
 mod live;
 pub mod memory;
+pub mod profiles;
 pub mod prompts;
 mod react;
 pub mod session_run;

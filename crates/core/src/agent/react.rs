@@ -378,11 +378,10 @@ impl<'a> Run<'a> {
             let observation = cut_observation(&text, self.agent.settings.max_observe);
             self.memory
                 .push(Message::tool(call.id.clone(), observation));
-            if let Some(img) = result
-                .base64_image
-                .filter(|_| self.agent.llm.takes_images())
-            {
-                images.push((call.function.name.clone(), img));
+            if self.agent.llm.takes_images() {
+                for img in result.images() {
+                    images.push((call.function.name.clone(), img.clone()));
+                }
             }
         }
         if !images.is_empty() {
@@ -471,6 +470,19 @@ impl<'a> Run<'a> {
                 image.as_ref(),
             )
             .await;
+        // A python cell's further figures follow its result, in order.
+        for (i, more) in result.more_images().iter().enumerate() {
+            if let Some(img) = Image::from_base64(more) {
+                let kind = EventKind::ToolImage {
+                    step,
+                    call_id: call.id.clone(),
+                    name: name.to_string(),
+                    index: i + 1,
+                    image: img.reference.clone(),
+                };
+                self.emitter.emit_with(kind, Some(&img)).await;
+            }
+        }
         (result, stop)
     }
 

@@ -91,6 +91,17 @@ impl RunRequest {
     }
 }
 
+impl RunRequest {
+    /// The run with `profile`'s tools, prompt and step limit (a step limit the request set
+    /// itself stays).
+    pub fn with_profile(mut self, profile: &super::profiles::Profile) -> Self {
+        self.shape.tools = profile.tools.clone();
+        self.shape.system_note = profile.prompt.clone();
+        self.max_steps = self.max_steps.or(profile.max_steps);
+        self
+    }
+}
+
 /// How a run differs from a plain one, for a caller that runs the session's agent on a part
 /// of a bigger job (the planning flow's steps). The default is a plain run.
 #[derive(Clone, Default)]
@@ -184,7 +195,7 @@ pub async fn run_in_session(
         hook: mcp,
         notices,
         mut system_notes,
-    } = connect_mcp(request.mcp_servers.as_ref(), &mut registry).await?;
+    } = connect_mcp(request.mcp_servers.as_ref(), session, &mut registry).await?;
 
     let conversation = session.slots.get_or_insert_with(Conversation::default);
     let earlier = match request.history {
@@ -242,7 +253,12 @@ struct Mcp {
 
 /// Connects the MCP servers of the file at `path` (none without one) and registers their
 /// tools; a server that fails is skipped with a notice, a file that cannot be read fails the run.
-async fn connect_mcp(path: Option<&PathBuf>, registry: &mut ToolRegistry) -> Result<Mcp, RunError> {
+/// Stdio servers start inside the session's sandbox, unless marked `"host": true`.
+async fn connect_mcp(
+    path: Option<&PathBuf>,
+    session: &Session,
+    registry: &mut ToolRegistry,
+) -> Result<Mcp, RunError> {
     let mut notices = Vec::new();
     let Some(path) = path else {
         return Ok(Mcp {
@@ -251,7 +267,7 @@ async fn connect_mcp(path: Option<&PathBuf>, registry: &mut ToolRegistry) -> Res
             system_notes: Vec::new(),
         });
     };
-    let clients = crate::mcp::client::connect_all(path)
+    let clients = crate::mcp::client::connect_all_in(path, Some(session.sandbox.clone()))
         .await
         .map_err(|e| RunError::Mcp {
             path: path.clone(),
@@ -259,6 +275,12 @@ async fn connect_mcp(path: Option<&PathBuf>, registry: &mut ToolRegistry) -> Res
         })?;
     for (server, why) in clients.failures() {
         notices.push(format!("MCP server {server} is skipped: {why}"));
+    }
+    for server in clients.host_servers() {
+        tracing::warn!(%server, "a stdio MCP server runs on this host, outside the sandbox (\"host\": true)");
+        notices.push(format!(
+            "MCP server {server} runs on the host, outside the sandbox (\"host\": true in the server list)"
+        ));
     }
     let names = clients.register_into(registry);
     if !names.is_empty() {

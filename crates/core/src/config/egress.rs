@@ -391,6 +391,17 @@ pub struct EgressConfig {
     /// (beside the public web PKI): a private CA of the admin's, or the tests' local server.
     /// Empty: none.
     pub extra_roots_pem: String,
+    /// A file (mode 0600) holding the 256-bit key, as 64 hex characters, that seals users'
+    /// own credentials in the store. Empty (and no `credential_key_env`): users cannot
+    /// attach credentials; the admin's above work without it.
+    pub credential_key_file: String,
+    /// Instead of the file: the name of sandboxd's environment variable holding the key.
+    pub credential_key_env: String,
+    /// The most credentials one user may attach.
+    pub user_credentials: u32,
+    /// The key, read at load from the file or the variable; never serialized.
+    #[serde(skip)]
+    pub credential_key: crate::egress::vault::CredentialKey,
 }
 
 impl Default for EgressConfig {
@@ -405,6 +416,10 @@ impl Default for EgressConfig {
             idle_secs: 300,
             credentials: Vec::new(),
             extra_roots_pem: String::new(),
+            credential_key_file: String::new(),
+            credential_key_env: String::new(),
+            user_credentials: 16,
+            credential_key: Default::default(),
         }
     }
 }
@@ -427,6 +442,7 @@ impl EgressConfig {
                 u64::from(self.requests_per_minute),
             ),
             ("egress.idle_secs", self.idle_secs),
+            ("egress.user_credentials", u64::from(self.user_credentials)),
         ] {
             if v == 0 {
                 return Err((key.into(), "must be at least 1".into()));

@@ -75,42 +75,21 @@ impl PartialEq for CredentialValue {
 
 /// The most credentials one config may hold (each is a name constraint of every session CA).
 pub const MAX_CREDENTIALS: usize = 64;
+/// The most `[egress] user_credentials` may allow one user (with the admin's, a session CA
+/// has at most `MAX_CREDENTIALS + MAX_USER_CREDENTIALS` names).
+pub const MAX_USER_CREDENTIALS: u32 = 64;
+/// The longest value, prefix and header name a user may attach (bytes).
+pub const MAX_VALUE_LEN: usize = 8192;
+pub const MAX_PREFIX_LEN: usize = 64;
+pub const MAX_HEADER_LEN: usize = 64;
 
 impl EgressCredential {
     /// Reads the value from `env` and checks every field; (key, message) on error. The
     /// message names the variable, never its value.
     pub fn load(&mut self, index: usize, env: &[(String, String)]) -> Result<(), (String, String)> {
         let key = |field: &str| format!("egress.credentials[{index}].{field}");
-        let host = self.host.trim().trim_end_matches('.').to_ascii_lowercase();
-        if let Err(m) = check_host(&host) {
-            return Err((key("host"), m));
-        }
-        self.host = host;
-        if http::HeaderName::from_bytes(self.header.as_bytes()).is_err() {
-            return Err((
-                key("header"),
-                format!("{:?} is not a valid HTTP header name", self.header),
-            ));
-        }
-        let lower = self.header.to_ascii_lowercase();
-        if matches!(
-            lower.as_str(),
-            "host" | "content-length" | "transfer-encoding" | "connection" | "upgrade" | "te"
-        ) {
-            return Err((
-                key("header"),
-                format!(
-                    "{:?} frames or routes the request; a credential cannot set it",
-                    self.header
-                ),
-            ));
-        }
-        if !header_text_ok(&self.prefix) {
-            return Err((
-                key("prefix"),
-                "must be printable text without line breaks".into(),
-            ));
-        }
+        self.host = check_fields(&self.host, &self.header, &self.prefix)
+            .map_err(|(field, m)| (key(field), m))?;
         let value = env
             .iter()
             .rev()
@@ -139,6 +118,54 @@ impl EgressCredential {
             }
         }
     }
+}
+
+/// Checks where a credential goes and how it is written: the normalised host on success,
+/// else (field, message). Shared by the admin's config and users' attachments.
+pub fn check_fields(
+    host: &str,
+    header: &str,
+    prefix: &str,
+) -> Result<String, (&'static str, String)> {
+    let host = host.trim().trim_end_matches('.').to_ascii_lowercase();
+    check_host(&host).map_err(|m| ("host", m))?;
+    if header.len() > MAX_HEADER_LEN || http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+        return Err((
+            "header",
+            format!("{header:?} is not a valid HTTP header name (at most {MAX_HEADER_LEN} bytes)"),
+        ));
+    }
+    let lower = header.to_ascii_lowercase();
+    if matches!(
+        lower.as_str(),
+        "host" | "content-length" | "transfer-encoding" | "connection" | "upgrade" | "te"
+    ) {
+        return Err((
+            "header",
+            format!("{header:?} frames or routes the request; a credential cannot set it"),
+        ));
+    }
+    if prefix.len() > MAX_PREFIX_LEN || !header_text_ok(prefix) {
+        return Err((
+            "prefix",
+            format!("must be printable text without line breaks, at most {MAX_PREFIX_LEN} bytes"),
+        ));
+    }
+    Ok(host)
+}
+
+/// Checks a value a user attaches (the message never quotes it).
+pub fn check_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || value.len() > MAX_VALUE_LEN {
+        return Err(format!("must be 1 to {MAX_VALUE_LEN} bytes"));
+    }
+    if !header_text_ok(value) {
+        return Err(
+            "is not a valid header value (line breaks or control characters); it is not shown here"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// A header value the proxy can write as-is: visible ASCII and spaces, nothing that could
@@ -184,6 +211,17 @@ pub fn load_section(
     env: &[(String, String)],
 ) -> Result<(), (String, String)> {
     load_all(&mut egress.credentials, env)?;
+    egress.credential_key = crate::egress::vault::CredentialKey::load(
+        &egress.credential_key_file,
+        &egress.credential_key_env,
+        env,
+    )?;
+    if egress.user_credentials > MAX_USER_CREDENTIALS {
+        return Err((
+            "egress.user_credentials".into(),
+            format!("at most {MAX_USER_CREDENTIALS}"),
+        ));
+    }
     if !egress.extra_roots_pem.is_empty() {
         crate::egress::mitm::UpstreamTls::new(&egress.extra_roots_pem)
             .map_err(|e| ("egress.extra_roots_pem".to_string(), e.to_string()))?;

@@ -46,6 +46,9 @@ pub struct ExecutorConfig {
     pub prompt: String,
     /// Most steps of one run of this executor; 0 means [agent] max_steps.
     pub max_steps: usize,
+    /// An agent profile (`sandboxd agents`) whose tools, prompt and step limit the executor
+    /// takes where it sets none of its own; empty: none.
+    pub agent: String,
 }
 
 fn names(v: &[&str]) -> Vec<String> {
@@ -62,6 +65,7 @@ impl Default for FlowConfig {
                 tools: names(&["python", "str_replace_editor"]),
                 prompt: "You are the data-analysis executor: do the work in python (pandas, numpy and matplotlib are available when installed in the image) and save results and plots under /workspace.".into(),
                 max_steps: 0,
+                agent: String::new(),
             },
         );
         executors.insert(
@@ -77,6 +81,7 @@ impl Default for FlowConfig {
                 ]),
                 prompt: "You are the research executor: find and read sources, save what you use under /workspace/research, and cite the URLs in your answer.".into(),
                 max_steps: 0,
+                agent: String::new(),
             },
         );
         Self {

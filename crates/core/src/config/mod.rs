@@ -6,22 +6,29 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod agents;
 pub mod egress;
 pub mod egress_credentials;
 pub mod egress_grammar;
 pub mod flow;
+pub mod openmanus;
+mod openmanus_llm;
 pub mod proxies;
 pub mod runtime;
 
 pub mod server;
 pub mod store;
+pub mod templates;
+pub mod vision;
 
 pub use crate::research::ResearchConfig;
+pub use agents::AgentProfileConfig;
 pub use egress::{EgressConfig, EgressPolicy};
 pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
 pub use runtime::{BackendKind, KubernetesConfig, RuntimeConfig};
 pub use server::{QuotasConfig, ServerConfig};
 pub use store::{StoreConfig, StoreKind};
+pub use templates::{DEFAULT_TEMPLATE, TemplateConfig, TemplateFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -58,6 +65,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// The planning flow (`sandboxd run --plan`).
     pub flow: FlowConfig,
+    /// `[[agents]]`: the user's own agent profiles (agent/profiles.rs has the built-in ones).
+    pub agents: Vec<AgentProfileConfig>,
     /// Host-side web_search and web_fetch (src/research/config.rs).
     pub research: ResearchConfig,
     /// `sandboxd serve`: listener, limits of requests, retention.
@@ -70,6 +79,8 @@ pub struct Config {
     pub egress: EgressConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
+    /// Named sandbox images beyond the default (`[[templates]]`, see templates.rs).
+    pub templates: Vec<TemplateConfig>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -295,7 +306,9 @@ pub struct LlmConfig {
     pub temperature: f32,
     pub timeout_secs: u64,
     pub max_retries: u32,
-    pub multimodal: bool,
+    /// Whether the model sees images (plots, screenshots, view_image); unset: by the model's
+    /// family (vision.rs).
+    pub multimodal: Option<bool>,
     /// Model-name prefixes that take max_completion_tokens and no temperature.
     pub reasoning_prefixes: Vec<String>,
     /// The model's context window in tokens; 0 means the default of its family
@@ -320,7 +333,7 @@ impl Default for LlmConfig {
             temperature: 0.0,
             timeout_secs: 300,
             max_retries: 6,
-            multimodal: false,
+            multimodal: None,
             reasoning_prefixes: ["o1", "o3", "o4", "gpt-5"].map(String::from).to_vec(),
             context_window: 0,
             stream: true,
@@ -374,6 +387,17 @@ pub struct McpConfig {
     pub token: String,
     /// Client config (mcpServers) used by `sandboxd run`; empty means none.
     pub servers_file: String,
+    /// The users of `sandboxd serve` (names, or "*" for everyone) whose runs get the servers
+    /// of `servers_file` too; empty: no service run gets them.
+    pub service_users: Vec<String>,
+}
+
+impl McpConfig {
+    /// The admin's MCP servers file for a service run of user `name`, if they are allowed it.
+    pub fn servers_for(&self, name: &str) -> Option<PathBuf> {
+        let allowed = self.service_users.iter().any(|u| u == "*" || u == name);
+        (allowed && !self.servers_file.is_empty()).then(|| PathBuf::from(&self.servers_file))
+    }
 }
 
 impl Config {
@@ -432,9 +456,18 @@ impl Config {
             })?;
         config.limits.validate()?;
         config.flow.validate()?;
+        agents::validate(&config.agents)?;
+        // The profiles' prompt files are read here first, so a bad one stops the start.
+        crate::agent::profiles::Profiles::from_config(&config).map_err(|e| {
+            ConfigError::Invalid {
+                key: "agents".into(),
+                message: e.to_string(),
+            }
+        })?;
         config.server.validate()?;
         config.store.validate()?;
         config.runtime.validate()?;
+        templates::validate(&config.templates)?;
         config.kubernetes.validate(config.runtime.kind())?;
         config
             .research

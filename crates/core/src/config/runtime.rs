@@ -65,6 +65,11 @@ pub struct KubernetesConfig {
     /// /workspace and /tmp as memory-backed emptyDirs (counted in the memory limit, as the
     /// Docker backend's tmpfs mounts are); false: on the node's disk.
     pub memory_backed: bool,
+    /// What the network probe (a pod like every session's, under the deny-all policy) tries
+    /// to reach, as `host:port`: where a name resolves or a connection completes, the
+    /// cluster's network plugin does not enforce NetworkPolicy and no session is started.
+    /// Names should be ones only a network can resolve (not in the image's /etc/hosts).
+    pub egress_probe: Vec<String>,
 }
 
 impl Default for KubernetesConfig {
@@ -75,6 +80,11 @@ impl Default for KubernetesConfig {
             pull_policy: "IfNotPresent".into(),
             runtime_class: String::new(),
             memory_backed: true,
+            egress_probe: vec![
+                "1.1.1.1:443".into(),
+                "kubernetes.default.svc:443".into(),
+                "example.com:443".into(),
+            ],
         }
     }
 }
@@ -96,6 +106,7 @@ impl KubernetesConfig {
                 message: "the Kubernetes backend needs the sandbox image as the cluster pulls it (push it to the cluster's registry, README \"On Kubernetes\")".into(),
             });
         }
+        self.validate_probe()?;
         let ns = &self.namespace;
         let dns_label = !ns.is_empty()
             && ns.len() <= 63
@@ -108,6 +119,35 @@ impl KubernetesConfig {
             return Err(ConfigError::Invalid {
                 key: "[kubernetes] namespace".into(),
                 message: "must be a DNS label (lowercase letters, digits and '-')".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl KubernetesConfig {
+    /// Each probe target is `host:port` of at most 253 plain characters (it becomes an argv
+    /// word of the probe, never a shell word), and there is at least one and at most 8.
+    fn validate_probe(&self) -> Result<(), ConfigError> {
+        let ok = |t: &String| {
+            let Some((host, port)) = t.rsplit_once(':') else {
+                return false;
+            };
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            !host.is_empty()
+                && t.len() <= 253
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-.:_".contains(&b))
+        };
+        if self.egress_probe.is_empty()
+            || self.egress_probe.len() > 8
+            || !self.egress_probe.iter().all(ok)
+        {
+            return Err(ConfigError::Invalid {
+                key: "[kubernetes] egress_probe".into(),
+                message: "must be 1 to 8 targets \"host:port\" (a name or an IP address)".into(),
             });
         }
         Ok(())
@@ -143,5 +183,22 @@ mod tests {
         kc.namespace = "sandboxd".into();
         kc.pull_policy = "Sometimes".into();
         assert!(kc.validate(BackendKind::Kubernetes).is_err());
+        kc.pull_policy = "Always".into();
+        for bad in [
+            "",
+            "example.com",
+            "a b:80",
+            "x:0",
+            "x:99999",
+            "$(id):80",
+            ":80",
+        ] {
+            kc.egress_probe = vec![bad.into()];
+            assert!(kc.validate(BackendKind::Kubernetes).is_err(), "{bad:?}");
+        }
+        kc.egress_probe = vec!["[fd00::1]:53".into(), "10.0.0.1:80".into()];
+        assert!(kc.validate(BackendKind::Kubernetes).is_ok());
+        kc.egress_probe = Vec::new();
+        assert!(kc.validate(BackendKind::Kubernetes).is_err(), "none");
     }
 }

@@ -49,13 +49,43 @@ struct Leaf {
     not_after: SystemTime,
 }
 
+/// The one key of every leaf of a session, in rcgen's form (to sign leaves for it) and
+/// rustls's. It outlives the session's CAs: when a user attaches a credential for a new host
+/// the CA is made again for the new set of names, and the browser's pin on this key (fixed
+/// when the browser started) stays right.
+#[derive(Clone)]
+pub struct LeafKey {
+    key: Arc<KeyPair>,
+    signer: Arc<dyn rustls::sign::SigningKey>,
+}
+
+impl LeafKey {
+    pub fn generate() -> Result<LeafKey, CaError> {
+        let key = KeyPair::generate().map_err(gen_err)?;
+        let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let signer = super::mitm::provider()
+            .key_provider
+            .load_private_key(der)
+            .map_err(gen_err)?;
+        Ok(LeafKey {
+            key: Arc::new(key),
+            signer,
+        })
+    }
+
+    /// base64(SHA-256(SubjectPublicKeyInfo)), Chromium's pin format.
+    pub fn spki_sha256(&self) -> String {
+        use base64::Engine as _;
+        let spki = self.key.subject_public_key_info();
+        base64::engine::general_purpose::STANDARD.encode(Sha256::digest(&spki))
+    }
+}
+
 /// One session's CA and its leaf cache.
 pub struct SessionCa {
     ca: CertifiedIssuer<'static, KeyPair>,
     hosts: Vec<String>,
-    /// The one key of every leaf, in rcgen's form (to sign leaves for it) and rustls's.
-    leaf_key: KeyPair,
-    leaf_signer: Arc<dyn rustls::sign::SigningKey>,
+    leaf: LeafKey,
     leaves: Mutex<HashMap<String, Leaf>>,
 }
 
@@ -83,6 +113,11 @@ fn serial() -> SerialNumber {
 impl SessionCa {
     /// A new CA for a session whose credentials name `hosts` (exact, lower-case names).
     pub fn new(session: &str, hosts: &[String]) -> Result<SessionCa, CaError> {
+        SessionCa::with_leaf(session, hosts, LeafKey::generate()?)
+    }
+
+    /// `new`, its leaves signed for `leaf` (kept across the CAs of one session).
+    pub fn with_leaf(session: &str, hosts: &[String], leaf: LeafKey) -> Result<SessionCa, CaError> {
         if hosts.is_empty() {
             return Err(CaError::NoHosts);
         }
@@ -105,17 +140,10 @@ impl SessionCa {
         params.serial_number = Some(serial());
         let ca_key = KeyPair::generate().map_err(gen_err)?;
         let ca = CertifiedIssuer::self_signed(params, ca_key).map_err(gen_err)?;
-        let leaf_key = KeyPair::generate().map_err(gen_err)?;
-        let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
-        let leaf_signer = super::mitm::provider()
-            .key_provider
-            .load_private_key(der)
-            .map_err(gen_err)?;
         Ok(SessionCa {
             ca,
             hosts: hosts.to_vec(),
-            leaf_key,
-            leaf_signer,
+            leaf,
             leaves: Mutex::new(HashMap::new()),
         })
     }
@@ -150,9 +178,7 @@ impl SessionCa {
 
     /// base64(SHA-256(SubjectPublicKeyInfo)) of the leaf key, Chromium's pin format.
     pub fn leaf_spki_sha256(&self) -> String {
-        use base64::Engine as _;
-        let spki = self.leaf_key.subject_public_key_info();
-        base64::engine::general_purpose::STANDARD.encode(Sha256::digest(&spki))
+        self.leaf.spki_sha256()
     }
 
     /// The leaf for `host` (chain: leaf, CA), from the cache while it has an hour left.
@@ -179,10 +205,10 @@ impl SessionCa {
         params.not_after = unix(not_after)?;
         params.serial_number = Some(serial());
         let cert = params
-            .signed_by(&self.leaf_key, &*self.ca)
+            .signed_by(&*self.leaf.key, &*self.ca)
             .map_err(gen_err)?;
         let chain = vec![cert.der().clone(), self.ca.der().clone()];
-        let key = Arc::new(CertifiedKey::new(chain, self.leaf_signer.clone()));
+        let key = Arc::new(CertifiedKey::new(chain, self.leaf.signer.clone()));
         leaves.insert(
             host.to_string(),
             Leaf {

@@ -53,7 +53,7 @@ fn leaves_only_for_credential_hosts_cached_and_sharing_one_key() {
     assert_ne!(a.cert[0], b.cert[0]);
     assert_eq!(a.cert[1], *ca.cert_der(), "the chain is leaf, CA");
     // Both leaves carry the one session leaf key that Chromium pins.
-    let spki = ca.leaf_key.subject_public_key_info();
+    let spki = ca.leaf.key.subject_public_key_info();
     for leaf in [&a, &b] {
         assert!(memchr::memmem::find(&leaf.cert[0], &spki).is_some());
     }
@@ -72,7 +72,7 @@ fn the_ca_is_name_constrained_to_its_hosts() {
     let mut params = CertificateParams::new(vec!["evil.test".to_string()]).unwrap();
     params.is_ca = IsCa::ExplicitNoCa;
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let forged = params.signed_by(&ca.leaf_key, &*ca.ca).unwrap();
+    let forged = params.signed_by(&*ca.leaf.key, &*ca.ca).unwrap();
     let err = verify(&ca, forged.der(), "evil.test").unwrap_err();
     assert!(err.contains("NameConstraintViolation"), "{err}");
 }
@@ -118,7 +118,7 @@ fn the_sandbox_gets_the_ca_a_bundle_and_a_pin_of_the_leaf_key() {
             .contains(&("NODE_EXTRA_CA_CERTS".into(), CA_PATH.into()))
     );
     use base64::Engine as _;
-    let spki = ca.leaf_key.subject_public_key_info();
+    let spki = ca.leaf.key.subject_public_key_info();
     let pin = base64::engine::general_purpose::STANDARD.encode(Sha256::digest(&spki));
     assert_eq!(
         trust.chromium_args,

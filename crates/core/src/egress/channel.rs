@@ -74,6 +74,17 @@ impl ConnCtl {
         true
     }
 
+    /// Sends a `frame::data_buf` (at most one frame's payload) to the client, waiting for
+    /// credit; false once the channel is gone.
+    pub(crate) async fn send_data(&self, buf: BytesMut) -> bool {
+        let n = frame::payload_len(&buf);
+        match self.down_credit.acquire_many(n as u32).await {
+            Ok(permit) => permit.forget(),
+            Err(_) => return false,
+        }
+        self.out.send(frame::seal(self.id, buf)).is_ok()
+    }
+
     /// Tells the client no more bytes come (the destination closed its side).
     pub(crate) fn send_eof(&self) {
         let _ = self.out.send(frame::encode(self.id, frame::EOF, b""));
@@ -309,36 +320,64 @@ impl Demux {
     }
 }
 
-/// Writes queued frames to the helper's stdin, many per write, until the queue closes or
-/// `stop` is cancelled; then closes stdin, which makes the helper exit.
+/// Frames at least this long are written as they are, not copied into a batch.
+const DIRECT: usize = 16 * 1024;
+/// The most bytes of small frames gathered into one write.
+const BATCH: usize = 256 * 1024;
+
+/// Writes queued frames to the helper's stdin until the queue closes or `stop` is cancelled;
+/// then closes stdin, which makes the helper exit. Small frames (credit, control, short data)
+/// are gathered into one write; a large DATA frame goes out without another copy.
 pub(crate) async fn write_frames(
     mut stdin: std::pin::Pin<Box<dyn AsyncWrite + Send>>,
     mut rx: mpsc::UnboundedReceiver<Bytes>,
     stop: CancellationToken,
 ) {
     let mut batch = BytesMut::new();
-    loop {
+    'run: loop {
         let first = tokio::select! {
             _ = stop.cancelled() => break,
             f = rx.recv() => f,
         };
-        let Some(first) = first else { break };
-        batch.extend_from_slice(&first);
-        while batch.len() < 256 * 1024 {
-            match rx.try_recv() {
-                Ok(f) => batch.extend_from_slice(&f),
-                Err(_) => break,
-            }
-        }
-        let wrote = tokio::select! {
-            _ = stop.cancelled() => break,
-            r = async { stdin.write_all(&batch).await?; stdin.flush().await } => r,
-        };
-        if wrote.is_err() {
+        let mut next = first;
+        if next.is_none() {
             break;
         }
+        while let Some(f) = next.take() {
+            if f.len() >= DIRECT {
+                let flushed = put(&mut stdin, &batch, &stop).await;
+                batch.clear();
+                if flushed.is_err() || put(&mut stdin, &f, &stop).await.is_err() {
+                    break 'run;
+                }
+            } else {
+                batch.extend_from_slice(&f);
+            }
+            if batch.len() < BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        let flushed = put(&mut stdin, &batch, &stop).await;
         batch.clear();
+        if flushed.is_err() {
+            break;
+        }
     }
     stop.cancel();
     let _ = stdin.shutdown().await;
+}
+
+/// One write of `bytes` (none when empty), given up when `stop` is cancelled.
+async fn put(
+    stdin: &mut std::pin::Pin<Box<dyn AsyncWrite + Send>>,
+    bytes: &[u8],
+    stop: &CancellationToken,
+) -> Result<(), ()> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    tokio::select! {
+        _ = stop.cancelled() => Err(()),
+        r = async { stdin.write_all(bytes).await?; stdin.flush().await } => r.map_err(|_| ()),
+    }
 }

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 use super::channel::{ConnCtl, ConnIo, Inbound};
 use super::decide::{Refused, decide, refused};
+use super::frame;
 use super::http::{self, BadRequest, Request};
 use super::idle::Idle;
 use super::proxy::Shared;
@@ -27,9 +28,6 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The interceptor's in-memory pipe holds `CHUNK * 4` bytes.
 const CHUNK: usize = 16 * 1024;
-/// Bytes read from the destination at a time: a whole frame, the fewest frames (each costs
-/// the in-sandbox helper a pass of python) per byte.
-const READ: usize = super::frame::MAX_PAYLOAD;
 
 /// What the record will say, filled in as the connection goes.
 #[derive(Default)]
@@ -410,20 +408,22 @@ async fn relay<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         }
     };
     let down = async {
-        let mut buf = vec![0u8; READ];
         loop {
-            let n = match r.read(&mut buf).await {
+            // Read in place into the frame that carries the bytes on (one copy).
+            let mut buf = frame::data_buf();
+            let n = match r.read_buf(&mut buf).await {
                 Ok(0) => {
                     ctl.send_eof();
                     return Half::Done;
                 }
-                Ok(n) => n,
+                Ok(_) => frame::payload_len(&buf),
                 Err(e) => return failed(e),
             };
             idle.touch();
             let (take, cut) = budget(shared, tally, n);
             if take > 0 {
-                if !ctl.send(&buf[..take]).await {
+                frame::truncate_payload(&mut buf, take);
+                if !ctl.send_data(buf).await {
                     return Half::Over(None);
                 }
                 tally.down.fetch_add(take as u64, Ordering::AcqRel);

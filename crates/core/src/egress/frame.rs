@@ -41,6 +41,34 @@ pub(crate) fn encode(id: u32, kind: u8, payload: &[u8]) -> Bytes {
     out.freeze()
 }
 
+/// An empty DATA frame to read a payload into in place (up to `MAX_PAYLOAD` bytes after its
+/// header's room), so the bytes from a destination are copied once on their way to the
+/// helper's stdin; `seal` writes the header.
+pub(crate) fn data_buf() -> BytesMut {
+    let mut b = BytesMut::with_capacity(HEADER + MAX_PAYLOAD);
+    b.put_bytes(0, HEADER);
+    b
+}
+
+/// The payload bytes of a `data_buf`.
+pub(crate) fn payload_len(buf: &BytesMut) -> usize {
+    buf.len().saturating_sub(HEADER)
+}
+
+/// Keeps the first `n` payload bytes of a `data_buf`.
+pub(crate) fn truncate_payload(buf: &mut BytesMut, n: usize) {
+    buf.truncate(HEADER + n);
+}
+
+/// A `data_buf` as the DATA frame of connection `id`.
+pub(crate) fn seal(id: u32, mut buf: BytesMut) -> Bytes {
+    let len = payload_len(&buf) as u32;
+    buf[..4].copy_from_slice(&id.to_be_bytes());
+    buf[4] = DATA;
+    buf[5..HEADER].copy_from_slice(&len.to_be_bytes());
+    buf.freeze()
+}
+
 /// A CREDIT frame giving back `n` bytes.
 pub(crate) fn credit(id: u32, n: u32) -> Bytes {
     encode(id, CREDIT, &n.to_be_bytes())
@@ -118,6 +146,14 @@ mod tests {
         let c = d.next().unwrap().unwrap();
         assert_eq!((c.id, c.kind, credit_of(&c.payload)), (7, CREDIT, 300));
         assert!(d.buf.is_empty());
+    }
+
+    #[test]
+    fn a_sealed_buffer_is_a_data_frame() {
+        let mut b = data_buf();
+        b.extend_from_slice(b"hello world");
+        truncate_payload(&mut b, 5);
+        assert_eq!(seal(9, b), encode(9, DATA, b"hello"));
     }
 
     #[test]

@@ -11,15 +11,16 @@
 //! `install` puts the public half into the sandbox: the CA files (mitm_trust.rs) and the
 //! switch that adds `SSL_CERT_FILE` & co. to the proxy variables of its processes.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 
-use super::ca::SessionCa;
-use super::mitm::{self, MitmCounters, UpstreamTls, needs_intercept};
+use super::ca::{LeafKey, SessionCa};
+use super::mitm::{self, MitmCounters, UpstreamTls};
 use super::mitm_trust::{SandboxTrust, sandbox_trust};
 use super::{Intercept, Plain};
 use crate::config::EgressConfig;
+use crate::config::egress::EgressCredential;
 use crate::sandbox::{Sandbox, SandboxError};
 
 /// The rule of a refused plain-HTTP request to a credential host.
@@ -33,54 +34,128 @@ pub enum InjectError {
     Tls(#[from] mitm::MitmError),
 }
 
+/// The credentials of the session now, and the CA constrained to exactly their hosts (None
+/// while there are none).
+struct State {
+    credentials: Vec<EgressCredential>,
+    ca: Option<Arc<SessionCa>>,
+}
+
 /// One session's credential injection.
 pub struct Injector {
-    /// The `[egress]` section the credentials came from (only its credentials are read).
-    config: EgressConfig,
-    ca: SessionCa,
+    session: String,
+    /// The key of every leaf of every CA this session has: Chromium's pin.
+    leaf: LeafKey,
     tls: UpstreamTls,
+    /// Replaced whole by `set_credentials`; a connection works on the snapshot it started with.
+    state: RwLock<Arc<State>>,
 }
 
 impl std::fmt::Debug for Injector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Injector")
-            .field("hosts", &self.ca.hosts())
+            .field("hosts", &self.hosts())
             .finish_non_exhaustive()
     }
 }
 
+/// The credential for `host` (as the sandbox named it), if any.
+fn find<'a>(credentials: &'a [EgressCredential], host: &str) -> Option<&'a EgressCredential> {
+    let host = host.trim().trim_end_matches('.').to_ascii_lowercase();
+    credentials.iter().find(|c| c.host == host)
+}
+
 impl Injector {
-    /// The injector of `session` under `config`: None when no host has a credential.
+    /// The injector of `session` with the admin's credentials only: None when there are none.
     pub fn for_config(
         session: &str,
         config: &EgressConfig,
     ) -> Result<Option<Injector>, InjectError> {
-        let Some(ca) = SessionCa::for_config(session, config)? else {
+        if config.credentials.is_empty() {
             return Ok(None);
-        };
-        let tls = UpstreamTls::new(&config.extra_roots_pem)?;
-        let config = EgressConfig {
-            credentials: config.credentials.clone(),
-            ..EgressConfig::default()
-        };
-        Ok(Some(Injector { config, ca, tls }))
+        }
+        Injector::new(session, config, config.credentials.clone()).map(Some)
     }
 
-    /// What the sandbox needs to trust this session's CA (public material only).
-    pub fn trust(&self) -> SandboxTrust {
-        sandbox_trust(&self.ca)
+    /// The injector of `session` with `credentials` (the admin's and its owner's; possibly
+    /// none yet: a user may attach one while the session runs).
+    pub fn new(
+        session: &str,
+        config: &EgressConfig,
+        credentials: Vec<EgressCredential>,
+    ) -> Result<Injector, InjectError> {
+        let injector = Injector {
+            session: session.to_string(),
+            leaf: LeafKey::generate()?,
+            tls: UpstreamTls::new(&config.extra_roots_pem)?,
+            state: RwLock::new(Arc::new(State {
+                credentials: Vec::new(),
+                ca: None,
+            })),
+        };
+        injector.set_credentials(credentials)?;
+        Ok(injector)
     }
 
-    /// The hosts whose TLS this injector terminates.
-    pub fn hosts(&self) -> &[String] {
-        self.ca.hosts()
+    fn state(&self) -> Arc<State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the session's credentials: the next connection uses them. When their hosts
+    /// changed, the CA is made again for exactly the new hosts (same leaf key) and true is
+    /// returned: the sandbox's trust files must be written again (`install`).
+    pub fn set_credentials(&self, credentials: Vec<EgressCredential>) -> Result<bool, InjectError> {
+        let mut hosts: Vec<String> = credentials.iter().map(|c| c.host.clone()).collect();
+        hosts.sort();
+        let old = self.state();
+        let old_hosts = old
+            .ca
+            .as_ref()
+            .map(|c| c.hosts().to_vec())
+            .unwrap_or_default();
+        let changed = hosts != old_hosts;
+        let ca = match (changed, hosts.is_empty()) {
+            (false, _) => old.ca.clone(),
+            (true, true) => None,
+            (true, false) => Some(Arc::new(SessionCa::with_leaf(
+                &self.session,
+                &hosts,
+                self.leaf.clone(),
+            )?)),
+        };
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) =
+            Arc::new(State { credentials, ca });
+        Ok(changed && !hosts.is_empty())
+    }
+
+    /// What the sandbox needs to trust this session's CA (public material only); None while
+    /// no host has a credential.
+    pub fn trust(&self) -> Option<SandboxTrust> {
+        self.state().ca.as_deref().map(sandbox_trust)
+    }
+
+    /// The hosts whose TLS this injector terminates now.
+    pub fn hosts(&self) -> Vec<String> {
+        self.state()
+            .credentials
+            .iter()
+            .map(|c| c.host.clone())
+            .collect()
+    }
+
+    /// Chromium's flag pinning the session's leaf key (the same for all its CAs).
+    fn chromium_arg(&self) -> String {
+        format!(
+            "--ignore-certificate-errors-spki-list={}",
+            self.leaf.spki_sha256()
+        )
     }
 }
 
 #[async_trait]
 impl Intercept for Injector {
     fn wants(&self, host: &str, _port: u16) -> bool {
-        needs_intercept(&self.config, host).is_some()
+        find(&self.state().credentials, host).is_some()
     }
 
     async fn serve(
@@ -89,24 +164,29 @@ impl Intercept for Injector {
         upstream: tokio::net::TcpStream,
         host: &str,
     ) -> Result<(), String> {
-        let cred = needs_intercept(&self.config, host)
+        let state = self.state();
+        let cred =
+            find(&state.credentials, host).ok_or_else(|| format!("{host} has no credential"))?;
+        let ca = state
+            .ca
+            .as_ref()
             .ok_or_else(|| format!("{host} has no credential"))?;
         // The proxy counts and caps the bytes on the sandbox's side of this pipe.
         let counters = MitmCounters::default();
-        mitm::intercept(client, upstream, host, cred, &self.ca, &self.tls, &counters)
+        mitm::intercept(client, upstream, host, cred, ca, &self.tls, &counters)
             .await
             .map_err(|e| e.to_string())
     }
 
     fn plain(&self, host: &str, _port: u16) -> Plain {
-        match needs_intercept(&self.config, host) {
+        match find(&self.state().credentials, host) {
             None => Plain::Forward,
             Some(c) if c.allow_http => Plain::Inject,
             Some(c) => Plain::Refuse(
                 NEEDS_HTTPS.into(),
                 format!(
-                    "{} has a credential that the proxy adds over HTTPS only (its [egress] \
-                     credential does not set allow_http); use https://{}/",
+                    "{} has a credential that the proxy adds over HTTPS only (it does not set \
+                     allow_http); use https://{}/",
                     c.host, c.host
                 ),
             ),
@@ -119,7 +199,8 @@ impl Intercept for Injector {
         upstream: tokio::net::TcpStream,
         host: &str,
     ) -> Result<(), String> {
-        let cred = needs_intercept(&self.config, host)
+        let state = self.state();
+        let cred = find(&state.credentials, host)
             .filter(|c| c.allow_http)
             .ok_or_else(|| format!("{host} has no credential for plain HTTP"))?;
         let counters = MitmCounters::default();
@@ -133,7 +214,9 @@ impl Intercept for Injector {
 /// Called once the session's proxy runs with `injector` (files of another replica's CA are
 /// not overwritten by a proxy that did not start).
 pub async fn install(sandbox: &dyn Sandbox, injector: &Injector) -> Result<(), SandboxError> {
-    let trust = injector.trust();
+    let Some(trust) = injector.trust() else {
+        return Ok(());
+    };
     // The file helper makes the directory (`trust_dir()`) as it writes.
     for (path, data) in &trust.files {
         sandbox.write_file(path, data).await?;
@@ -144,9 +227,7 @@ pub async fn install(sandbox: &dyn Sandbox, injector: &Injector) -> Result<(), S
 
 /// The Chromium flags of a session with `injector` (none without).
 pub fn chromium_args(injector: Option<&Arc<Injector>>) -> Vec<String> {
-    injector
-        .map(|i| i.trust().chromium_args)
-        .unwrap_or_default()
+    injector.map(|i| vec![i.chromium_arg()]).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ pub mod mitm;
 mod mitm_body;
 mod mitm_http;
 pub mod mitm_trust;
+pub mod user_credentials;
+pub mod vault;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};

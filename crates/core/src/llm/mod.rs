@@ -103,7 +103,7 @@ impl LlmSettings {
             temperature: cfg.temperature,
             timeout: Duration::from_secs(cfg.timeout_secs.max(1)),
             max_attempts: cfg.max_retries.max(1),
-            multimodal: cfg.multimodal,
+            multimodal: cfg.sees_images(),
             reasoning_prefixes: cfg.reasoning_prefixes.clone(),
             context_window: cfg.context_window,
             stream: cfg.stream,

@@ -28,12 +28,23 @@ use std::sync::{Arc, Mutex};
 use super::config::{self, McpConfigError, ServerConfig};
 use super::remote::RemoteServer;
 pub use super::remote_tool::McpTool;
+use crate::sandbox::Sandbox;
 use crate::tools::ToolRegistry;
 
 /// Connects to every server of an mcp.json; a server that fails is reported, not fatal.
+/// With no sandbox, only HTTP servers and stdio servers marked `"host": true` can start.
 pub async fn connect_all(path: &Path) -> Result<McpClients, McpConfigError> {
+    connect_all_in(path, None).await
+}
+
+/// As `connect_all`, with the stdio servers (those not marked `"host": true`) started
+/// inside `sandbox`.
+pub async fn connect_all_in(
+    path: &Path,
+    sandbox: Option<Arc<dyn Sandbox>>,
+) -> Result<McpClients, McpConfigError> {
     let (servers, bad) = config::load(path)?;
-    let mut clients = McpClients::connect(servers).await;
+    let mut clients = McpClients::connect_in(servers, sandbox).await;
     clients.failures.extend(bad.into_iter().map(|e| match e {
         McpConfigError::Invalid { server, message } => (server, message),
         other => (String::new(), other.to_string()),
@@ -72,12 +83,24 @@ pub struct McpClients {
 }
 
 impl McpClients {
-    /// Connects to the given servers concurrently.
+    /// Connects to the given servers concurrently, with no sandbox (see `connect_all`).
     pub async fn connect(configs: Vec<ServerConfig>) -> McpClients {
-        let attempts = configs.into_iter().map(|c| async move {
-            let server = Arc::new(RemoteServer::new(c));
-            let result = server.reconnect().await;
-            (server, result)
+        Self::connect_in(configs, None).await
+    }
+
+    /// Connects to the given servers concurrently, stdio ones inside `sandbox` unless they
+    /// are marked to run on the host.
+    pub async fn connect_in(
+        configs: Vec<ServerConfig>,
+        sandbox: Option<Arc<dyn Sandbox>>,
+    ) -> McpClients {
+        let attempts = configs.into_iter().map(|c| {
+            let sandbox = sandbox.clone();
+            async move {
+                let server = Arc::new(RemoteServer::new(c, sandbox));
+                let result = server.reconnect().await;
+                (server, result)
+            }
         });
         let mut servers = Vec::new();
         let mut failures = Vec::new();
@@ -96,6 +119,20 @@ impl McpClients {
     /// Servers that could not be started, with the reason.
     pub fn failures(&self) -> &[(String, String)] {
         &self.failures
+    }
+
+    /// The connected stdio servers that run on the host (`"host": true`), for warnings.
+    pub fn host_servers(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.config.transport,
+                    config::Transport::Stdio { host: true, .. }
+                )
+            })
+            .map(|s| s.config.name.clone())
+            .collect()
     }
 
     pub fn server_names(&self) -> Vec<String> {

@@ -4,11 +4,19 @@
 //! {"mcpServers": {
 //!    "files": {"command": "uvx", "args": ["mcp-server-x"], "env": {"API_KEY": "..."}},
 //!    "remote": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ..."}},
-//!    "browser": {"command": "browser-mcp", "keep_names": true}
+//!    "browser": {"command": "browser-mcp", "keep_names": true},
+//!    "legacy": {"type": "sse", "url": "http://127.0.0.1:8000/sse"}
 //! }}
 //! ```
 //!
-//! A stdio child starts from an EMPTY environment plus the host's PATH and exactly the
+//! `"type"` is optional, as in OpenManus's and Claude Desktop's files: `"stdio"`, `"sse"` (the
+//! legacy HTTP+SSE transport, for servers that offer nothing newer) or `"streamable-http"`
+//! (also `"http"`); without it a `command` means stdio and a `url` streamable HTTP.
+//!
+//! A stdio server runs **inside the session's sandbox** (its limits, no network, no host
+//! files); `"host": true` is the explicit opt-out for a server that must run on the host, as
+//! a host process with the host's network and files. On the host the child starts from an
+//! EMPTY environment plus the host's PATH and exactly the
 //! variables listed in `env`; variables that change how a program loads code
 //! (LD_PRELOAD, PYTHONPATH, NODE_OPTIONS, DYLD_*, ...) are refused, so a config entry cannot
 //! be used to inject code into an otherwise trusted server binary.
@@ -91,6 +99,9 @@ struct FileFormat {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawServer {
+    /// The transport, when the file names it (OpenManus writes it on every entry).
+    #[serde(rename = "type")]
+    kind: Option<String>,
     command: Option<String>,
     #[serde(default)]
     args: Vec<String>,
@@ -107,6 +118,9 @@ struct RawServer {
     refresh_every: Option<u32>,
     #[serde(default)]
     disabled: bool,
+    /// Run a stdio server on the host instead of inside the session's sandbox.
+    #[serde(default)]
+    host: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -115,11 +129,40 @@ pub enum Transport {
         command: String,
         args: Vec<String>,
         env: Vec<(String, String)>,
+        /// Runs on the host (`"host": true`) rather than inside the session's sandbox.
+        host: bool,
     },
     Http {
         url: String,
         headers: Vec<(String, String)>,
     },
+    /// The legacy HTTP+SSE transport (MCP 2024-11-05): a GET event stream that names the
+    /// URL to POST messages to.
+    Sse {
+        url: String,
+        headers: Vec<(String, String)>,
+    },
+}
+
+/// The transports `"type"` may name, as they are written in the wild.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Stdio,
+    Sse,
+    StreamableHttp,
+}
+
+fn parse_kind(name: &str) -> Result<Kind, String> {
+    match name.to_ascii_lowercase().as_str() {
+        "stdio" => Ok(Kind::Stdio),
+        "sse" => Ok(Kind::Sse),
+        "streamable-http" | "streamable_http" | "streamablehttp" | "http" => {
+            Ok(Kind::StreamableHttp)
+        }
+        _ => Err(format!(
+            "\"type\": {name:?} is not a transport sandboxd knows; use \"stdio\", \"sse\" or \"streamable-http\""
+        )),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -169,6 +212,14 @@ fn convert(name: &str, raw: RawServer) -> Result<ServerConfig, String> {
     if name.is_empty() {
         return Err("the server name is empty".into());
     }
+    let kind = raw.kind.as_deref().map(parse_kind).transpose()?;
+    match (kind, &raw.command, &raw.url) {
+        (Some(Kind::Stdio), None, _) => return Err("\"type\": \"stdio\" needs \"command\"".into()),
+        (Some(Kind::Sse | Kind::StreamableHttp), _, None) => {
+            return Err("an HTTP \"type\" needs \"url\"".into());
+        }
+        _ => {}
+    }
     let transport = match (raw.command, raw.url) {
         (Some(_), Some(_)) => {
             return Err("give either \"command\" (stdio) or \"url\" (HTTP), not both".into());
@@ -197,6 +248,7 @@ fn convert(name: &str, raw: RawServer) -> Result<ServerConfig, String> {
                 command,
                 args: raw.args,
                 env: raw.env.into_iter().collect(),
+                host: raw.host,
             }
         }
         (None, Some(url)) => {
@@ -205,12 +257,16 @@ fn convert(name: &str, raw: RawServer) -> Result<ServerConfig, String> {
                     "\"url\" must start with http:// or https://, got {url:?}"
                 ));
             }
-            if !raw.args.is_empty() || !raw.env.is_empty() {
-                return Err("\"args\" and \"env\" only apply to \"command\" servers".into());
+            if !raw.args.is_empty() || !raw.env.is_empty() || raw.host {
+                return Err(
+                    "\"args\", \"env\" and \"host\" only apply to \"command\" servers".into(),
+                );
             }
-            Transport::Http {
-                url,
-                headers: raw.headers.into_iter().collect(),
+            let headers = raw.headers.into_iter().collect();
+            if kind == Some(Kind::Sse) {
+                Transport::Sse { url, headers }
+            } else {
+                Transport::Http { url, headers }
             }
         }
     };
@@ -263,5 +319,44 @@ mod tests {
         assert!(msgs[0].contains("LD_PRELOAD"), "{msgs:?}");
         assert!(msgs[1].contains("dyld_insert_libraries"), "{msgs:?}");
         assert!(parse(r#"{"mcpServers": {"a": {"command": "x", "bogus": 1}}}"#).is_err());
+    }
+
+    #[test]
+    fn the_type_field_of_openmanus_files_is_accepted() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/openmanus/mcp.example.json");
+        let (good, bad) = load(&path).expect("OpenManus's own mcp.example.json parses");
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(good.len(), 2);
+        let bourdon = good.iter().find(|s| s.name == "bourdon").unwrap();
+        assert!(
+            matches!(&bourdon.transport, Transport::Stdio { command, args, .. }
+            if command == "bourdon" && args == &["serve", "--quiet"])
+        );
+        let sse = good.iter().find(|s| s.name == "server1").unwrap();
+        assert!(
+            matches!(&sse.transport, Transport::Sse { url, .. } if url == "http://localhost:8000/sse")
+        );
+
+        let text = r#"{"mcpServers": {
+            "a": {"type": "streamable-http", "url": "http://127.0.0.1:1/mcp"},
+            "b": {"type": "http", "url": "http://127.0.0.1:1/mcp"},
+            "c": {"type": "websocket", "url": "ws://x"},
+            "d": {"type": "stdio", "url": "http://127.0.0.1:1/mcp"},
+            "e": {"type": "sse", "command": "x"}
+        }}"#;
+        let (good, bad) = parse(text).unwrap();
+        assert_eq!(good.len(), 2);
+        assert!(
+            good.iter()
+                .all(|s| matches!(s.transport, Transport::Http { .. }))
+        );
+        let msgs: Vec<String> = bad.iter().map(|e| e.to_string()).collect();
+        assert!(
+            msgs[0].contains("websocket") && msgs[0].contains("streamable-http"),
+            "{msgs:?}"
+        );
+        assert!(msgs[1].contains("needs \"command\""), "{msgs:?}");
+        assert!(msgs[2].contains("needs \"url\""), "{msgs:?}");
     }
 }

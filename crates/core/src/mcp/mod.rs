@@ -13,17 +13,19 @@
 pub mod admission;
 pub mod client;
 pub mod config;
+mod in_sandbox;
 pub mod lazy;
 pub mod names;
 mod remote;
 mod remote_tool;
 pub mod server;
+mod sse_legacy;
 pub mod stateless;
 mod wire;
 
 use std::sync::Arc;
 
-pub use client::{McpClients, McpTool, ToolsChange, connect_all};
+pub use client::{McpClients, McpTool, ToolsChange, connect_all, connect_all_in};
 pub use server::{SandboxServer, ServerState, session_registry};
 
 /// Serves the tools over stdin/stdout until the client closes stdin, then removes the

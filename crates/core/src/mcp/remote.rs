@@ -1,5 +1,5 @@
-//! One external MCP server as sandboxd sees it: the connection (stdio child or streamable
-//! HTTP), reconnection with backoff, the tool list and its change notifications.
+//! One external MCP server as sandboxd sees it: the connection (stdio child, streamable
+//! HTTP or legacy SSE), reconnection with backoff, the tool list and its change notifications.
 
 use std::collections::VecDeque;
 use std::process::Stdio;
@@ -15,6 +15,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
 use super::config::{ServerConfig, Transport};
+use crate::sandbox::Sandbox;
 use crate::tools::{ToolContext, ToolResult};
 
 use super::client::lock;
@@ -66,12 +67,15 @@ pub(super) struct RemoteServer {
     pub(super) instructions: Mutex<Option<String>>,
     pub(super) stderr_tail: Arc<Mutex<VecDeque<String>>>,
     pub(super) call_timeout: Duration,
+    /// Where a stdio server without `"host": true` runs; None: nowhere (it fails to start).
+    sandbox: Option<Arc<dyn Sandbox>>,
 }
 
 impl RemoteServer {
-    pub(super) fn new(config: ServerConfig) -> Self {
+    pub(super) fn new(config: ServerConfig, sandbox: Option<Arc<dyn Sandbox>>) -> Self {
         Self {
             config,
+            sandbox,
             conn: tokio::sync::Mutex::new(Conn::Down {
                 retry_at: Instant::now(),
                 backoff: Duration::ZERO,
@@ -160,7 +164,31 @@ impl RemoteServer {
     async fn start(&self) -> Result<RunningService<RoleClient, Notifier>, String> {
         let handler = self.notifier.clone();
         match &self.config.transport {
-            Transport::Stdio { command, args, env } => {
+            Transport::Stdio {
+                command,
+                args,
+                env,
+                host: false,
+            } => {
+                let sandbox = self.sandbox.as_ref().ok_or_else(|| {
+                    format!(
+                        "{command:?} runs inside a session's sandbox, and there is none here; \
+                         give it \"host\": true to run it on this host instead"
+                    )
+                })?;
+                let pipes = super::in_sandbox::start(sandbox, command, args, env).await?;
+                self.forward_stderr(pipes.stderr);
+                handler
+                    .serve((pipes.stdout, pipes.stdin))
+                    .await
+                    .map_err(|e| format!("the MCP handshake failed: {e}"))
+            }
+            Transport::Stdio {
+                command,
+                args,
+                env,
+                host: true,
+            } => {
                 let mut cmd = tokio::process::Command::new(command);
                 cmd.args(args).env_clear();
                 if let Some(path) = std::env::var_os("PATH") {
@@ -202,10 +230,20 @@ impl RemoteServer {
                     .await
                     .map_err(|e| format!("cannot connect to {url}: {e}"))
             }
+            Transport::Sse { url, headers } => {
+                let transport = super::sse_legacy::connect(url, headers).await?;
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| format!("the MCP handshake over {url} failed: {e}"))
+            }
         }
     }
 
-    pub(super) fn forward_stderr(&self, stderr: tokio::process::ChildStderr) {
+    pub(super) fn forward_stderr(
+        &self,
+        stderr: impl tokio::io::AsyncRead + Send + Unpin + 'static,
+    ) {
         let tail = self.stderr_tail.clone();
         let name = self.config.name.clone();
         lock(&tail).clear();

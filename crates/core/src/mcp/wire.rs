@@ -57,14 +57,14 @@ pub(super) fn lifecycle_tools() -> Vec<McpTool> {
     vec![to_mcp_tool(&create), to_mcp_tool(&close)]
 }
 
-/// A ToolResult as MCP content: text first, then the image.
+/// A ToolResult as MCP content: text first, then the images in order.
 pub fn to_call_result(r: &ToolResult) -> CallToolResult {
     let mut content = Vec::new();
     let text = r.render();
     if !text.is_empty() || r.base64_image.is_none() {
         content.push(ContentBlock::text(text));
     }
-    if let Some(img) = &r.base64_image {
+    for img in r.images() {
         content.push(ContentBlock::image(img.clone(), mime_of_base64(img)));
     }
     if r.is_error() {

@@ -31,6 +31,7 @@ use super::ends::{EndReason, Ended};
 use super::pool::Warm;
 use super::records::SessionRecords;
 use super::runtime::{Runtime, SandboxSpec, SandboxState};
+use super::templates::Templates;
 use super::{Owner, Sandbox, SandboxError, Viewer};
 use crate::config::{LimitRequest, Limits, PoolConfig, SessionsConfig};
 
@@ -209,6 +210,8 @@ pub struct SessionManager {
     replica: std::sync::OnceLock<String>,
     /// The books shared with other replicas, consulted before reaping and reconciling.
     shared: std::sync::OnceLock<Arc<dyn super::shared::SharedSessions>>,
+    /// The templates sessions may name (`set_templates`); none but the default until set.
+    templates: std::sync::OnceLock<Templates>,
 }
 
 /// Releases a creation's place in the caps however the creation ends (even cancelled).
@@ -320,7 +323,21 @@ impl SessionManager {
             ends: tokio::sync::broadcast::channel(ENDS_BUFFERED).0,
             replica: std::sync::OnceLock::new(),
             shared: std::sync::OnceLock::new(),
+            templates: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the templates sessions may name (see templates.rs). Set once, before sessions
+    /// are made; a second call is ignored.
+    pub fn set_templates(&self, templates: Templates) {
+        if self.templates.set(templates).is_err() {
+            tracing::warn!("the session manager's templates were set twice; the first stay");
+        }
+    }
+
+    /// The templates sessions may name: `resolve` a name before `create_from`.
+    pub fn templates(&self) -> Templates {
+        self.templates.get().cloned().unwrap_or_default()
     }
 
     /// Makes this manager one replica of several sharing sessions: every sandbox it makes
@@ -411,12 +428,29 @@ impl SessionManager {
         request: &LimitRequest,
         options: CreateOptions,
     ) -> Result<Arc<Session>, SandboxError> {
+        self.create_from(owner, request, options, None).await
+    }
+
+    /// `create`, from the image of a template (`Templates::resolve`; None: the default
+    /// image). The warm pool holds only the default image's sandboxes, so another
+    /// template's session is always made cold.
+    pub async fn create_from(
+        &self,
+        owner: &Owner,
+        request: &LimitRequest,
+        options: CreateOptions,
+        image: Option<String>,
+    ) -> Result<Arc<Session>, SandboxError> {
         let limits = self
             .limits
             .lowered(request)
             .map_err(|e| SandboxError::InvalidRequest(e.to_string()))?;
         let reservation = self.reserve(owner)?;
-        if let Some(warm) = self.claim(&limits, options.keep).await {
+        let warm = match image {
+            None => self.claim(owner, &limits, options.keep).await,
+            Some(_) => None,
+        };
+        if let Some(warm) = warm {
             let session = Session::new(
                 warm.session_id.clone(),
                 owner.clone(),
@@ -440,6 +474,7 @@ impl SessionManager {
             keep: options.keep,
             pooled: false,
             replica: self.replica().map(str::to_string),
+            image,
         };
         // The creation runs as its own task, so a caller that gives up (a client that
         // disconnects, a cancelled future) cannot leave a sandbox nobody knows about: the

@@ -7,12 +7,14 @@
 //! built on that once. Only `docker*.rs` in this folder import bollard.
 
 mod budget;
+pub mod copy_in;
 pub mod copy_out;
 pub mod ends;
 mod exec_ops;
 pub mod exec_sandbox;
 #[cfg(test)]
 mod exec_watch_tests;
+pub mod file_mode;
 pub mod framed;
 pub mod fs_client;
 pub mod helpers;
@@ -30,6 +32,7 @@ pub mod shell;
 mod shell_scan;
 pub mod slots;
 pub mod tar_safety;
+pub mod templates;
 pub mod transfer;
 pub mod tunnel;
 pub mod watch;

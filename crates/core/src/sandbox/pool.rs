@@ -8,7 +8,8 @@
 //!   below the profile's are applied through `Runtime::update_limits`; a backend that
 //!   declines, a failed update, a profile mismatch (tmpfs sizes and ulimits are fixed at
 //!   creation), a kept session (unless the pool is scoped) or an empty pool all mean a cold
-//!   create, never an error.
+//!   create, never an error. A backend that can mark the sandbox as claimed does so
+//!   (`Runtime::mark_claimed`, one call); a failed mark is a cold create too.
 //! - A scoped pool (`with_scoped_pool`, for `serve`) labels its sandboxes with the scope as
 //!   owner and as kept: the caller records each claim, and at its next start re-adopts the
 //!   claimed ones (`adopt`) and removes the rest of its scope.
@@ -108,7 +109,7 @@ pub struct RefillReport {
 impl SessionManager {
     /// A warm sandbox for a session with `limits`, already lowered to them, or None (then the
     /// caller creates one cold). Wakes the refill task when it takes one.
-    pub(super) async fn claim(&self, limits: &Limits, keep: bool) -> Option<Warm> {
+    pub(super) async fn claim(&self, owner: &Owner, limits: &Limits, keep: bool) -> Option<Warm> {
         // A kept session must outlive this process: only a scoped pool's sandboxes can,
         // since its caller records the claim and re-adopts it (an unscoped one is an orphan
         // once its creator is gone).
@@ -136,6 +137,10 @@ impl SessionManager {
                     return None;
                 }
             }
+        }
+        if let Err(e) = self.runtime.mark_claimed(&warm.handle, owner).await {
+            tracing::warn!(error = %e, "could not mark a warm sandbox as claimed; creating one");
+            return None;
         }
         guard.handle = None;
         Some(warm)
@@ -313,6 +318,7 @@ impl SessionManager {
                     keep: self.pool_scope.is_some(),
                     pooled: true,
                     replica: self.replica().map(str::to_string),
+                    image: None,
                 };
                 let revision = revision.clone();
                 self.fills.spawn(async move {

@@ -142,6 +142,9 @@ pub struct SandboxSpec {
     pub keep: bool,
     /// The replica making it (see `SandboxMeta::replica`).
     pub replica: Option<String>,
+    /// The image to make it from, a template's (`templates::Templates`); None: the
+    /// runtime's own image.
+    pub image: Option<String>,
 }
 
 impl SandboxSpec {
@@ -283,6 +286,16 @@ pub trait Runtime: Send + Sync {
         Ok(false)
     }
 
+    /// Marks a warm sandbox as claimed by a session of `owner`, where the backend can say
+    /// so in one call (Kubernetes: one patch of the pod's labels and annotations), so that
+    /// what the backend shows (kubectl) tells free warm sandboxes from taken ones. Nothing
+    /// reads it back as the binding: that stays in the claiming process's records (see
+    /// `SandboxMeta`). An error makes the pool discard the sandbox and create one cold.
+    /// Default: nothing to mark (Docker cannot change a container's labels).
+    async fn mark_claimed(&self, _handle: &str, _owner: &Owner) -> Result<(), SandboxError> {
+        Ok(())
+    }
+
     /// An identity of what new sandboxes are made from now (for Docker, the image id behind
     /// the tag), so the pool can replace warm sandboxes made from an older one. None: the
     /// backend does not tell.
@@ -325,6 +338,7 @@ mod tests {
             limits: Limits::default(),
             keep: true,
             replica: None,
+            image: None,
         }
     }
 

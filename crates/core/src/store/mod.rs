@@ -8,6 +8,7 @@
 
 pub mod conversation;
 pub mod egress;
+pub mod egress_credentials;
 mod mcp_sessions;
 mod replicas;
 mod runs;
@@ -21,6 +22,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use egress::{EgressCounters, EgressLog};
+pub use egress_credentials::{EgressCredentials, StoredCredential};
 pub use mcp_sessions::{McpSandbox, McpSessionRow, McpSessions};
 pub use replicas::{Replicas, new_replica_id};
 pub use runs::{
@@ -72,6 +74,9 @@ pub enum StoreError {
         len: u64,
         max: u64,
     },
+    /// An owner's egress credentials are bounded (`[egress] user_credentials`).
+    #[error("the quota of {limit} egress credentials is reached; remove one first")]
+    CredentialQuota { limit: u32 },
 }
 
 /// Overrides of the configured quota defaults for one user; `None` keeps the default.
@@ -352,7 +357,16 @@ pub trait Logins: Send + Sync {
 /// The store boundary. Every method is one short transaction.
 #[async_trait]
 pub trait Store:
-    Logins + ToolRecords + Replicas + RunControl + AuthFailures + McpSessions + EgressLog + Send + Sync
+    Logins
+    + ToolRecords
+    + Replicas
+    + RunControl
+    + AuthFailures
+    + McpSessions
+    + EgressLog
+    + EgressCredentials
+    + Send
+    + Sync
 {
     /// A write that proves the store is writable (readiness).
     async fn ping(&self) -> Result<(), StoreError>;

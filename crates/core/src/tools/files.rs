@@ -2,7 +2,9 @@
 //! the in-container file helper (~1 ms a call). Paths are resolved inside the container
 //! (relative ones against /workspace); nothing here touches the host filesystem.
 //!
-//! These are plain registry tools, so the agent and MCP clients see the same three.
+//! The MCP server offers these three (server_tools in session.rs); the agent has bash, python
+//! and the editor for files instead, and sees an image file through view_image
+//! (view_image.rs), which shares `image_result` with read_file.
 
 use std::sync::Arc;
 
@@ -29,6 +31,20 @@ fn image_mime(data: &[u8]) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// An image file's bytes (the head `data` of a file of `size` bytes) as a result carrying the
+/// image, or why it is too large; None when the bytes are not an image.
+pub(super) fn image_result(path: &str, data: &[u8], size: u64) -> Option<ToolResult> {
+    image_mime(data)?;
+    if size > data.len() as u64 || data.len() > MAX_IMAGE_BYTES {
+        return Some(ToolResult::error(format!(
+            "{path} is an image of {size} bytes, over the {MAX_IMAGE_BYTES}-byte cap for images; \
+             make a smaller copy (e.g. with PIL: im.thumbnail((1600, 1600)); im.save(...)) and read that"
+        )));
+    }
+    let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+    Some(ToolResult::ok(format!("{path}: an image of {size} bytes")).with_image(b64))
 }
 
 pub struct ReadFile {
@@ -74,15 +90,8 @@ impl Tool for ReadFile {
         let want = self.cap.max(MAX_IMAGE_BYTES) + 1;
         let (data, size) = self.sandbox.read_head(path, want).await?;
         let whole = size <= data.len() as u64;
-        if image_mime(&data).is_some() {
-            if !whole || data.len() > MAX_IMAGE_BYTES {
-                return Ok(ToolResult::error(format!(
-                    "{path} is an image of {size} bytes, over the {MAX_IMAGE_BYTES}-byte cap for images; \
-                     make a smaller copy (e.g. with PIL: im.thumbnail((1600, 1600)); im.save(...)) and read that"
-                )));
-            }
-            let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
-            return Ok(ToolResult::ok(format!("{path}: an image of {size} bytes")).with_image(b64));
+        if let Some(result) = image_result(path, &data, size) {
+            return Ok(result);
         }
         // A read cut inside a multi-byte character is still text.
         let text = match std::str::from_utf8(&data) {

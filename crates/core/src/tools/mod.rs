@@ -14,6 +14,7 @@ pub mod registry;
 pub mod saved;
 pub mod session;
 pub mod terminate;
+pub mod view_image;
 pub mod web;
 
 use async_trait::async_trait;
@@ -38,6 +39,10 @@ pub struct ToolResult {
     pub error: Option<String>,
     /// A PNG or JPEG, base64-encoded (plots, screenshots).
     pub base64_image: Option<String>,
+    /// Further images of the same result, in order (a python cell's second and later
+    /// figures); None for most tools. Boxed like `data`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub more_images: Option<Box<Vec<String>>>,
     /// A note from sandboxd itself (e.g. "the shell was restarted").
     pub system: Option<String>,
     /// Structured facts for sandboxd, never shown to the model (the research tools'
@@ -62,8 +67,9 @@ impl ToolResult {
         }
     }
 
-    /// Attaches an image, unless it is over `MAX_IMAGE_BYTES`: then a note says why it is
-    /// missing. Every tool returns images through here, so one cap holds for all of them.
+    /// Attaches an image (after any attached before), unless it is over `MAX_IMAGE_BYTES`:
+    /// then a note says why it is missing. Every tool returns images through here, so one cap
+    /// holds for all of them.
     pub fn with_image(mut self, base64: String) -> Self {
         let bytes = base64.len() / 4 * 3;
         if bytes > MAX_IMAGE_BYTES {
@@ -71,8 +77,21 @@ impl ToolResult {
                 "an image of about {bytes} bytes was not returned: images are capped at {MAX_IMAGE_BYTES} bytes"
             ));
         }
-        self.base64_image = Some(base64);
+        match self.base64_image {
+            None => self.base64_image = Some(base64),
+            Some(_) => self.more_images.get_or_insert_default().push(base64),
+        }
         self
+    }
+
+    /// The images after the first, in order.
+    pub fn more_images(&self) -> &[String] {
+        self.more_images.as_deref().map_or(&[], Vec::as_slice)
+    }
+
+    /// Every image of the result, in order.
+    pub fn images(&self) -> impl Iterator<Item = &String> {
+        self.base64_image.iter().chain(self.more_images())
     }
 
     pub fn with_system(mut self, note: impl Into<String>) -> Self {

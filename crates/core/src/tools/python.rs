@@ -1,6 +1,6 @@
 //! python: the session's persistent interpreter, used like a notebook cell. Variables and
 //! imports persist between calls; stdout and stderr come back apart with the repr of a final
-//! expression, a trimmed traceback and any matplotlib figure as an image.
+//! expression, a trimmed traceback and the cell's matplotlib figures as images, in order.
 //!
 //! The interpreter is a daemon of the container (see driver.rs), so its variables outlive
 //! this process: a later process running the same kept session reaches the same one.
@@ -23,7 +23,7 @@ use tokio::sync::Mutex;
 use super::{Tool, ToolContext, ToolError, ToolResult, arg_str, timeout_arg};
 use crate::sandbox::Sandbox;
 use crate::sandbox::watch::while_alive;
-use driver::{CellEnd, CellOutput, Driver, GRACE, Loss};
+use driver::{CellEnd, CellOutput, Driver, GRACE, Loss, SHOWN_LIMIT};
 
 pub struct Python {
     sandbox: Arc<dyn Sandbox>,
@@ -62,7 +62,8 @@ impl Python {
         }
     }
 
-    /// The largest reply the driver may send: four capped text parts and one image.
+    /// The largest reply the driver may send: four capped text parts and the figures (capped
+    /// together like one image).
     fn max_body(&self) -> usize {
         4 * (self.output_cap + 1024) + crate::tools::MAX_IMAGE_BYTES
     }
@@ -244,12 +245,13 @@ impl Tool for Python {
         "Run Python 3 code in the sandbox's persistent interpreter, like a notebook cell: variables, \
          imports and functions persist between calls (reset: true starts a fresh interpreter). The \
          repr of a final expression is shown, as in Jupyter; print() anything else. stdout and stderr \
-         come back apart; long output is cut in the middle. numpy, pandas and matplotlib are \
-         installed. There is no network, so pip install and downloads fail. Files live in /workspace \
-         (the working directory). Every open matplotlib figure is returned as an image at the end of \
-         the cell and saved under /workspace/figures/ (plt.show() is not needed). A cell that runs \
-         past its timeout is interrupted with KeyboardInterrupt and the variables are kept. stdin is \
-         empty, so input() fails."
+         come back apart; long output is cut in the middle. numpy, pandas (with Excel), scipy, \
+         statsmodels, scikit-learn, matplotlib, seaborn and plotly are installed. There is no \
+         network, so pip install and downloads fail. Files live in /workspace (the working \
+         directory). The open matplotlib figures are returned as images at the end of the cell (up \
+         to 8, in order) and saved under /workspace/figures/ (plt.show() is not needed). A cell that \
+         runs past its timeout is interrupted with KeyboardInterrupt and the variables are kept. \
+         stdin is empty, so input() fails."
     }
 
     fn parameters(&self) -> Value {
@@ -345,10 +347,13 @@ fn observe(out: CellOutput, timed_out: Option<String>) -> ToolResult {
         );
     }
     if !out.figures.is_empty() {
-        let shown = if out.image.is_some() {
-            "the first is shown as an image"
-        } else {
-            "too large to show"
+        let shown = match (out.images.len(), out.figures.len()) {
+            (0, _) => "too large to show".to_string(),
+            (s, f) if s == f => "shown as images, in order".to_string(),
+            (s, f) => format!(
+                "{s} of {f} shown as images, in order: at most {SHOWN_LIMIT} and {} MiB together",
+                crate::tools::MAX_IMAGE_BYTES >> 20
+            ),
         };
         push_block(
             &mut text,
@@ -370,7 +375,7 @@ fn observe(out: CellOutput, timed_out: Option<String>) -> ToolResult {
         },
         None => ToolResult::ok(text),
     };
-    if let Some(png) = out.image {
+    for png in out.images {
         result = result.with_image(base64::engine::general_purpose::STANDARD.encode(png));
     }
     result

@@ -13,6 +13,7 @@ use super::files::{ListDir, ReadFile, WriteFile};
 use super::python::Python;
 use super::saved::SavedTools;
 use super::terminate::Terminate;
+use super::view_image::ViewImage;
 use super::web::research_tools;
 use super::{Tool, ToolRegistry};
 use crate::config::{Config, Limits};
@@ -44,6 +45,7 @@ pub struct SessionTools {
     owner: String,
     sandbox: Arc<dyn Sandbox>,
     output_cap: usize,
+    view_image: Arc<ViewImage>,
 }
 
 impl SessionTools {
@@ -106,6 +108,11 @@ impl SessionTools {
             owner: owner.to_string(),
             output_cap,
             browser: Arc::new(browser),
+            view_image: Arc::new(ViewImage::new(
+                sandbox.clone(),
+                config.llm.takes_images(),
+                config.llm.model.clone(),
+            )),
             sandbox,
         }
     }
@@ -120,12 +127,14 @@ impl SessionTools {
         ]
     }
 
-    /// The agent's registry over these tools: the four, ask_human with `asker`, terminate.
+    /// The agent's registry over these tools: the four, the research tools, view_image,
+    /// ask_human with `asker`, terminate.
     pub fn agent_registry(&self, asker: Arc<dyn Asker>) -> ToolRegistry {
         let mut tools = self.tools();
         if let Some((sandbox, research)) = &self.research {
             tools.extend(research_tools(sandbox.clone(), research, &self.owner));
         }
+        tools.push(self.view_image.clone());
         tools.push(Arc::new(AskHuman::new(asker)));
         tools.push(Arc::new(Terminate));
         registry_of(tools)
@@ -229,7 +238,12 @@ pub fn agent_tools_of(
     extractor: Option<Arc<dyn Extractor>>,
 ) -> AgentTools {
     let (mut tools, browser) = sandbox_tools(sandbox.clone(), limits, config, extractor);
-    tools.extend(research_tools(sandbox, &config.research, owner));
+    tools.extend(research_tools(sandbox.clone(), &config.research, owner));
+    tools.push(Arc::new(ViewImage::new(
+        sandbox,
+        config.llm.takes_images(),
+        config.llm.model.clone(),
+    )));
     tools.push(Arc::new(AskHuman::new(asker)));
     tools.push(Arc::new(Terminate));
     AgentTools {

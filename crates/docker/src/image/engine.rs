@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use tokio::io::AsyncReadExt;
 
-use super::recipe::{image_changes, recipe_hash};
+use super::recipe::recipe_hash;
 use super::{BuildProgress, IMAGE_REPO, ImageError};
 
 /// Import sends ~1 GB through the daemon before it answers; bollard's default 120 s timeout
@@ -27,6 +27,21 @@ pub(super) async fn prune_stale(
     current: &str,
     progress: &(dyn Fn(BuildProgress) + Send + Sync),
 ) {
+    untag_where(docker, progress, |t| {
+        t != current
+            && t.strip_prefix(IMAGE_REPO)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    })
+    .await;
+}
+
+/// Untags every tag of `IMAGE_REPO` that `stale` picks.
+async fn untag_where(
+    docker: &Docker,
+    progress: &(dyn Fn(BuildProgress) + Send + Sync),
+    stale: impl Fn(&str) -> bool,
+) {
     let filters = std::collections::HashMap::from([("reference", vec![IMAGE_REPO])]);
     let options = bollard::query_parameters::ListImagesOptionsBuilder::default()
         .filters(&filters)
@@ -34,12 +49,10 @@ pub(super) async fn prune_stale(
     let Ok(images) = docker.list_images(Some(options)).await else {
         return;
     };
-    let stale = images.iter().flat_map(|i| i.repo_tags.iter()).filter(|t| {
-        t.as_str() != current
-            && t.strip_prefix(IMAGE_REPO)
-                .and_then(|rest| rest.strip_prefix(':'))
-                .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-    });
+    let stale = images
+        .iter()
+        .flat_map(|i| i.repo_tags.iter())
+        .filter(|t| stale(t.as_str()));
     for tag in stale {
         match docker
             .remove_image(
@@ -57,25 +70,44 @@ pub(super) async fn prune_stale(
     }
 }
 
-/// `docker import` of the rootfs tar, streamed from disk rather than loaded into memory.
+/// Untags the images of earlier versions of template `name` (`sandboxd/sandbox:tpl-<name>-<16
+/// hex>`) other than `current`; other templates' images and the default's are left alone.
+pub(super) async fn prune_template(
+    docker: &Docker,
+    name: &str,
+    current: &str,
+    progress: &(dyn Fn(BuildProgress) + Send + Sync),
+) {
+    let prefix = format!("{IMAGE_REPO}:tpl-{name}-");
+    untag_where(docker, progress, |t| {
+        t != current
+            && t.strip_prefix(&prefix)
+                .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    })
+    .await;
+}
+
+/// `docker import` of the rootfs tar as `IMAGE_REPO:suffix` with the image configuration
+/// `changes`, streamed from disk rather than loaded into memory.
 pub(super) async fn import_rootfs(
     docker: &Docker,
     rootfs: &Path,
-    tag: &str,
+    suffix: &str,
+    changes: Vec<String>,
 ) -> Result<(), ImageError> {
+    let tag = format!("{IMAGE_REPO}:{suffix}");
     let file = tokio::fs::File::open(rootfs)
         .await
         .map_err(|source| ImageError::Workspace {
             path: rootfs.to_owned(),
             source,
         })?;
-    let hash = recipe_hash();
     let options = CreateImageOptionsBuilder::default()
         .from_src("-")
         .repo(IMAGE_REPO)
-        .tag(&hash)
-        .message(&format!("sandboxd image build, recipe {hash}"))
-        .changes(image_changes())
+        .tag(suffix)
+        .message(&format!("sandboxd image build, recipe {}", recipe_hash()))
+        .changes(changes)
         .build();
     let docker = docker.clone().with_timeout(IMPORT_TIMEOUT);
     let mut events = docker.create_image(
@@ -86,7 +118,7 @@ pub(super) async fn import_rootfs(
     while let Some(event) = events.next().await {
         event.map_err(|source| match ImageError::from_docker("import", source) {
             ImageError::Docker { source, .. } => ImageError::ImportFailed {
-                tag: tag.to_owned(),
+                tag: tag.clone(),
                 source,
             },
             unreachable => unreachable,

@@ -10,11 +10,13 @@
 //! This file is the public face (the errors, the tag, "is it there?", "make sure it is", the
 //! build in order); the parts live beside it: `recipe.rs` what the image is (the embedded
 //! recipe, its hash, its configuration), `build.rs` making the rootfs (running the recipe in a
-//! private directory), `engine.rs` talking to the Docker engine (import, pruning old tags).
+//! private directory), `engine.rs` talking to the Docker engine (import, pruning old tags),
+//! `template.rs` the admin's `[[templates]]`: the same recipe plus their additions.
 
 mod build;
 mod engine;
 mod recipe;
+mod template;
 
 use std::io;
 use std::path::PathBuf;
@@ -26,9 +28,11 @@ use bollard::query_parameters::TagImageOptionsBuilder;
 use tokio::sync::Mutex;
 
 use build::{TempDir, find_program, run_recipe};
-use engine::{import_rootfs, prune_stale};
+use engine::{import_rootfs, prune_stale, prune_template};
 pub use recipe::recipe_hash;
-use recipe::write_recipe;
+use recipe::{image_changes, write_recipe};
+use sandboxd_core::config::TemplateConfig;
+pub use template::template_tag;
 
 /// Repository every sandbox image is tagged into.
 pub const IMAGE_REPO: &str = "sandboxd/sandbox";
@@ -87,6 +91,16 @@ pub enum ImageError {
         source: DockerError,
     },
 
+    #[error(
+        "cannot read {path}, which a template in the config names (a wheel or a file to copy \
+         in); fix the path in [[templates]] or the file's permissions"
+    )]
+    TemplateInput {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("Docker refused to {action}")]
     Docker {
         action: String,
@@ -141,8 +155,12 @@ pub fn image_tag() -> String {
 
 /// Whether the engine already has the image for this recipe.
 pub async fn image_present(docker: &Docker) -> Result<bool, ImageError> {
-    let tag = image_tag();
-    match docker.inspect_image(&tag).await {
+    tag_present(docker, &image_tag()).await
+}
+
+/// Whether the engine has the image `tag`.
+pub async fn tag_present(docker: &Docker, tag: &str) -> Result<bool, ImageError> {
+    match docker.inspect_image(tag).await {
         Ok(_) => Ok(true),
         Err(DockerError::DockerResponseServerError {
             status_code: 404, ..
@@ -173,13 +191,35 @@ pub async fn build_image(
     force: bool,
     progress: &(dyn Fn(BuildProgress) + Send + Sync),
 ) -> Result<BuildOutcome, ImageError> {
+    build(docker, None, force, progress).await
+}
+
+/// Builds the image of template `t` (the recipe plus its additions), the same way.
+pub async fn build_template(
+    docker: &Docker,
+    t: &TemplateConfig,
+    force: bool,
+    progress: &(dyn Fn(BuildProgress) + Send + Sync),
+) -> Result<BuildOutcome, ImageError> {
+    build(docker, Some(t), force, progress).await
+}
+
+async fn build(
+    docker: &Docker,
+    template: Option<&TemplateConfig>,
+    force: bool,
+    progress: &(dyn Fn(BuildProgress) + Send + Sync),
+) -> Result<BuildOutcome, ImageError> {
     // Tests and sessions in one process may all ask for the image at once; one build is enough,
     // and the others find its result when they get the lock.
     static BUILD_LOCK: Mutex<()> = Mutex::const_new(());
     let _guard = BUILD_LOCK.lock().await;
 
-    let tag = image_tag();
-    if !force && image_present(docker).await? {
+    let tag = match template {
+        Some(t) => template_tag(t)?,
+        None => image_tag(),
+    };
+    if !force && tag_present(docker, &tag).await? {
         return Ok(BuildOutcome::UpToDate { tag });
     }
     let search_path = std::env::var_os("PATH").unwrap_or_default();
@@ -191,6 +231,11 @@ pub async fn build_image(
     let workspace = TempDir::create()?;
     let recipe_dir = workspace.path().join("recipe");
     write_recipe(&recipe_dir)?;
+    let mut changes = image_changes();
+    if let Some(t) = template {
+        template::add_to_recipe(&recipe_dir, t)?;
+        changes.push(format!("LABEL sandboxd.template={}", t.name));
+    }
     let rootfs = workspace.path().join("rootfs.tar");
 
     progress(BuildProgress::Step(format!(
@@ -208,8 +253,18 @@ pub async fn build_image(
         "importing the rootfs ({} MB) into Docker as {tag}",
         size / 1_000_000
     )));
-    import_rootfs(docker, &rootfs, &tag).await?;
+    let suffix = tag.rsplit_once(':').map_or(tag.as_str(), |(_, s)| s);
+    import_rootfs(docker, &rootfs, suffix, changes).await?;
     drop(workspace);
+    // Several checkouts of different recipes (git worktrees, a CI clone beside a dev tree)
+    // share one engine; each would untag the others' images, so they may opt out.
+    let prune = std::env::var_os(KEEP_OLD_ENV).is_none_or(|v| v.is_empty() || v == "0");
+    if let Some(t) = template {
+        if prune {
+            prune_template(docker, &t.name, &tag, progress).await;
+        }
+        return built(docker, tag, started).await;
+    }
 
     docker
         .tag_image(
@@ -224,12 +279,14 @@ pub async fn build_image(
         .await
         .map_err(|e| ImageError::from_docker(format!("tag {tag} as {IMAGE_REPO}:latest"), e))?;
 
-    // Several checkouts of different recipes (git worktrees, a CI clone beside a dev tree)
-    // share one engine; each would untag the others' images, so they may opt out.
-    if std::env::var_os(KEEP_OLD_ENV).is_none_or(|v| v.is_empty() || v == "0") {
+    if prune {
         prune_stale(docker, &tag, progress).await;
     }
+    built(docker, tag, started).await
+}
 
+/// What a build that imported `tag` reports.
+async fn built(docker: &Docker, tag: String, started: Instant) -> Result<BuildOutcome, ImageError> {
     let inspect = docker
         .inspect_image(&tag)
         .await

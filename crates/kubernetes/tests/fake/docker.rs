@@ -2,7 +2,8 @@
 //! the hardening its spec asks for (so the spec is what is tested), plus the admission
 //! checks of the restricted Pod Security profile. The node's own settings, which a pod
 //! spec cannot carry, are the fake's: `--pids-limit` (a kubelet's `podPidsLimit`) and
-//! `--init` (the pause container that reaps, with `shareProcessNamespace`).
+//! `--init` (the pause container that reaps, with `shareProcessNamespace`), and the
+//! network: `none` where the fake's plugin enforces NetworkPolicy, a bridge where not.
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -71,7 +72,7 @@ fn limit(c: &Container, what: &str) -> Result<String, String> {
 }
 
 /// The `docker run` arguments of a pod.
-fn run_args(pod: &Pod, tag: &str) -> Result<Vec<String>, String> {
+fn run_args(pod: &Pod, tag: &str, network: &str) -> Result<Vec<String>, String> {
     let spec = pod.spec.as_ref().ok_or("no spec")?;
     if spec.runtime_class_name.is_some() {
         return Err("the fake's node has no RuntimeClass".into());
@@ -83,7 +84,7 @@ fn run_args(pod: &Pod, tag: &str) -> Result<Vec<String>, String> {
     let uid = sc.run_as_user.ok_or("no runAsUser")?;
     let gid = sc.run_as_group.ok_or("no runAsGroup")?;
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let mut a: Vec<String> = ["run", "-d", "--network", "none", "--init"]
+    let mut a: Vec<String> = ["run", "-d", "--network", network, "--init"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -157,8 +158,8 @@ fn run_args(pod: &Pod, tag: &str) -> Result<Vec<String>, String> {
 }
 
 /// Starts the pod's container; its id.
-pub(crate) async fn run(pod: &Pod, tag: &str) -> Result<String, String> {
-    let args = run_args(pod, tag)?;
+pub(crate) async fn run(pod: &Pod, tag: &str, network: &str) -> Result<String, String> {
+    let args = run_args(pod, tag, network)?;
     let out = tokio::process::Command::new("docker")
         .args(&args)
         .output()

@@ -7,9 +7,13 @@
 //! (docker.rs), so a field the backend forgets is a setting the container lacks. Like an
 //! admission controller, it refuses pods the restricted Pod Security profile refuses, and
 //! (unlike a cluster, standing in for an enforcing network plugin) pods that no deny-all
-//! NetworkPolicy selects. What it does not do: watch, Leases, scheduling, the kubelet's
-//! status timeline beyond Pending then Running.
+//! NetworkPolicy selects. Its network plugin enforces NetworkPolicy (each container runs
+//! with `--network none`) or, after `set_enforcing(false)`, does not (a Docker bridge, from
+//! which the fake's "outside" listener is reachable); the version, dry-run creates and
+//! SelfSubjectAccessReview are in cluster.rs. What it does not do: watch, Leases,
+//! scheduling, the kubelet's status timeline beyond Pending then Running.
 
+pub mod cluster;
 mod docker;
 mod exec;
 
@@ -41,6 +45,10 @@ pub(crate) struct Fake {
     pods: Mutex<BTreeMap<(String, String), Stored>>,
     policies: Mutex<BTreeMap<(String, String), NetworkPolicy>>,
     version: std::sync::atomic::AtomicU64,
+    /// Whether the fake's network plugin enforces NetworkPolicy.
+    pub(crate) enforcing: std::sync::atomic::AtomicBool,
+    /// The cluster's rules beyond pods: namespaces, RBAC (cluster.rs).
+    pub(crate) cluster: cluster::Cluster,
 }
 
 struct Stored {
@@ -57,6 +65,8 @@ impl FakeApi {
             pods: Mutex::default(),
             policies: Mutex::default(),
             version: 1.into(),
+            enforcing: true.into(),
+            cluster: cluster::Cluster::default(),
         });
         let app = axum::Router::new()
             .route(
@@ -65,7 +75,7 @@ impl FakeApi {
             )
             .route(
                 "/api/v1/namespaces/{ns}/pods/{name}",
-                get(get_pod).delete(delete_pod),
+                get(get_pod).delete(delete_pod).patch(cluster::patch_pod),
             )
             .route("/api/v1/namespaces/{ns}/pods/{name}/exec", get(exec::exec))
             .route(
@@ -76,6 +86,7 @@ impl FakeApi {
                 "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}",
                 get(get_policy),
             )
+            .merge(cluster::routes())
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -96,6 +107,19 @@ impl FakeApi {
         let mut config = kube::Config::new(uri);
         config.default_namespace = "sandboxd".into();
         Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Whether the fake's network plugin enforces NetworkPolicy from now on (for pods
+    /// created after this).
+    pub fn set_enforcing(&self, on: bool) {
+        self.state
+            .enforcing
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The cluster's rules beyond pods (namespaces, RBAC).
+    pub fn cluster(&self) -> &cluster::Cluster {
+        &self.state.cluster
     }
 
     /// Marks a pod evicted, as the kubelet does under node pressure.
@@ -137,7 +161,7 @@ pub(crate) fn status(code: StatusCode, reason: &str, message: &str) -> Response 
     (code, Json(body)).into_response()
 }
 
-fn key(ns: &str, name: &str) -> (String, String) {
+pub(crate) fn key(ns: &str, name: &str) -> (String, String) {
     (ns.to_string(), name.to_string())
 }
 
@@ -194,7 +218,7 @@ fn matches(selector: &str, labels: &BTreeMap<String, String>) -> bool {
         })
 }
 
-fn with_kind(pod: &Pod) -> Value {
+pub(crate) fn with_kind(pod: &Pod) -> Value {
     let mut v = serde_json::to_value(pod).unwrap_or(Value::Null);
     v["kind"] = json!("Pod");
     v["apiVersion"] = json!("v1");
@@ -204,14 +228,23 @@ fn with_kind(pod: &Pod) -> Value {
 async fn create_pod(
     State(fake): State<Arc<Fake>>,
     Path(ns): Path<String>,
+    RawQuery(query): RawQuery,
     Json(mut pod): Json<Pod>,
 ) -> Response {
+    if let Some(refusal) = fake.cluster.refusal(&ns, "create", "pods") {
+        return refusal;
+    }
     if let Err(why) = docker::restricted(&pod) {
         return status(
             StatusCode::FORBIDDEN,
             "Forbidden",
             &format!("violates PodSecurity \"restricted:latest\": {why}"),
         );
+    }
+    // A dry run is admission only (the policy rule below is the fake's, not a server's).
+    if cluster::dry_run(query.as_deref()) {
+        pod.metadata.namespace = Some(ns);
+        return (StatusCode::CREATED, Json(with_kind(&pod))).into_response();
     }
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     if !fake.selected_by_policy(&ns, &labels) {
@@ -229,7 +262,12 @@ async fn create_pod(
             &format!("pods \"{name}\" already exists"),
         );
     }
-    let container = match docker::run(&pod, &fake.tag).await {
+    let network = if fake.enforcing.load(std::sync::atomic::Ordering::Relaxed) {
+        "none"
+    } else {
+        "bridge"
+    };
+    let container = match docker::run(&pod, &fake.tag, network).await {
         Ok(c) => c,
         Err(e) => return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &e),
     };

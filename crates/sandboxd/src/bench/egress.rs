@@ -21,21 +21,25 @@ use sandboxd_core::research::resolver::StaticResolver;
 use sandboxd_core::research::ssrf::Policy;
 use sandboxd_core::sandbox::{Sandbox, ShellOptions};
 
+use super::egress_ceiling::{ExecStream, HostRun, exec_stream, host_run};
+
 /// The name the sandbox asks the proxy for; only the bench's resolver knows it.
-const NAME: &str = "egress-bench.test";
+pub(crate) const NAME: &str = "egress-bench.test";
 /// Where the client script goes in the sandbox (/tmp is writable there).
 const SCRIPT: &str = "/tmp/sandboxd-egress-bench.py";
 
 /// The client: `ttfb HOST PORT PATH N PROXY` prints the N times to first byte (ms) as JSON;
 /// `bulk …` prints the seconds one download took and its bytes. With PROXY=1 it connects to
-/// the proxy and asks for an absolute URL, as any HTTP client configured with a proxy does.
+/// the proxy and asks for an absolute URL, as any HTTP client configured with a proxy does;
+/// an optional 7th argument is the proxy's port (3128 without it).
 const CLIENT: &str = r#"
 import json, socket, sys, time
 mode, host, port, path, n, proxy = sys.argv[1:7]
 port, n, proxy = int(port), int(n), proxy == "1"
+proxy_port = int(sys.argv[7]) if len(sys.argv) > 7 else 3128
 def request():
     if proxy:
-        s = socket.create_connection(("127.0.0.1", 3128))
+        s = socket.create_connection(("127.0.0.1", proxy_port))
         s.sendall(f"GET http://{host}:{port}{path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
     else:
         s = socket.create_connection(("127.0.0.1", port))
@@ -75,7 +79,14 @@ pub struct EgressBench {
     pub mib_s_proxy: f64,
     pub mib_s_direct: f64,
     pub download_mib: usize,
+    /// The raw exec stream the proxy rides on, `CEILING_MIB` each way.
+    pub exec: ExecStream,
+    /// The same download through the proxy with its helper on the host (no engine).
+    pub host: HostRun,
 }
+
+/// MiB moved each way through the raw exec stream.
+pub const CEILING_MIB: usize = 1024;
 
 #[derive(Deserialize)]
 struct Times {
@@ -83,9 +94,15 @@ struct Times {
 }
 
 #[derive(Deserialize)]
-struct Bulk {
+pub(crate) struct Bulk {
     secs: f64,
-    bytes: u64,
+    pub(crate) bytes: u64,
+}
+
+impl Bulk {
+    pub(crate) fn mib_s(&self) -> f64 {
+        (self.bytes as f64 / (1u64 << 20) as f64) / self.secs.max(1e-9)
+    }
 }
 
 /// Measures `n` small requests and one `mib` MiB download each way.
@@ -120,7 +137,10 @@ pub async fn bench_egress(
     let big_in: Bulk = in_sandbox(&sandbox, &args("bulk", "/big", true)).await?;
     let big_out: Bulk = on_host(&host_script, &args("bulk", "/big", false))?;
     proxy.stop().await;
+    let host = host_run(port, mib, &host_script).await;
+    let exec = exec_stream(&sandbox, CEILING_MIB).await;
     server.abort();
+    let (host, exec) = (host?, exec?);
     let expected = (mib as u64) << 20;
     for (side, b) in [("through the proxy", &big_in), ("straight", &big_out)] {
         if b.bytes < expected {
@@ -135,13 +155,14 @@ pub async fn bench_egress(
             .map(|m| Duration::from_secs_f64(m / 1e3))
             .collect()
     };
-    let rate = |b: &Bulk| (b.bytes as f64 / (1u64 << 20) as f64) / b.secs.max(1e-9);
     Ok(EgressBench {
         ttfb_proxy: ms(inside.ms),
         ttfb_direct: ms(outside.ms),
-        mib_s_proxy: rate(&big_in),
-        mib_s_direct: rate(&big_out),
+        mib_s_proxy: big_in.mib_s(),
+        mib_s_direct: big_out.mib_s(),
         download_mib: mib,
+        exec,
+        host,
     })
 }
 
@@ -154,6 +175,18 @@ pub(crate) async fn start_proxy(
     n: usize,
     mib: usize,
 ) -> Result<EgressProxy, String> {
+    EgressProxy::start(sandbox, proxy_deps(name, port, n, mib)?)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// What `start_proxy` starts the proxy with.
+pub(crate) fn proxy_deps(
+    name: &str,
+    port: u16,
+    n: usize,
+    mib: usize,
+) -> Result<EgressDeps, String> {
     let mut research = ResearchConfig {
         allow: vec![name.into(), "127.0.0.1/32".into()],
         ..ResearchConfig::default()
@@ -166,7 +199,7 @@ pub(crate) async fn start_proxy(
         requests_per_minute: u32::try_from(n * 4 + 100).unwrap_or(u32::MAX),
         ..EgressConfig::default()
     };
-    let deps = EgressDeps {
+    Ok(EgressDeps {
         config,
         ssrf: Arc::new(Policy::from_config(&research)?),
         resolver: Arc::new(StaticResolver(vec![(name.to_string(), vec![local])])),
@@ -174,10 +207,7 @@ pub(crate) async fn start_proxy(
         audit: Arc::new(LogOnly),
         session: "bench".into(),
         owner: "bench".into(),
-    };
-    EgressProxy::start(sandbox, deps)
-        .await
-        .map_err(|e| e.to_string())
+    })
 }
 
 async fn in_sandbox<T: for<'de> Deserialize<'de>>(
@@ -196,7 +226,10 @@ async fn in_sandbox<T: for<'de> Deserialize<'de>>(
     parse(&out.stdout, &out.stderr)
 }
 
-fn on_host<T: for<'de> Deserialize<'de>>(script: &str, args: &[String]) -> Result<T, String> {
+pub(crate) fn on_host<T: for<'de> Deserialize<'de>>(
+    script: &str,
+    args: &[String],
+) -> Result<T, String> {
     let out = std::process::Command::new("python3")
         .arg(script)
         .args(args)

@@ -2,9 +2,11 @@
 //! real sandbox and, where a model is involved, an in-process OpenAI-compatible responder
 //! that answers at once, so what is measured is sandboxd's own overhead.
 
+pub mod a2a;
 pub mod agent;
 pub mod browser;
 pub mod egress;
+pub mod egress_ceiling;
 pub mod egress_page;
 pub mod flow;
 pub mod mcp;

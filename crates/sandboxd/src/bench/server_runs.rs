@@ -39,7 +39,8 @@ pub struct Model {
 }
 
 impl Model {
-    fn gate(&self, tag: &str) -> Arc<Notify> {
+    /// The gate of run `tag`: `notify_one` releases its first answer (before or after it is asked).
+    pub fn gate(&self, tag: &str) -> Arc<Notify> {
         let mut g = self.gates.lock().unwrap_or_else(|p| p.into_inner());
         g.entry(tag.to_string()).or_default().clone()
     }

@@ -186,7 +186,8 @@ pub async fn bench_ui(
     out
 }
 
-async fn start_run(
+/// POST /v1/runs; the run's id.
+pub async fn start_run(
     http: &reqwest::Client,
     base: &str,
     key: &str,

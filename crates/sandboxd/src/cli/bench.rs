@@ -16,7 +16,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, pool, ui, stream, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, stream, or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -145,6 +145,11 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
         super::bench_replicas::serve_replicas(&ctx, args.store_url.as_deref(), args.iterations)
             .await?;
     }
+    if args.group == "a2a" {
+        // Also part of `serve`; alone, for a quick look at A2A's overhead.
+        section("A2A on `sandboxd serve`");
+        println!("{}", a2a(manager.clone(), &ctx, args.iterations).await);
+    }
     if all || args.group == "pool" {
         super::bench_pool::pool(&ctx, args.iterations).await?;
     }
@@ -156,12 +161,12 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     }
     if ![
         "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "egress",
-        "serve", "pool", "ui", "stream",
+        "serve", "a2a", "pool", "ui", "stream",
     ]
     .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, pool, ui, stream or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a, pool, ui, stream or all",
             args.group
         );
     }
@@ -620,6 +625,21 @@ async fn egress(manager: &SessionManager, n: usize) -> anyhow::Result<()> {
     println!();
     println!("Added at p50: {:.2} ms.", p50 - d50);
     println!();
+    let (e, h) = (b.exec, b.host);
+    println!(
+        "Ceiling: one attached exec stream ({} MiB each way): into its stdin (a download's \
+         direction) {:.0} MiB/s ({:.0} % of straight), out of its stdout {:.0} MiB/s.",
+        sandboxd::bench::egress::CEILING_MIB,
+        e.into_mib_s,
+        100.0 * e.into_mib_s / b.mib_s_direct.max(1e-9),
+        e.out_mib_s
+    );
+    println!(
+        "The proxy with its helper on the host (no engine): {:.0} MiB/s; CPU for the download: \
+         helper {:.2} s, host side and server {:.2} s.",
+        h.mib_s, h.helper_cpu_s, h.host_cpu_s
+    );
+    println!();
     page_load(manager, n).await
 }
 
@@ -725,6 +745,7 @@ async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Res
         }
         Err(e) => println!("| event latency | not measured: {e} | | | | | p50 ≤ 5 ms |"),
     }
+    let a2a_overhead = a2a(manager.clone(), ctx, n).await;
     // 20 users' sessions at once: a manager whose session limits leave room for them.
     let mut load_config = ctx.config.clone();
     load_config.sessions.max = load_config.sessions.max.max(24);
@@ -754,9 +775,33 @@ async fn serve(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Res
     };
     println!();
     println!("API overhead at p50: {:.3} ms", api50 - lib50);
+    println!("{a2a_overhead}");
     println!("{load_note}");
     println!();
     Ok(())
+}
+
+/// A2A SendMessage against the same run through /v1 (one row); the overhead line.
+async fn a2a(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> String {
+    let target = "≤ 5 ms added at p50";
+    match sandboxd::bench::a2a::bench_a2a(manager, ctx.config.clone(), n.min(50)).await {
+        Ok(mut a) => {
+            let (a50, _) = percentiles(&mut a.a2a);
+            let (v50, _) = percentiles(&mut a.v1);
+            row(
+                "A2A SendMessage → completed task (1-step run, instant model)",
+                &mut a.a2a,
+                "POST /v1/runs + its events to the end",
+                &mut a.v1,
+                target,
+            );
+            format!("A2A overhead at p50: {:.3} ms", a50 - v50)
+        }
+        Err(e) => {
+            println!("| A2A SendMessage | not measured: {e} | | | | | {target} |");
+            format!("A2A overhead: not measured: {e}")
+        }
+    }
 }
 
 /// The web UI in the host's chromium (SANDBOXD_CHROMIUM, else /usr/bin/chromium).

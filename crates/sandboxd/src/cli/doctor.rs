@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use std::sync::Arc;
 
-use sandboxd_core::config::{LimitRequest, Limits, SessionsConfig};
+use sandboxd_core::config::{BackendKind, LimitRequest, Limits, SessionsConfig};
 use sandboxd_core::sandbox::{CreateOptions, Owner, SandboxError, SessionManager, ShellOptions};
 use sandboxd_docker::{self as docker, image as docker_image};
 
@@ -21,17 +21,26 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         }
     };
     println!("sandboxd {}", env!("CARGO_PKG_VERSION"));
-    let engine = docker::connect().await;
-    engine_and_image(&engine, &mut check).await;
     let l = &ctx.config.limits;
-    println!(
+    let limits = format!(
         "  info  limits per session: {} MiB memory (no swap), {} CPU, {} processes, /workspace {} MiB, /tmp {} MiB, commands ≤ {} s",
         l.memory_mb, l.cpus, l.pids, l.workspace_mb, l.tmp_mb, l.max_timeout_secs
     );
-    println!(
-        "  info  hardening: network none, read-only root, uid 1000, all capabilities dropped, no-new-privileges, default seccomp"
-    );
-    oci_runtimes(&ctx, &engine, &mut check).await;
+    if ctx.config.runtime.kind() == BackendKind::Kubernetes {
+        println!("{limits}");
+        println!(
+            "  info  hardening: one pod per session, restricted Pod Security, read-only root, uid 1000, all capabilities dropped, no privilege escalation, RuntimeDefault seccomp, no service account token, a deny-all NetworkPolicy"
+        );
+        kubernetes(&ctx, &mut check).await;
+    } else {
+        let engine = docker::connect().await;
+        engine_and_image(&engine, &mut check).await;
+        println!("{limits}");
+        println!(
+            "  info  hardening: network none, read-only root, uid 1000, all capabilities dropped, no-new-privileges, default seccomp"
+        );
+        oci_runtimes(&ctx, &engine, &mut check).await;
+    }
     match sandboxd_core::llm::LlmClient::from_config(&ctx.config.llm) {
         Ok(client) => check(
             true,
@@ -41,6 +50,7 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
         Err(e) => check(false, "LLM not configured".into(), &format!("{e}")),
     }
     research(&ctx.config.research, &mut check).await;
+    mcp_servers(&ctx.config.mcp.servers_file);
     match crate::backends::check_store(&ctx.config).await {
         Ok(what) => check(true, what, ""),
         Err(what) => check(
@@ -54,6 +64,30 @@ pub(crate) async fn main(ctx: Ctx) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `[runtime] backend = "kubernetes"`: the cluster's checks (the kubernetes crate's
+/// doctor.rs: API server, namespace and admission, RBAC, image, the network probe).
+async fn kubernetes(ctx: &Ctx, check: &mut impl FnMut(bool, String, &str)) {
+    use sandboxd_kubernetes::doctor::{Level, checks};
+    let rt = match crate::backends::kube_runtime(&ctx.config).await {
+        Ok(rt) => rt,
+        Err(e) => {
+            return check(
+                false,
+                format!("Kubernetes: {e:#}"),
+                "point KUBECONFIG at the cluster (or run in it with its service account)",
+            );
+        }
+    };
+    for c in checks(&rt).await {
+        match c.level {
+            Level::Ok => check(true, c.what, ""),
+            Level::Fail => check(false, c.what, &c.fix),
+            Level::Info => println!("  info  {}", c.what),
+            Level::Warn => println!("  warn  {}\n        → {}", c.what, c.fix),
+        }
+    }
 }
 
 /// The Docker engine, the sandbox image in it, and mmdebstrap to build the image.
@@ -230,5 +264,44 @@ async fn probe_runtime(
         Ok(o) if o.exit_code == Some(0) => Ok(()),
         Ok(o) => Err(format!("the first command exited with {:?}", o.exit_code)),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The MCP server list of `[mcp] servers_file`: where each stdio server runs; one that runs on
+/// the host (`"host": true`) is a warning, since it has the host's network and files.
+fn mcp_servers(file: &str) {
+    use sandboxd_core::mcp::config::{self as mcp_config, Transport};
+    if file.is_empty() {
+        return;
+    }
+    let (servers, bad) = match mcp_config::load(std::path::Path::new(file)) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            println!("  warn  MCP servers: {e}");
+            return;
+        }
+    };
+    for s in servers {
+        match s.transport {
+            Transport::Stdio {
+                host: true,
+                command,
+                ..
+            } => println!(
+                "  warn  MCP server {} runs {command:?} on this host, outside the sandbox (\"host\": true)\n        → \
+                 drop \"host\" to run it inside each session's sandbox, if its code is in the image or /workspace",
+                s.name
+            ),
+            Transport::Stdio { command, .. } => println!(
+                "  info  MCP server {}: {command:?} runs inside each session's sandbox",
+                s.name
+            ),
+            Transport::Http { url, .. } | Transport::Sse { url, .. } => {
+                println!("  info  MCP server {}: {url}", s.name)
+            }
+        }
+    }
+    for e in bad {
+        println!("  warn  {e}");
     }
 }

@@ -42,6 +42,10 @@ pub(crate) struct LimitFlags {
     /// "a.org,*.b.org,!c.b.org" (default: [egress] default; at most [egress] widest).
     #[arg(long, value_name = "POLICY")]
     pub egress: Option<EgressPolicy>,
+    /// The image to make the sandbox from: "default" or one of the config's [[templates]]
+    /// (built with `sandboxd image build --template NAME`).
+    #[arg(long, value_name = "NAME")]
+    pub template: Option<String>,
 }
 
 impl LimitFlags {
@@ -98,11 +102,22 @@ pub(crate) async fn open_session(
     // Checked before a sandbox is made for nothing.
     let egress = super::egress::policy(ctx, limits.egress.as_ref())?;
     let session = match session {
+        Some(_) if limits.template.is_some() => {
+            anyhow::bail!("--template names the image of a new session; drop it or --session")
+        }
         Some(id) => manager.get(&owner, id).await?,
-        None => manager
-            .create(&owner, &limits.request(), CreateOptions { keep })
-            .await
-            .context("cannot create the sandbox session")?,
+        None => {
+            let template = manager.templates().resolve(limits.template.as_deref())?;
+            manager
+                .create_from(
+                    &owner,
+                    &limits.request(),
+                    CreateOptions { keep },
+                    template.image,
+                )
+                .await
+                .context("cannot create the sandbox session")?
+        }
     };
     super::egress::start(ctx, &session, &egress).await;
     Ok(session)

@@ -5,10 +5,12 @@
 //! for commands that only look or remove (never builds anything). The libraries name a fix
 //! in words any front end can act on; `hint` adds the command that does it here.
 
+pub(crate) mod agents;
 pub(crate) mod bench;
 pub(crate) mod bench_pool;
 pub(crate) mod bench_replicas;
 pub(crate) mod bench_stream;
+pub(crate) mod config;
 pub(crate) mod copy_out;
 pub(crate) mod doctor;
 pub(crate) mod egress;
@@ -58,6 +60,7 @@ impl Ctx {
             .await
             .context("cannot prepare the sandbox runtime")?;
         let manager = self.manager_over(runtime);
+        manager.set_templates(crate::backends::templates(&self.config)?);
         match manager.reconcile().await {
             Ok(removed) if !removed.is_empty() => tracing::info!(
                 removed = removed.len(),

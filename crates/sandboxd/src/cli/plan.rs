@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use sandboxd_core::agent::profiles::flow_config;
 use sandboxd_core::agent::{Event, EventKind, EventSink, RunContext, RunRequest};
 use sandboxd_core::flow::{AgentStepRunner, FlowOutcome, FlowRequest, PlanView, PlanningFlow};
 use sandboxd_core::sandbox::manager::Session;
@@ -24,7 +25,7 @@ pub(crate) async fn run_flow(
     let runner = AgentStepRunner::new(ctx.clone(), session.clone(), asker)
         .with_mcp_servers(request.mcp_servers.clone())
         .with_max_steps(request.max_steps);
-    let flow = PlanningFlow::new(ctx.llm.clone(), Arc::new(runner), ctx.config.flow.clone());
+    let flow = PlanningFlow::new(ctx.llm.clone(), Arc::new(runner), flow_config(&ctx.config));
     let mut flow_request =
         FlowRequest::new(request.task, session.owner.to_string(), session.id.clone());
     flow_request.flow_id = request.run_id.replacen("run-", "flow-", 1);

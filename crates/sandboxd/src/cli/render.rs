@@ -218,6 +218,7 @@ fn show(ev: &Event, in_flow: bool) {
             duration_ms,
             ..
         } => tool_result(output, *is_error, *has_image, *duration_ms),
+        EventKind::ToolImage { index, .. } => sayln!("   [image {}]", index + 1),
         EventKind::Nudge { active: true, .. } => {
             sayln!("↻ the model repeated itself; asked it to change strategy")
         }

@@ -14,12 +14,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::Context as _;
+use sandboxd_core::agent::profiles::Profiles;
 use sandboxd_core::agent::{
     FinishReason, History, RunContext, RunError, RunRequest, SessionLease, new_run_id,
     run_in_session,
 };
 use sandboxd_core::flow::FlowStatus;
 use sandboxd_core::llm::{LlmClient, LlmError};
+use sandboxd_core::sandbox::copy_in::copy_in;
 use sandboxd_core::tools::ask_human::{Asker, NoHuman, TerminalAsker};
 use sandboxd_core::tools::session::SessionTools;
 use tokio_util::sync::CancellationToken;
@@ -46,6 +48,13 @@ pub(crate) struct RunArgs {
     /// run in the same sandbox, a summary closes it ([flow] in the config).
     #[arg(long)]
     pub plan: bool,
+    /// The agent profile: its tools, prompt and step limit (`sandboxd agents` lists them;
+    /// default "general"). With --plan, the planner's step tags name profiles instead.
+    #[arg(long, value_name = "NAME", conflicts_with = "plan")]
+    pub agent: Option<String>,
+    /// Files or directories copied into /workspace before the run (by their base name).
+    #[arg(long, value_name = "PATH", num_args = 1..)]
+    pub input: Vec<PathBuf>,
     /// Keep the sandbox after the run; its session id is printed (continue it with --session).
     #[arg(long)]
     pub keep: bool,
@@ -81,6 +90,14 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
+    let profiles = Profiles::from_config(&ctx.config)?;
+    let profile = match profiles.get(args.agent.as_deref()) {
+        Ok(p) => p.clone(),
+        Err(e) => {
+            sayln!("sandboxd: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let task = checked_task(&args)?;
     let run_id = new_run_id();
     let output = args
@@ -98,6 +115,18 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
     let keep = args.keep || args.session.is_some();
     let session = open_session(&ctx, &manager, args.session.as_deref(), &args.limits, keep).await?;
     let lease = SessionLease::new(manager, session, keep);
+    if !args.input.is_empty() {
+        let session = lease.session();
+        let placed = copy_in(session.sandbox.as_ref(), &session.limits, &args.input).await;
+        match placed {
+            Ok(placed) => sayln!("sandboxd: copied in: {}", placed.join(", ")),
+            Err(e) => {
+                watcher.abort();
+                let _ = lease.release().await;
+                return Err(e).context("--input");
+            }
+        }
+    }
     let request = RunRequest {
         run_id,
         task,
@@ -111,7 +140,8 @@ pub(crate) async fn main(ctx: Ctx, args: RunArgs) -> anyhow::Result<ExitCode> {
             History::Session
         },
         shape: Default::default(),
-    };
+    }
+    .with_profile(&profile);
     let run_ctx = RunContext::new(llm, ctx.config.clone());
     let result = run_task(&run_ctx, &args, &lease, request, &cancel).await;
 

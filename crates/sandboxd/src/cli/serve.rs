@@ -55,6 +55,7 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
         scope,
         crate::backends::store_records(&store),
     );
+    manager.set_templates(crate::backends::templates(&ctx.config)?);
     // Before the reconcile, which ends what has no sandbox (and its records with it).
     super::serve_records::adopt_files_logged(&ctx.config.data_dir(), &store, &manager).await;
     let server = Server::start(ctx.config.clone(), store, manager, addr).await?;

@@ -7,4 +7,5 @@ mod inject;
 mod limits;
 mod page_bench;
 mod proxy;
+mod python;
 pub(crate) mod support;

@@ -289,26 +289,9 @@ pub async fn echo_https(bind: IpAddr, names: Vec<String>) -> Https {
         while let Ok((s, _)) = listener.accept().await {
             let (acceptor, seen) = (acceptor.clone(), seen.clone());
             tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(s).await else {
-                    return;
-                };
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
-                    match tls.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
+                if let Ok(tls) = acceptor.accept(s).await {
+                    echo_one(tls, seen).await;
                 }
-                let text = String::from_utf8_lossy(&head).into_owned();
-                seen.lock().unwrap().push(text.clone());
-                let body = format!("api saw:\n{text}");
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = tls.write_all(reply.as_bytes()).await;
-                let _ = tls.shutdown().await;
             });
         }
     });
@@ -318,4 +301,44 @@ pub async fn echo_https(bind: IpAddr, names: Vec<String>) -> Https {
         cert_der: cert.cert.der().to_vec(),
         root_pem: cert.cert.pem(),
     }
+}
+
+/// `echo_https` over plain HTTP (no certificate: `cert_der` and `root_pem` are empty).
+pub async fn echo_http(bind: IpAddr) -> Https {
+    let listener = tokio::net::TcpListener::bind((bind, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(echo_one(s, seen.clone()));
+        }
+    });
+    Https {
+        port,
+        heads,
+        cert_der: Vec::new(),
+        root_pem: String::new(),
+    }
+}
+
+/// One connection of an echo server: the request head kept and answered with.
+async fn echo_one<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, seen: Arc<Mutex<Vec<String>>>) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    seen.lock().unwrap().push(text.clone());
+    let body = format!("api saw:\n{text}");
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = s.write_all(reply.as_bytes()).await;
+    let _ = s.shutdown().await;
 }

@@ -1,4 +1,4 @@
-"""A tiny third-party MCP server (official Python `mcp` SDK, stdio) for sandboxd's client tests.
+"""A tiny third-party MCP server (official Python `mcp` SDK, stdio or legacy SSE) for sandboxd's client tests.
 
 Tools: echo, image (a 1x1 PNG), fail (a tool error), crash (the process dies mid-call),
 grow (adds a tool and sends notifications/tools/list_changed).
@@ -62,4 +62,8 @@ async def grow(ctx: Context) -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    # `--sse PORT`: the legacy HTTP+SSE transport on loopback (tests/mcp_sse.rs); else stdio.
+    if len(sys.argv) == 3 and sys.argv[1] == "--sse":
+        server.run("sse", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

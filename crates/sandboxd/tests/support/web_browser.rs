@@ -42,6 +42,20 @@ pub struct WebBrowser {
 
 impl WebBrowser {
     pub async fn start() -> WebBrowser {
+        Self::start_with(&[]).await
+    }
+
+    /// With no network at all: every request goes to a proxy that is not there, so only
+    /// file:// pages and what they embed can load.
+    pub async fn start_offline() -> WebBrowser {
+        Self::start_with(&[
+            "--proxy-server=http://127.0.0.1:9",
+            "--proxy-bypass-list=<-loopback>",
+        ])
+        .await
+    }
+
+    async fn start_with(extra: &[&str]) -> WebBrowser {
         let profile = tempfile::tempdir().unwrap();
         let mut child = Command::new(chromium_path())
             .args([
@@ -55,6 +69,7 @@ impl WebBrowser {
                 "--remote-debugging-port=0",
                 "--window-size=1280,900",
             ])
+            .args(extra)
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("about:blank")
             .stdout(Stdio::null())

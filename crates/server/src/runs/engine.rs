@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::sink::{ServiceAsker, ServiceSink};
 use super::{Ending, LiveRun, RunMode, RunService, StartRun};
+use sandboxd_core::agent::profiles::flow_config;
 use sandboxd_core::agent::{
     EventKind, FinishReason, History, RunContext, RunRequest, run_in_session,
 };
@@ -68,6 +69,10 @@ impl RunService {
         request.run_id = live.id.clone();
         request.max_steps = req.max_steps;
         request.history = History::Given(history);
+        if let Some(profile) = &req.profile {
+            request = request.with_profile(profile);
+        }
+        request.mcp_servers = req.mcp_servers.clone();
         match run_in_session(ctx, &req.session, request, asker, sink, live.cancel.clone()).await {
             Ok(outcome) => {
                 self.keep_conversation(&req.session_id, &outcome.conversation)
@@ -160,9 +165,10 @@ async fn run_plan(
     sink: Arc<ServiceSink>,
     asker: Arc<ServiceAsker>,
 ) -> Ending {
-    let runner =
-        AgentStepRunner::new(ctx.clone(), req.session.clone(), asker).with_max_steps(req.max_steps);
-    let flow = PlanningFlow::new(ctx.llm.clone(), Arc::new(runner), ctx.config.flow.clone());
+    let runner = AgentStepRunner::new(ctx.clone(), req.session.clone(), asker)
+        .with_max_steps(req.max_steps)
+        .with_mcp_servers(req.mcp_servers.clone());
+    let flow = PlanningFlow::new(ctx.llm.clone(), Arc::new(runner), flow_config(&ctx.config));
     let mut flow_request = FlowRequest::new(
         req.task.clone(),
         req.session.owner.to_string(),

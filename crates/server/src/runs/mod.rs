@@ -18,6 +18,7 @@
 //! sink and asker (sink.rs) are what the engine gets (engine.rs drives the agent or the flow).
 //! Tasks do not own the service and the service owns no task handle: no Arc cycle.
 
+pub mod agents;
 mod control;
 mod engine;
 pub mod journal;
@@ -39,6 +40,7 @@ use tokio_util::task::TaskTracker;
 use self::journal::Journal;
 use self::wait::Wakes;
 use crate::replica::Replica;
+use sandboxd_core::agent::profiles::Profile;
 use sandboxd_core::agent::{Event, EventKind, FinishReason, RunContext, new_run_id};
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::store::{
@@ -219,10 +221,14 @@ pub struct StartRun {
     pub task: String,
     pub mode: RunMode,
     pub max_steps: Option<usize>,
+    /// The agent profile of an agent-mode run (its tools, prompt and step limit).
+    pub profile: Option<Profile>,
     /// The owner's concurrent-runs quota.
     pub max_active: u32,
     /// The owner's daily input-token quota; 0 is none.
     pub tokens_per_day: u64,
+    /// The admin's MCP servers (an mcp.json) whose tools the run gets, if the owner may.
+    pub mcp_servers: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]

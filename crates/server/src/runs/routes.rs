@@ -43,7 +43,7 @@ impl From<RunServiceError> for ApiError {
 }
 
 /// The caller's run, or 404 when it does not exist or is someone else's.
-async fn owned_run(st: &AppState, caller: &Caller, id: &str) -> Result<RunRow, ApiError> {
+pub async fn owned_run(st: &AppState, caller: &Caller, id: &str) -> Result<RunRow, ApiError> {
     let row = if id.len() > MAX_ID_LEN {
         None
     } else {
@@ -72,6 +72,17 @@ pub async fn create_run(
     Extension(caller): Extension<Caller>,
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
+    let row = start_run(&st, &caller, body).await?;
+    Ok((StatusCode::CREATED, Json((&row).into())))
+}
+
+/// Checks a run request (its fields, the caller's quotas, the session) and starts it, making
+/// the session first when it names none: the one way a front end (/v1/runs, A2A) starts a run.
+pub async fn start_run(
+    st: &Arc<AppState>,
+    caller: &Caller,
+    body: CreateRun,
+) -> Result<RunRow, ApiError> {
     if body.task.trim().is_empty() {
         return Err(ApiError::invalid(
             "field `task`: empty; say what the agent should do",
@@ -89,6 +100,7 @@ pub async fn create_run(
             "field `max_steps`: must be between 1 and 1000",
         ));
     }
+    let profile = super::agents::run_profile(&st.config, &body)?;
     if body.session_id.is_some() && body.session.is_some() {
         // 409, not 400: each field is valid alone; together they ask for two sessions.
         return Err(ApiError::new(
@@ -118,11 +130,11 @@ pub async fn create_run(
     }
     let (session_id, live, created) = match body.session_id {
         Some(id) => {
-            let live = sessions::live_session(&st, &caller, &id).await?;
+            let live = sessions::live_session(st, caller, &id).await?;
             (id, live, false)
         }
         None => {
-            let row = sessions::create(&st, &caller, body.session.unwrap_or_default()).await?;
+            let row = sessions::create(st, caller, body.session.unwrap_or_default()).await?;
             let live = st
                 .backend
                 .get(&row)
@@ -142,15 +154,17 @@ pub async fn create_run(
                 task: body.task,
                 mode: body.mode.unwrap_or(RunMode::Agent),
                 max_steps: body.max_steps.map(|n| n as usize),
+                profile,
                 max_active: quota.runs,
                 tokens_per_day: quota.input_tokens_per_day,
+                mcp_servers: st.config.mcp.servers_for(&caller.user.name),
             })
             .await?;
         Ok::<_, ApiError>(run)
     }
     .await;
     match started {
-        Ok(row) => Ok((StatusCode::CREATED, Json((&row).into()))),
+        Ok(row) => Ok(row),
         Err(e) => {
             if created {
                 let _ = st.backend.remove(&live.owner, Some(&live.runtime_id)).await;
@@ -253,7 +267,14 @@ pub async fn answer_run(
     ApiJson(body): ApiJson<AnswerBody>,
 ) -> Result<Json<Run>, ApiError> {
     let row = owned_run(&st, &caller, &id).await?;
-    if body.answer.chars().count() > MAX_TASK_CHARS {
+    answer(&st, &row, body.answer).await?;
+    reread(&st, &id).await
+}
+
+/// Hands `text` to the run's pending question (409 `not_waiting` when it has none): the one
+/// way a front end (/v1/runs, A2A) answers `ask_human`.
+pub async fn answer(st: &AppState, row: &RunRow, text: String) -> Result<(), ApiError> {
+    if text.chars().count() > MAX_TASK_CHARS {
         return Err(ApiError::invalid(format!(
             "field `answer`: longer than {MAX_TASK_CHARS} characters"
         )));
@@ -262,8 +283,8 @@ pub async fn answer_run(
         Some(q) if row.state == RunState::WaitingForHuman => q.asked_at,
         _ => return Err(RunServiceError::NotWaiting.into()),
     };
-    st.runs.answer(&id, asked_at, body.answer).await?;
-    reread(&st, &id).await
+    st.runs.answer(&row.id, asked_at, text).await?;
+    Ok(())
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "runs",

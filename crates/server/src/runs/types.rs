@@ -29,6 +29,11 @@ pub struct CreateRun {
     /// "agent" (default) or "plan" (the planning flow).
     #[serde(default)]
     pub mode: Option<RunMode>,
+    /// The agent profile (GET /v1/agents lists them; default "general"). Agent mode only:
+    /// a plan's steps name profiles by their tags.
+    #[schema(max_length = 64)]
+    #[serde(default)]
+    pub agent: Option<String>,
 }
 
 /// POST /v1/runs/{id}/answer.

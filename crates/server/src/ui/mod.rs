@@ -31,7 +31,7 @@ use axum::routing::{get, post};
 use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorCode};
-use super::files::workspace_path;
+use super::file_paths::workspace_path;
 use super::sessions::{live_session, owned_row, sandbox_failed};
 use super::types::PathQuery;
 use sandboxd_core::store::Login;

@@ -101,6 +101,7 @@ pub fn runs(login: &Login) -> Response {
             "<section class=\"panel\"><h1>New task</h1><form id=\"new-run\"><label for=\"task\">Task</label><textarea id=\"task\" name=\"task\" rows=\"3\" required></textarea>\
 <div class=\"row\"><label>Session <select id=\"session\"><option value=\"\">a new session</option></select></label>\
 <label>Mode <select id=\"mode\"><option value=\"agent\">agent</option><option value=\"plan\">plan</option></select></label>\
+<label>Agent <select id=\"agent\"><option value=\"general\">general</option></select></label>\
 <label>Files for /workspace <input id=\"files\" type=\"file\" multiple></label></div><button type=\"submit\" disabled>Start</button></form></section>\
 <section class=\"panel\"><div class=\"row between\"><h1>Runs</h1>{filter}</div><div class=\"scroll\"><table class=\"list\"><thead><tr><th>Task</th><th>State</th><th>Started</th><th>Duration</th><th>Steps</th><th>Tokens</th></tr></thead><tbody id=\"runs\"></tbody></table></div>\
 <button id=\"more\" hidden>More</button></section>"

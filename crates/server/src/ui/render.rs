@@ -146,6 +146,14 @@ pub fn fragment(ev: &Value) -> Option<Fragment> {
     match kind {
         "token_usage" | "run_state" | "thinking" => None,
         "tool_result" => Some(tool_result(ev, seq)),
+        "tool_image" => Some(Fragment {
+            seq,
+            kind: kind.to_string(),
+            html: figure(ev).unwrap_or_default(),
+            call_id: Some(s(ev, "call_id").to_string()),
+            status: None,
+            duration_ms: None,
+        }),
         _ => Some(Fragment {
             seq,
             kind: kind.to_string(),
@@ -284,6 +292,24 @@ fn tool_call(ev: &Value) -> String {
     )
 }
 
+/// The event's image as a figure, when its run id and image id check.
+fn figure(ev: &Value) -> Option<String> {
+    let run_id = s(ev, "run_id");
+    let img = image_id(ev).filter(|_| safe_id(run_id))?;
+    let what = if s(ev, "name").starts_with("browser") {
+        "screenshot"
+    } else {
+        "image"
+    };
+    Some(format!(
+        "<figure class=\"shot\"><img src=\"/v1/runs/{}/images/{}\" alt=\"{} from {}\"></figure>",
+        url_part(run_id),
+        url_part(img),
+        what,
+        esc(s(ev, "name"))
+    ))
+}
+
 /// A tool result, for the card of its call: the output, and its image when the ids check.
 fn tool_result(ev: &Value, seq: u64) -> Fragment {
     let is_error = ev.get("is_error").and_then(Value::as_bool).unwrap_or(false);
@@ -292,23 +318,8 @@ fn tool_result(ev: &Value, seq: u64) -> Fragment {
         if is_error { " error" } else { "" },
         ansi::to_html(s(ev, "output"))
     );
-    let run_id = s(ev, "run_id");
-    if let Some(img) = image_id(ev)
-        && safe_id(run_id)
-    {
-        let what = if s(ev, "name").starts_with("browser") {
-            "screenshot"
-        } else {
-            "image"
-        };
-        let _ = write!(
-            html,
-            "<figure class=\"shot\"><img src=\"/v1/runs/{}/images/{}\" alt=\"{} from {}\"></figure>",
-            url_part(run_id),
-            url_part(img),
-            what,
-            esc(s(ev, "name"))
-        );
+    if let Some(fig) = figure(ev) {
+        html.push_str(&fig);
     }
     Fragment {
         seq,

@@ -152,6 +152,7 @@ fn spec(what: &str, limits: Limits) -> Result<SandboxSpec> {
         limits,
         keep: false,
         replica: None,
+        image: None,
     })
 }
 
@@ -237,6 +238,7 @@ async fn case_create_labels_find_list(cx: &Cx, made: Made) -> Result<()> {
         limits: Limits::default(),
         keep: false,
         replica: None,
+        image: None,
     };
     let (pool_handle, _) = create(cx, &made, &pool).await?;
     let p = found(cx, &pool.session_id).await?;

@@ -157,6 +157,12 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
         egress::case_egress_log_bounded(factory),
     )
     .await?;
+    run_case(
+        S,
+        "case_egress_credentials",
+        super::store_credentials::case_egress_credentials(factory),
+    )
+    .await?;
     Ok(())
 }
 

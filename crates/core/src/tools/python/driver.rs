@@ -27,8 +27,10 @@ pub(super) const GRACE: Duration = Duration::from_secs(2);
 /// Interrupts are repeated at this pace during the grace period: a cell may swallow one.
 const INTERRUPT_EVERY: Duration = Duration::from_millis(500);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(20);
-/// The largest figure the driver sends back (it checks too).
+/// The most bytes of figures one reply carries, all together (the driver checks too).
 const IMAGE_LIMIT: usize = crate::tools::MAX_IMAGE_BYTES;
+/// The most figures one reply shows (the driver's SHOWN_LIMIT); the rest are only saved.
+pub(super) const SHOWN_LIMIT: usize = 8;
 
 /// What one cell produced.
 #[derive(Debug, Default)]
@@ -41,8 +43,8 @@ pub(super) struct CellOutput {
     pub value: Option<String>,
     /// The traceback of an exception the cell raised (KeyboardInterrupt included).
     pub error: Option<String>,
-    /// The PNG of the first figure, and where every figure was saved.
-    pub image: Option<Vec<u8>>,
+    /// The PNGs of the figures shown, in order, and where every figure was saved.
+    pub images: Vec<Vec<u8>>,
     pub figures: Vec<String>,
 }
 
@@ -384,10 +386,7 @@ fn parse_reply(header: &Value, body: Bytes) -> Result<CellOutput, String> {
         at += n;
     }
     let text = |b: &Bytes| (!b.is_empty()).then(|| String::from_utf8_lossy(b).into_owned());
-    let image = (!parts[4].is_empty()
-        && parts[4].len() <= IMAGE_LIMIT
-        && parts[4].starts_with(b"\x89PNG\r\n\x1a\n"))
-    .then(|| parts[4].to_vec());
+    let images = split_images(header, &parts[4]);
     let figures = header["figures"]
         .as_array()
         .map(|a| {
@@ -405,9 +404,42 @@ fn parse_reply(header: &Value, body: Bytes) -> Result<CellOutput, String> {
         stderr_cut: header["stderr_cut"] == true,
         value: text(&parts[2]),
         error: text(&parts[3]),
-        image,
+        images,
         figures,
     })
+}
+
+/// The figures' PNGs from the images part, by the sizes the header lists ("images"); a driver
+/// from before that key sends one figure. Sizes that do not add up drop them all, and a part
+/// that is not a PNG is dropped: the bytes come from the model's own process.
+fn split_images(header: &Value, part: &Bytes) -> Vec<Vec<u8>> {
+    const PNG: &[u8] = b"\x89PNG\r\n\x1a\n";
+    if part.is_empty() || part.len() > IMAGE_LIMIT {
+        return Vec::new();
+    }
+    let sizes: Vec<usize> = match header.get("images").and_then(Value::as_array) {
+        None => vec![part.len()],
+        Some(list) => {
+            let sizes: Option<Vec<usize>> = list
+                .iter()
+                .map(|v| v.as_u64().map(|n| n as usize))
+                .collect();
+            match sizes {
+                Some(s) if s.len() <= SHOWN_LIMIT && s.iter().sum::<usize>() == part.len() => s,
+                _ => return Vec::new(),
+            }
+        }
+    };
+    let mut at = 0;
+    let mut images = Vec::with_capacity(sizes.len());
+    for n in sizes {
+        let png = part.slice(at..at + n);
+        at += n;
+        if png.starts_with(PNG) {
+            images.push(png.to_vec());
+        }
+    }
+    images
 }
 
 #[cfg(test)]
@@ -447,9 +479,32 @@ mod tests {
         assert!(
             parse_reply(&h, Bytes::from_static(b"GIF"))
                 .unwrap()
-                .image
-                .is_none()
+                .images
+                .is_empty()
         );
+    }
+
+    #[test]
+    fn figures_are_split_in_order_and_lying_sizes_drop_them() {
+        let (a, b) = (
+            b"\x89PNG\r\n\x1a\nA".as_slice(),
+            b"\x89PNG\r\n\x1a\nBB".as_slice(),
+        );
+        let body = Bytes::from([a, b"GIF89", b].concat());
+        let h =
+            json!({"id": 1, "sizes": [0, 0, 0, 0, body.len()], "images": [a.len(), 5, b.len()]});
+        let out = parse_reply(&h, body.clone()).unwrap();
+        assert_eq!(
+            out.images,
+            vec![a.to_vec(), b.to_vec()],
+            "the GIF is dropped"
+        );
+        let h = json!({"id": 1, "sizes": [0, 0, 0, 0, body.len()], "images": [1, 2]});
+        assert!(parse_reply(&h, body.clone()).unwrap().images.is_empty());
+        let many = vec![1; SHOWN_LIMIT + 1];
+        let h = json!({"id": 1, "sizes": [0, 0, 0, 0, SHOWN_LIMIT + 1], "images": many});
+        let body = Bytes::from(vec![0u8; SHOWN_LIMIT + 1]);
+        assert!(parse_reply(&h, body).unwrap().images.is_empty());
     }
 
     #[test]

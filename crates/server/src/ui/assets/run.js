@@ -21,7 +21,7 @@ UI.views.run = async function () {
   let liveBox = null; // the text of the answer being written
   let answered = 0; // the newest step whose answer event came: its deltas are stale
   const TYPES = ['run_started', 'notice', 'thinking', 'context_trimmed', 'context_condensed', 'retry', 'token_usage',
-    'assistant_text', 'tool_call', 'tool_result', 'nudge', 'error', 'run_finished', 'run_state',
+    'assistant_text', 'tool_call', 'tool_result', 'tool_image', 'nudge', 'error', 'run_finished', 'run_state',
     'question_asked', 'question_answered', 'plan_created', 'step_started', 'step_finished',
     'replanned', 'flow_finished', 'message'];
 
@@ -192,6 +192,11 @@ UI.views.run = async function () {
       status.className = 'status ' + (f.status === 'error' ? 'error' : 'ok');
       card.querySelector('.dur').textContent = (f.duration_ms / 1000).toFixed(1) + ' s';
       card.querySelector('.result').replaceChildren(wrap);
+      return;
+    }
+    // A cell's further figures join its result, in order.
+    if (f.kind === 'tool_image' && cards.has(f.call_id)) {
+      cards.get(f.call_id).querySelector('.result').append(wrap);
       return;
     }
     timeline.append(wrap);

@@ -23,6 +23,8 @@ UI.views.runs = async function () {
         if (up.status !== 200) { toast(f.name + ' was not uploaded: ' + UI.errorText(up), true); return; }
       }
       const body = { task: $('#task').value, mode: $('#mode').value };
+      // A plan's steps pick their profiles by tag; the profile is the agent mode's choice.
+      if (body.mode === 'agent') body.agent = $('#agent').value;
       if (session) body.session_id = session;
       const r = await api('POST', '/v1/runs', body);
       if (r.status === 201) location.assign('/runs/' + enc(r.data.id));
@@ -45,6 +47,13 @@ UI.views.runs = async function () {
     }
     owner.addEventListener('change', () => { $('#runs').replaceChildren(); cursor = null; load(); });
   }
+
+  const agents = await api('GET', '/v1/agents');
+  for (const a of ((agents.data && agents.data.agents) || [])) {
+    if (a.name === 'general') continue;
+    $('#agent').append(el('option', { value: a.name, text: a.name + ': ' + a.description }));
+  }
+  $('#mode').addEventListener('change', () => { $('#agent').disabled = $('#mode').value !== 'agent'; });
 
   const sessions = await api('GET', '/v1/sessions?limit=100');
   for (const s of ((sessions.data && sessions.data.sessions) || [])) {

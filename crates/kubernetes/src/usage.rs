@@ -1,0 +1,67 @@
+//! A session pod's memory use, read where no metrics API is needed: the container's own
+//! cgroup files through exec (`memory.current` and `memory.stat` on cgroup v2, their v1
+//! names otherwise), as usage minus inactive file pages — the working set, as the kubelet
+//! and the Docker backend count it, memory-backed emptyDir files included. The files are
+//! read with absolute paths from the read-only image, and /sys/fs/cgroup is read-only to
+//! the sandbox user, so a process in the pod cannot make the number up; what comes back is
+//! still parsed strictly and a reply that does not parse is "cannot tell", never a guess.
+
+use std::time::Duration;
+
+use sandboxd_core::config::Limits;
+use sandboxd_core::sandbox::{ExecRequest, Sandbox, SandboxError};
+
+use crate::KubeRuntime;
+
+const READ: &str = "/bin/cat /sys/fs/cgroup/memory.current /sys/fs/cgroup/memory.stat 2>/dev/null \
+    || /bin/cat /sys/fs/cgroup/memory/memory.usage_in_bytes /sys/fs/cgroup/memory/memory.stat";
+
+/// Bytes in use: the first line (usage), less `inactive_file` (v2) or
+/// `total_inactive_file` (v1) from the stat lines that follow.
+pub(crate) fn parse(out: &str) -> Option<u64> {
+    let mut lines = out.lines();
+    let usage: u64 = lines.next()?.trim().parse().ok()?;
+    let stat = |key: &str| -> Option<u64> {
+        out.lines()
+            .skip(1)
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    let inactive = stat("inactive_file")
+        .or_else(|| stat("total_inactive_file"))
+        .unwrap_or(0);
+    Some(usage.saturating_sub(inactive))
+}
+
+impl KubeRuntime {
+    /// The pod's working set in bytes; None when the pod does not say (no cgroup files).
+    pub(crate) async fn read_memory(&self, pod: &str) -> Result<Option<u64>, SandboxError> {
+        let sandbox = self.sandbox(pod.to_string(), pod, &Limits::default());
+        let req = ExecRequest::new(["/bin/sh", "-c", READ])
+            .timeout(Duration::from_secs(10))
+            .output_cap(64 * 1024);
+        let out = sandbox.exec(req).await?;
+        if out.exit_code != Some(0) || out.stdout_truncated {
+            return Ok(None);
+        }
+        Ok(parse(&out.stdout_lossy()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn working_set_from_v2_and_v1_and_nothing_from_garbage() {
+        assert_eq!(
+            parse("1000000\nanon 5\nfile 7\ninactive_file 250000\nactive_file 3\n"),
+            Some(750000)
+        );
+        assert_eq!(parse("900\ncache 1\ntotal_inactive_file 100\n"), Some(800));
+        assert_eq!(parse("900\n"), Some(900));
+        assert_eq!(parse("lots\ninactive_file 3\n"), None);
+        assert_eq!(parse(""), None);
+        // A key that only starts like ours is not ours.
+        assert_eq!(parse("900\ninactive_filex 100\n"), Some(900));
+    }
+}
