@@ -7,7 +7,11 @@
 //! at least as high as theirs, so a budget computed with it errs on the safe side. The old
 //! estimate (bytes / 4) was off by a factor of two or more on Chinese text either way.
 //!
-//! The encodings load once per process on first use (a few tens of milliseconds).
+//! The encodings load once per process on first use (a few tens of milliseconds) and are
+//! shared by every thread without a lock (tiktoken-rs 0.5's own singletons sit behind a
+//! mutex; its 0.5 line is used because newer ones change the workspace's regex features).
+
+use std::sync::OnceLock;
 
 use tiktoken_rs::CoreBPE;
 
@@ -48,11 +52,16 @@ impl Tokenizer {
         }
     }
 
-    fn bpe(self) -> &'static CoreBPE {
+    /// The encoding, loaded on first use; `None` only if the embedded file failed to
+    /// parse, which a test rules out (then counts fall back to an estimate).
+    fn bpe(self) -> Option<&'static CoreBPE> {
+        static CL100K: OnceLock<Option<CoreBPE>> = OnceLock::new();
+        static O200K: OnceLock<Option<CoreBPE>> = OnceLock::new();
         match self {
-            Tokenizer::Cl100k => tiktoken_rs::cl100k_base_singleton(),
-            Tokenizer::O200k => tiktoken_rs::o200k_base_singleton(),
+            Tokenizer::Cl100k => CL100K.get_or_init(|| tiktoken_rs::cl100k_base().ok()),
+            Tokenizer::O200k => O200K.get_or_init(|| tiktoken_rs::o200k_base().ok()),
         }
+        .as_ref()
     }
 
     /// Tokens of `text` as plain text (special-token spellings count as ordinary text,
@@ -61,8 +70,45 @@ impl Tokenizer {
         if text.is_empty() {
             return 0;
         }
-        self.bpe().count_ordinary(text)
+        let Some(bpe) = self.bpe() else {
+            // Never below a Chinese character's cost (one token or more per character).
+            return text.chars().count();
+        };
+        if !has_long_run(text) {
+            return bpe.encode_ordinary(text).len();
+        }
+        // BPE is quadratic in the length of one word, and a sandbox can print a word of
+        // 10,000 letters: such a text is counted in slices of `LONG_RUN` characters, which
+        // costs a token or so more per slice (a merge across a cut is lost), never less.
+        let mut total = 0;
+        let mut start = 0;
+        for (n, (at, _)) in text.char_indices().enumerate() {
+            if n > 0 && n % LONG_RUN == 0 {
+                total += bpe.encode_ordinary(&text[start..at]).len();
+                start = at;
+            }
+        }
+        total + bpe.encode_ordinary(&text[start..]).len()
     }
+}
+
+/// The longest run of letters and digits counted in one piece (see `Tokenizer::count`).
+const LONG_RUN: usize = 400;
+
+/// Whether `text` has a run of more than `LONG_RUN` letters or digits (one BPE word).
+fn has_long_run(text: &str) -> bool {
+    let mut run = 0;
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            run += 1;
+            if run > LONG_RUN {
+                return true;
+            }
+        } else {
+            run = 0;
+        }
+    }
+    false
 }
 
 /// The context window of `model` in tokens: `configured` when it is set (not 0), else the
@@ -154,6 +200,28 @@ mod tests {
             assert_ne!(text.len() / 4, *cl100k);
         }
         assert_eq!(Tokenizer::Cl100k.count(""), 0);
+        assert!(Tokenizer::Cl100k.bpe().is_some() && Tokenizer::O200k.bpe().is_some());
+    }
+
+    /// A word of thousands of letters (a sandbox's output) is counted in slices: a little
+    /// over the exact count, never under it. Ordinary text is counted exactly.
+    #[test]
+    fn a_giant_word_is_counted_in_slices_never_under() {
+        for word in ["ab".repeat(3_000), "数据".repeat(1_500), "x7".repeat(2_000)] {
+            let text = format!("start {word} end");
+            let bpe = Tokenizer::Cl100k.bpe().unwrap();
+            let exact = bpe.encode_ordinary(&text).len();
+            let counted = Tokenizer::Cl100k.count(&text);
+            let slices = text.chars().count().div_ceil(LONG_RUN);
+            assert!(
+                counted >= exact && counted <= exact + 2 * slices,
+                "{counted} vs exact {exact}"
+            );
+        }
+        let prose = "the quick brown fox jumps over the lazy dog. ".repeat(200);
+        assert!(!has_long_run(&prose));
+        let bpe = Tokenizer::O200k.bpe().unwrap();
+        assert_eq!(Tokenizer::O200k.count(&prose), bpe.encode_ordinary(&prose).len());
     }
 
     #[test]
