@@ -152,10 +152,12 @@ async fn render(mut rx: mpsc::Receiver<Item>, json: bool) {
     }
 }
 
-/// The text printed as it came: which run's step it was, and whether its line is open.
+/// The text printed as it came: which run's step it was, what was printed, and whether its
+/// line is open.
 #[derive(Default)]
 struct Live {
     streamed: Option<(String, usize)>,
+    text: String,
     open_line: bool,
 }
 
@@ -165,6 +167,9 @@ impl Live {
             .streamed
             .as_ref()
             .is_some_and(|(run, step)| *run == d.run_id && *step == d.step);
+        if !same {
+            self.text.clear();
+        }
         if !self.open_line || !same {
             if self.open_line {
                 sayln!();
@@ -172,18 +177,24 @@ impl Live {
             say!("💭 ");
         }
         say!("{}", live_text(&d.text));
+        self.text.push_str(&d.text);
         self.streamed = Some((d.run_id.clone(), d.step));
         self.open_line = true;
     }
 
-    /// Ends the open line before any event; true for the step's text, shown already.
+    /// Ends the open line before any event; true for the step's text when exactly that was
+    /// printed already (a retried or unstreamed answer is printed whole).
     fn shown(&mut self, ev: &Event) -> bool {
         if std::mem::take(&mut self.open_line) {
             sayln!();
         }
+        if matches!(ev.kind, EventKind::Retry { .. }) {
+            // The answer starts again.
+            self.streamed = None;
+        }
         match (&ev.kind, &self.streamed) {
-            (EventKind::AssistantText { step, .. }, Some((run, streamed))) => {
-                *run == ev.run_id && step == streamed
+            (EventKind::AssistantText { step, text }, Some((run, streamed))) => {
+                *run == ev.run_id && step == streamed && text.trim() == self.text.trim()
             }
             _ => false,
         }
@@ -223,15 +234,6 @@ fn show(ev: &Event, in_flow: bool) {
             sayln!("↻ the model repeated itself; asked it to change strategy")
         }
         EventKind::Nudge { .. } => {}
-        EventKind::ContextCondensed {
-            before_tokens,
-            after_tokens,
-            masked_outputs,
-            summarized_messages,
-            ..
-        } => sayln!(
-            "⇣ context condensed to fit the model: {before_tokens} → {after_tokens} tokens ({masked_outputs} old outputs masked, {summarized_messages} messages summarized)"
-        ),
         EventKind::ContextTrimmed { .. }
         | EventKind::TokenUsage { .. }
         | EventKind::Thinking { .. } => {}
@@ -239,18 +241,7 @@ fn show(ev: &Event, in_flow: bool) {
         EventKind::RunState { .. }
         | EventKind::QuestionAsked { .. }
         | EventKind::QuestionAnswered { .. } => {}
-        EventKind::Retry {
-            attempt,
-            max_attempts,
-            delay_ms,
-            reason,
-        } => {
-            sayln!(
-                "⟳ LLM retry {attempt}/{max_attempts} in {:.1}s: {}",
-                *delay_ms as f64 / 1000.0,
-                short(reason, 200)
-            );
-        }
+        EventKind::Retry { .. } | EventKind::ContextCondensed { .. } => model_note(&ev.kind),
         EventKind::Error { message } => sayln!("error: {}", short(message, 2000)),
         EventKind::PlanCreated { .. }
         | EventKind::StepStarted { .. }
@@ -274,6 +265,32 @@ fn show(ev: &Event, in_flow: bool) {
                 *duration_ms as f64 / 1000.0
             );
         }
+    }
+}
+
+/// What happened around a request to the model: a retry, a condensed context.
+fn model_note(kind: &EventKind) {
+    match kind {
+        EventKind::Retry {
+            attempt,
+            max_attempts,
+            delay_ms,
+            reason,
+        } => sayln!(
+            "⟳ LLM retry {attempt}/{max_attempts} in {:.1}s: {}",
+            *delay_ms as f64 / 1000.0,
+            short(reason, 200)
+        ),
+        EventKind::ContextCondensed {
+            before_tokens,
+            after_tokens,
+            masked_outputs,
+            summarized_messages,
+            ..
+        } => sayln!(
+            "⇣ context condensed to fit the model: {before_tokens} → {after_tokens} tokens ({masked_outputs} old outputs masked, {summarized_messages} messages summarized)"
+        ),
+        _ => {}
     }
 }
 

@@ -290,7 +290,7 @@ pub async fn answer(st: &AppState, row: &RunRow, text: String) -> Result<(), Api
 #[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "runs",
     params(("id" = String, Path), EventsQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this seq (as `after`)")),
-    responses((status = 200, description = "Server-sent events: `id: <seq>`, `event: <type>`, `data: <Event JSON of docs/events.md>`; `: keep-alive` comments every 15 s. While the run is driven by the replica serving the stream, `event: delta` (no id) with `{\"step\", \"after_seq\", \"text\"}` carries the model's text as it is written: live only, never stored, never replayed; the step's `assistant_text` event is the whole text. Ends after the run's terminal run_state (or at once with follow=false). When the key or sign-in the stream was opened with is rotated, removed, signed out or expires, a last `event: error` (no id) with `{\"error\": {\"code\": \"credential_revoked\", …}}` ends it. A user may hold `[server] streams_per_user` streams (event streams and streamed execs) open; one more that follows is 429 `too_many_streams`.",
+    responses((status = 200, description = "Server-sent events: `id: <seq>`, `event: <type>`, `data: <Event JSON of docs/events.md>`; `: keep-alive` comments every 15 s. While the run is driven by the replica serving the stream, `event: delta` (no id) with `{\"step\", \"after_seq\", \"text\"}` carries the model's text as it is written, right after the event whose seq is `after_seq`: live only, never stored, never replayed; the step's `assistant_text` event is the whole text. Ends after the run's terminal run_state (or at once with follow=false). When the key or sign-in the stream was opened with is rotated, removed, signed out or expires, a last `event: error` (no id) with `{\"error\": {\"code\": \"credential_revoked\", …}}` ends it. A user may hold `[server] streams_per_user` streams (event streams and streamed execs) open; one more that follows is 429 `too_many_streams`.",
         content_type = "text/event-stream", body = String), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn run_events(
@@ -330,7 +330,7 @@ pub async fn run_events(
         // Cancelled at shutdown, and when the caller's credential is revoked.
         guard.token().clone(),
     );
-    let stream = super::sse::events(follower, guard, deltas);
+    let stream = super::sse::events(follower, after, guard, deltas);
     Ok(Sse::new(stream)
         .keep_alive(
             KeepAlive::new()

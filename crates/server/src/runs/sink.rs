@@ -82,9 +82,15 @@ impl EventSink for ServiceSink {
     }
 
     /// Live only: handed to this replica's followers, never stored (the step's
-    /// `assistant_text` event is the record). No follower, nothing to do.
+    /// `assistant_text` event is the record). No follower, nothing to do. Placed after the
+    /// run's last committed event: the journal renumbers the engine's events.
     async fn delta(&self, delta: &TextDelta) {
-        let _ = self.run.deltas.send(delta.clone());
+        if self.run.deltas.receiver_count() == 0 {
+            return;
+        }
+        let mut delta = delta.clone();
+        delta.after_seq = self.run.journal.last().await;
+        let _ = self.run.deltas.send(delta);
     }
 }
 

@@ -19,7 +19,6 @@ UI.views.run = async function () {
   let run = null;
   let state = 'queued';
   let liveBox = null; // the text of the answer being written
-  let answered = 0; // the newest step whose answer event came: its deltas are stale
   const TYPES = ['run_started', 'notice', 'thinking', 'context_trimmed', 'context_condensed', 'retry', 'token_usage',
     'assistant_text', 'tool_call', 'tool_result', 'tool_image', 'nudge', 'error', 'run_finished', 'run_state',
     'question_asked', 'question_answered', 'plan_created', 'step_started', 'step_finished',
@@ -96,10 +95,11 @@ UI.views.run = async function () {
   function onDelta(e) {
     let d;
     try { d = JSON.parse(e.data); } catch (err) { return; }
-    if (!(d.step > answered) || typeof d.text !== 'string') return;
+    if (typeof d.text !== 'string' || typeof d.after_seq !== 'number') return;
     if (!liveBox || liveBox.dataset.step !== String(d.step)) {
       if (liveBox) liveBox.remove();
-      liveBox = el('div', { class: 'item ev live-text', 'data-step': String(d.step) });
+      // `after` is the event the answer follows: the step's own events come after it.
+      liveBox = el('div', { class: 'item ev live-text', 'data-step': String(d.step), 'data-after': String(d.after_seq) });
       timeline.append(liveBox);
     }
     const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
@@ -108,8 +108,10 @@ UI.views.run = async function () {
     if (stick) window.scrollTo(0, document.body.scrollHeight);
   }
 
-  function dropLive() {
-    if (liveBox) liveBox.remove();
+  // The live text of an answer that came before event `seq` (its step's answer is drawn).
+  function dropLive(seq) {
+    if (!liveBox || Number(liveBox.dataset.after) >= seq) return;
+    liveBox.remove();
     liveBox = null;
   }
 
@@ -124,7 +126,6 @@ UI.views.run = async function () {
       case 'token_usage':
         setUsage(ev.total_prompt_tokens, ev.total_completion_tokens);
         setSteps(ev.step);
-        answered = Math.max(answered, ev.step);
         break;
       case 'run_state': setState(ev.state); break;
       case 'question_asked': showQuestion(ev.question); break;
@@ -166,8 +167,11 @@ UI.views.run = async function () {
       }
       queue = queue.slice(n);
       const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
-      // The step's answer is drawn now: its live text goes.
-      if (batch.some((ev) => ev.type === 'token_usage' || ev.type === 'run_finished')) dropLive();
+      // The step's answer is drawn now: its live text goes (not a next step's, already live).
+      for (const ev of batch) {
+        // A retry starts the answer again.
+        if (['token_usage', 'retry', 'run_finished'].includes(ev.type)) dropLive(ev.seq || 0);
+      }
       for (const f of r.data.fragments) place(f);
       document.body.dataset.rendered = String(batch[batch.length - 1].seq || 0);
       document.body.dataset.renderedMs = String(Math.round(performance.now()));
