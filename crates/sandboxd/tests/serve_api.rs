@@ -486,7 +486,7 @@ async fn files_archives_tools_and_the_persistent_shell() {
     let (s, v) = api
         .json(
             Method::POST,
-            &format!("/v1/sessions/{id}/tools/python_execute"),
+            &format!("/v1/sessions/{id}/tools/python"),
             Some(json!({"code": "import matplotlib.pyplot as plt\nfor i in range(3):\n    plt.figure(figsize=(1 + i, 1)); plt.plot([0, i])\nNone"})),
         )
         .await;

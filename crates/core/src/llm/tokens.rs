@@ -221,7 +221,10 @@ mod tests {
         let prose = "the quick brown fox jumps over the lazy dog. ".repeat(200);
         assert!(!has_long_run(&prose));
         let bpe = Tokenizer::O200k.bpe().unwrap();
-        assert_eq!(Tokenizer::O200k.count(&prose), bpe.encode_ordinary(&prose).len());
+        assert_eq!(
+            Tokenizer::O200k.count(&prose),
+            bpe.encode_ordinary(&prose).len()
+        );
     }
 
     #[test]

@@ -317,6 +317,7 @@ impl RunService {
             req.max_steps.map(|n| n as u64),
             now_ms(),
         )
+        .with_agent(req.profile.as_ref().map(|p| p.name.clone()))
         .with_driver(me.clone());
         let live = Arc::new(LiveRun {
             id: id.clone(),

@@ -240,7 +240,9 @@ UI.views.run = async function () {
 
   $('#follow-up').addEventListener('submit', async (e) => {
     e.preventDefault();
-    const r = await api('POST', '/v1/runs', { task: $('#follow').value, session_id: run.session_id });
+    const body = { task: $('#follow').value, session_id: run.session_id };
+    if (run.agent && run.mode !== 'plan') body.agent = run.agent; // the same profile again
+    const r = await api('POST', '/v1/runs', body);
     if (r.status === 201) location.assign('/runs/' + enc(r.data.id));
     else toast('The follow-up was not started: ' + UI.errorText(r), true);
   });
