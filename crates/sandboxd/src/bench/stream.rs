@@ -170,13 +170,22 @@ async fn summary(body: String) -> axum::Json<Value> {
     }))
 }
 
+/// A 10,000-character observation: a build log.
+fn observation() -> String {
+    "INFO build step finished, 42 files compiled in 1.7 s (cache hit)\n"
+        .repeat(160)
+        .chars()
+        .take(10_000)
+        .collect()
+}
+
 /// A history of `turns` bash steps, each with a 10,000-character observation.
 fn long_history(
     turns: usize,
     tokenizer: sandboxd_core::llm::Tokenizer,
 ) -> sandboxd_core::agent::memory::Memory {
     use sandboxd_core::llm::{FunctionCall, Message, ToolCall};
-    let output = "INFO build step finished, 42 files compiled in 1.7 s (cache hit)\n".repeat(150);
+    let output = observation();
     let mut memory =
         sandboxd_core::agent::memory::Memory::new("system".into(), "task".into(), tokenizer);
     for i in 0..turns {
@@ -192,7 +201,7 @@ fn long_history(
                 },
             }],
         });
-        memory.push(Message::tool(id, output[..10_000].to_string()));
+        memory.push(Message::tool(id, output.clone()));
     }
     memory
 }
@@ -217,8 +226,7 @@ pub async fn bench_condense(
     };
     let mut condense = Vec::with_capacity(n);
     let mut count = Vec::with_capacity(n);
-    let observation =
-        "INFO build step finished, 42 files compiled in 1.7 s (cache hit)\n".repeat(150);
+    let observation = observation();
     for _ in 0..n {
         let mut memory = long_history(40, tokenizer);
         let started = Instant::now();
@@ -226,7 +234,7 @@ pub async fn bench_condense(
         condense.push(started.elapsed());
         anyhow::ensure!(done.is_some(), "nothing was condensed");
         let started = Instant::now();
-        std::hint::black_box(tokenizer.count(&observation[..10_000]));
+        std::hint::black_box(tokenizer.count(&observation));
         count.push(started.elapsed());
     }
     let _ = sandbox
