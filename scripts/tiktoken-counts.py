@@ -1,7 +1,7 @@
 """Token counts of the mixed Chinese/English cases in crates/core/src/llm/tokens.rs.
 
 Run once by hand (not in CI): python3 -m venv v && v/bin/pip install tiktoken==0.14.0 &&
-v/bin/python scripts/tiktoken-counts.py PATH/TO/tiktoken-rs-0.12.1/assets
+v/bin/python scripts/tiktoken-counts.py PATH/TO/tiktoken-rs-0.5.9/assets
 tiktoken downloads its encoding files at first use; this machine reaches no blob store, so
 the files are read from the tiktoken-rs crate instead (the same files: tiktoken's own
 constructors, split patterns and special tokens are used unchanged).
