@@ -79,6 +79,18 @@ pub struct Event {
     pub kind: EventKind,
 }
 
+/// A piece of the model's answer while it is being written: live only (sent to whoever
+/// watches, never stored, no `seq`). The step's `assistant_text` event that follows is the
+/// whole answer and the record; a follower that resumes gets that, not the pieces.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TextDelta {
+    pub run_id: String,
+    pub step: usize,
+    /// The seq of the run's last event when the piece came: it belongs after that event.
+    pub after_seq: u64,
+    pub text: String,
+}
+
 /// An image a tool produced, by reference: the bytes travel once beside the event
 /// (`EventSink::event`'s `image`) and a sink that keeps them resolves the reference.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -158,6 +170,18 @@ pub enum EventKind {
     ContextTrimmed {
         step: usize,
         dropped_messages: usize,
+    },
+    /// The history did not fit the request budget (or the provider said it was too long):
+    /// older tool outputs were masked (their full text written to `files` in /workspace)
+    /// and/or the middle of the history summarized by the model.
+    ContextCondensed {
+        step: usize,
+        before_tokens: u64,
+        after_tokens: u64,
+        masked_outputs: usize,
+        summarized_messages: usize,
+        #[serde(default)]
+        files: Vec<String>,
     },
     Retry {
         attempt: u32,

@@ -22,7 +22,7 @@ use sandboxd_core::store::{
     RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoreError, Turn,
 };
 
-const COLS: &str = "rowid, id, session_id, owner, task, mode, max_steps, state, outcome, answer, steps, input_tokens, output_tokens, question, created_at, started_at, ended_at, last_seq, driver, cancel, reply";
+const COLS: &str = "rowid, id, session_id, owner, task, mode, max_steps, state, outcome, answer, steps, input_tokens, output_tokens, question, created_at, started_at, ended_at, last_seq, driver, cancel, reply, agent";
 
 /// The database's clock in unix milliseconds (the replica registry's).
 const NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
@@ -65,6 +65,7 @@ fn from_row(r: &Row) -> Result<(i64, RunRow), StoreError> {
         driver: col(r, 18)?,
         cancel: col(r, 19)?,
         reply: col(r, 20)?,
+        agent: col(r, 21)?,
     };
     Ok((col(r, 0)?, row))
 }
@@ -123,8 +124,8 @@ pub(crate) async fn insert(
     }
     execute(
         c,
-        "INSERT INTO runs (id, session_id, owner, task, mode, max_steps, state, created_at, driver)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        "INSERT INTO runs (id, session_id, owner, task, mode, max_steps, state, created_at, driver, agent)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         &[
             &row.id,
             &row.session_id,
@@ -135,6 +136,7 @@ pub(crate) async fn insert(
             &row.state.as_str(),
             &row.created_at,
             &row.driver,
+            &row.agent,
         ],
     )
     .await?;

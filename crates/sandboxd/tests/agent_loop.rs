@@ -266,6 +266,8 @@ async fn a_long_run_trimmed_to_a_small_budget_never_orphans_a_tool_message() {
     let llm = FakeLlm::start(script).await;
     let mut st = settings(150);
     st.context_tokens = 3000;
+    // Trimming alone, the last resort (condensation has its own tests).
+    st.condense = false;
     let agent = Agent::new(llm.client(), tools(&s), st);
     let (outcome, events) = run(&agent, &s, "make output").await;
     assert_eq!(outcome.reason, FinishReason::MaxSteps { max_steps: 150 });

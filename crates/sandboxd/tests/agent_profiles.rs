@@ -222,6 +222,9 @@ async fn each_profile_shows_the_model_its_tools_and_prompt_from_the_service() {
         session.get_or_insert_with(|| run["session_id"].as_str().unwrap().to_string());
         let ended = ended_run(&api, run["id"].as_str().unwrap()).await;
         assert_eq!(ended["state"], "succeeded", "{name}: {ended}");
+        // The run's row keeps its profile: every replica shows it (and a follow-up reuses it).
+        assert_eq!(run["agent"], *name, "{run}");
+        assert_eq!(ended["agent"], *name, "{ended}");
         let reqs = llm.requests();
         assert_eq!(reqs.len(), i + 1, "one request per run");
         assert_shows(&reqs[i], name);

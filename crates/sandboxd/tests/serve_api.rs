@@ -482,6 +482,46 @@ async fn files_archives_tools_and_the_persistent_shell() {
         .await;
     assert_eq!(s, 200, "{v}");
     assert!(v["output"].as_str().unwrap().contains("alpha"), "{v}");
+    // Every figure of a cell, in order; the first is also `base64_image` (as before).
+    let (s, v) = api
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{id}/tools/python"),
+            Some(json!({"code": "import matplotlib.pyplot as plt\nfor i in range(3):\n    plt.figure(figsize=(1 + i, 1)); plt.plot([0, i])\nNone"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let images: Vec<&str> = v["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap())
+        .collect();
+    assert_eq!(images.len(), 3, "{}", v["output"]);
+    assert_eq!(v["base64_image"], images[0]);
+    use base64::Engine as _;
+    let widths: Vec<u32> = images
+        .iter()
+        .map(|b| {
+            let png = base64::engine::general_purpose::STANDARD.decode(b).unwrap();
+            assert!(png.starts_with(b"\x89PNG"), "a PNG");
+            u32::from_be_bytes(png[16..20].try_into().unwrap())
+        })
+        .collect();
+    assert!(
+        widths[0] < widths[1] && widths[1] < widths[2],
+        "in the order they were drawn: {widths:?}"
+    );
+    let (s, v) = api
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{id}/tools/bash"),
+            Some(json!({"command": "echo no image"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["images"], json!([]));
+    assert!(v["base64_image"].is_null());
     let (s, v) = api
         .json(
             Method::POST,

@@ -483,6 +483,7 @@ pub async fn call_tool(
     match result {
         Ok(r) => Ok(Json(ToolCallResult {
             is_error: r.is_error(),
+            images: r.images().cloned().collect(),
             output: r.output,
             error: r.error,
             base64_image: r.base64_image,

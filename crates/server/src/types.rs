@@ -380,8 +380,12 @@ pub struct ToolCallResult {
     /// Set when the tool reports a failure the caller can act on.
     pub error: Option<String>,
     pub is_error: bool,
-    /// A base64 image (a plot, a screenshot), if the tool produced one.
+    /// A base64 image (a plot, a screenshot), if the tool produced one: the first of
+    /// `images`.
     pub base64_image: Option<String>,
+    /// Every image the tool produced (base64 PNG or JPEG), in order: each figure of a
+    /// python cell (up to sandboxd's per-call image limits); empty when there is none.
+    pub images: Vec<String>,
     /// A note from sandboxd (e.g. output cut).
     pub system: Option<String>,
 }

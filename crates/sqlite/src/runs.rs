@@ -14,7 +14,7 @@ use sandboxd_core::store::{
     RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoreError, Turn, now_ms,
 };
 
-const COLS: &str = "rowid, id, session_id, owner, task, mode, max_steps, state, outcome, answer, steps, input_tokens, output_tokens, question, created_at, started_at, ended_at, last_seq, driver, cancel, reply";
+const COLS: &str = "rowid, id, session_id, owner, task, mode, max_steps, state, outcome, answer, steps, input_tokens, output_tokens, question, created_at, started_at, ended_at, last_seq, driver, cancel, reply, agent";
 
 const IN_FLIGHT: &str = "('queued', 'running', 'waiting_for_human')";
 
@@ -63,6 +63,7 @@ pub(super) fn select(
                     driver: r.get(18)?,
                     cancel: r.get(19)?,
                     reply: r.get(20)?,
+                    agent: r.get(21)?,
                 },
             ))
         })
@@ -113,8 +114,8 @@ pub(super) fn insert(
         });
     }
     tx.execute(
-        "INSERT INTO runs (id, session_id, owner, task, mode, max_steps, state, created_at, driver)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO runs (id, session_id, owner, task, mode, max_steps, state, created_at, driver, agent)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
             row.id,
             row.session_id,
@@ -124,7 +125,8 @@ pub(super) fn insert(
             row.max_steps.map(|v| v as i64),
             row.state.as_str(),
             row.created_at,
-            row.driver
+            row.driver,
+            row.agent
         ],
     )
     .map_err(sql)?;

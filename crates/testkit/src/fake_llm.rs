@@ -28,9 +28,14 @@ use serde_json::{Value, json};
 
 use sandboxd_core::llm::{ApiType, Endpoint, LlmClient, LlmSettings};
 
+pub use crate::fake_llm_stream::Piece;
+
 /// One scripted answer.
 #[derive(Debug, Clone)]
 pub enum Reply {
+    /// An answer streamed in exactly these pieces (gates between them hold it half-written);
+    /// to a request without `stream` it is sent whole.
+    Streamed(Vec<Piece>),
     /// An assistant message with optional text and tool calls `(name, raw JSON arguments)`.
     Assistant {
         content: Option<String>,
@@ -61,6 +66,10 @@ pub struct Gate(tokio_util::sync::CancellationToken);
 impl Gate {
     pub fn open(&self) {
         self.0.cancel();
+    }
+
+    pub(crate) async fn wait(&self) {
+        self.0.cancelled().await;
     }
 }
 
@@ -297,6 +306,18 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
         };
     };
     let n = shared.counter.fetch_add(1, Ordering::Relaxed);
+    let streamed = shown["stream"] == Value::Bool(true);
+    let reply = match reply {
+        Reply::Assistant { content, calls } if streamed => {
+            let pieces = crate::fake_llm_stream::fragments(content.as_deref(), &calls);
+            return crate::fake_llm_stream::response(pieces, n, prompt_chars);
+        }
+        Reply::Streamed(pieces) if streamed => {
+            return crate::fake_llm_stream::response(pieces, n, prompt_chars);
+        }
+        Reply::Streamed(pieces) => whole(pieces),
+        other => other,
+    };
     match reply {
         Reply::Assistant { content, calls } => {
             let tool_calls: Vec<Value> = calls
@@ -339,9 +360,38 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
             resp
         }
         Reply::Raw(body) => axum::Json(body).into_response(),
-        Reply::Delayed(..) | Reply::Gated(..) | Reply::FromRequest(..) => {
+        Reply::Delayed(..) | Reply::Gated(..) | Reply::FromRequest(..) | Reply::Streamed(..) => {
             unreachable!("unwrapped above")
         }
+    }
+}
+
+/// A streamed script answered whole (the request did not ask for a stream).
+fn whole(pieces: Vec<Piece>) -> Reply {
+    let mut content = String::new();
+    let mut calls: Vec<(String, String)> = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => content.push_str(&t),
+            Piece::Call {
+                index,
+                name,
+                arguments,
+            } => {
+                if calls.len() <= index {
+                    calls.resize(index + 1, (String::new(), String::new()));
+                }
+                if let Some(name) = name {
+                    calls[index].0 = name;
+                }
+                calls[index].1.push_str(&arguments);
+            }
+            Piece::Wait(_) => {}
+        }
+    }
+    Reply::Assistant {
+        content: (!content.is_empty()).then_some(content),
+        calls,
     }
 }
 

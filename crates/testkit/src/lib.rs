@@ -7,6 +7,7 @@
 
 pub mod conformance;
 pub mod fake_llm;
+pub mod fake_llm_stream;
 pub mod fake_runtime;
 pub mod fake_web;
 pub mod serve;

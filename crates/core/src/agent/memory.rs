@@ -4,66 +4,64 @@
 //! (and image message) that answers it, so a tool message can never lose its assistant
 //! `tool_calls` (OpenAI answers 400 to such an orphan; OpenManus trimmed by message count
 //! and hit exactly that). The system prompt and the task are always kept; older turns are
-//! dropped first and replaced by one note saying how many messages are gone.
+//! dropped first and replaced by one note saying how many messages are gone. Trimming is
+//! the last resort: condensation (condense.rs) masks old outputs and summarizes first,
+//! through `mask` and `fold_middle` here, which keep the same turn boundaries.
 //!
-//! Token counts are estimated as characters / 4 plus 4 per message (images: a flat 1000).
-//! That is close enough for English and code to keep a request under a budget, and costs
-//! nothing; the exact counts come back in `usage` and are what the run budget is charged.
+//! Token counts use the model's BPE encoding (llm/tokens.rs), counted once per message when
+//! it is added; the exact counts come back in `usage` and are what the run budget is charged.
 
-use crate::llm::{ContentPart, Message, UserContent};
+use crate::llm::tokens::{PER_IMAGE, PER_MESSAGE};
+use crate::llm::{ContentPart, Message, Tokenizer, UserContent};
 
-const PER_MESSAGE: usize = 4;
-const PER_IMAGE: usize = 1000;
-
-/// Estimated tokens of a message.
-pub fn estimate(m: &Message) -> usize {
-    let chars = match m {
-        Message::System { content } => content.len(),
+/// Tokens of a message as `tokenizer` counts them, with the message framing.
+pub fn count(tokenizer: Tokenizer, m: &Message) -> usize {
+    let body = match m {
+        Message::System { content } => tokenizer.count(content),
         Message::User {
             content: UserContent::Text(t),
-        } => t.len(),
+        } => tokenizer.count(t),
         Message::User {
             content: UserContent::Parts(parts),
-        } => {
-            return PER_MESSAGE
-                + parts
-                    .iter()
-                    .map(|p| match p {
-                        ContentPart::Text { text } => text.len() / 4,
-                        ContentPart::ImageUrl { .. } => PER_IMAGE,
-                    })
-                    .sum::<usize>();
-        }
+        } => parts
+            .iter()
+            .map(|p| match p {
+                ContentPart::Text { text } => tokenizer.count(text),
+                ContentPart::ImageUrl { .. } => PER_IMAGE,
+            })
+            .sum(),
         Message::Assistant {
             content,
             tool_calls,
         } => {
-            content.as_ref().map_or(0, String::len)
+            content.as_deref().map_or(0, |c| tokenizer.count(c))
                 + tool_calls
                     .iter()
-                    .map(|c| c.id.len() + c.function.name.len() + c.function.arguments.len() + 16)
+                    .map(|c| {
+                        tokenizer.count(&c.function.name)
+                            + tokenizer.count(&c.function.arguments)
+                            + tokenizer.count(&c.id)
+                            + PER_MESSAGE
+                    })
                     .sum::<usize>()
         }
         Message::Tool {
             tool_call_id,
             content,
-        } => tool_call_id.len() + content.len(),
+        } => tokenizer.count(tool_call_id) + tokenizer.count(content),
     };
-    PER_MESSAGE + chars / 4
-}
-
-pub fn estimate_text(text: &str) -> usize {
-    text.len() / 4
+    PER_MESSAGE + body
 }
 
 /// The conversation of one run, with the estimates: `messages[0]` is the system prompt,
 /// then the earlier runs' messages when the run continues a session, then this run's task
 /// (`messages[task_at]`) and its turns.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct Memory {
     messages: Vec<Message>,
     tokens: Vec<usize>,
     task_at: usize,
+    tokenizer: Tokenizer,
 }
 
 /// What `Memory::context` produced.
@@ -74,14 +72,24 @@ pub struct Context {
 }
 
 impl Memory {
-    pub fn new(system: String, task: String) -> Self {
-        Self::continuing(system, Vec::new(), task)
+    pub fn new(system: String, task: String, tokenizer: Tokenizer) -> Self {
+        Self::continuing(system, Vec::new(), task, tokenizer)
     }
 
     /// A run that continues `earlier` (the messages after the system prompt of the
     /// session's previous runs; see `paired_prefix`).
-    pub fn continuing(system: String, earlier: Vec<Message>, task: String) -> Self {
-        let mut m = Self::default();
+    pub fn continuing(
+        system: String,
+        earlier: Vec<Message>,
+        task: String,
+        tokenizer: Tokenizer,
+    ) -> Self {
+        let mut m = Self {
+            messages: Vec::new(),
+            tokens: Vec::new(),
+            task_at: 0,
+            tokenizer,
+        };
         m.push(Message::system(system));
         for message in earlier {
             m.push(message);
@@ -92,8 +100,70 @@ impl Memory {
     }
 
     pub fn push(&mut self, message: Message) {
-        self.tokens.push(estimate(&message));
+        self.tokens.push(count(self.tokenizer, &message));
         self.messages.push(message);
+    }
+
+    pub fn tokenizer(&self) -> Tokenizer {
+        self.tokenizer
+    }
+
+    /// Tokens of the whole conversation, every message included.
+    pub fn total_tokens(&self) -> usize {
+        self.tokens.iter().sum()
+    }
+
+    pub fn tokens_of(&self, index: usize) -> usize {
+        self.tokens.get(index).copied().unwrap_or(0)
+    }
+
+    pub fn task_index(&self) -> usize {
+        self.task_at
+    }
+
+    /// Replaces the text of the tool message at `index` (its call id stays, so the pairing
+    /// holds); false when that message is not a tool message.
+    pub fn mask(&mut self, index: usize, note: String) -> bool {
+        let Some(Message::Tool { tool_call_id, .. }) = self.messages.get(index) else {
+            return false;
+        };
+        let masked = Message::tool(tool_call_id.clone(), note);
+        self.tokens[index] = count(self.tokenizer, &masked);
+        self.messages[index] = masked;
+        true
+    }
+
+    /// Where each turn starts: every assistant message, this run's task, and the first
+    /// message after the system prompt; `len` closes the last one.
+    pub fn turn_starts(&self) -> Vec<usize> {
+        let len = self.messages.len();
+        let task = self.task_at;
+        let mut starts: Vec<usize> = (1..len)
+            .filter(|&i| {
+                i == 1 || i == task || matches!(self.messages[i], Message::Assistant { .. })
+            })
+            .collect();
+        starts.push(len);
+        starts
+    }
+
+    /// Replaces every message before `keep_from` (a turn start after the task) except the
+    /// system prompt and the task with `summary`, placed right after the task; earlier
+    /// runs' messages are folded in too. Returns how many messages were replaced.
+    pub fn fold_middle(&mut self, keep_from: usize, summary: Message) -> usize {
+        let task = self.task_at;
+        if keep_from <= task + 1 || keep_from > self.messages.len() {
+            return 0;
+        }
+        let folded = keep_from - 2;
+        let task_message = self.messages[task].clone();
+        let task_tokens = self.tokens[task];
+        let summary_tokens = count(self.tokenizer, &summary);
+        self.messages.splice(1..keep_from, [task_message, summary]);
+        self.tokens
+            .splice(1..keep_from, [task_tokens, summary_tokens]);
+        self.task_at = 1;
+        folded
     }
 
     pub fn messages(&self) -> &[Message] {
@@ -121,15 +191,8 @@ impl Memory {
     ) -> Context {
         let len = self.messages.len();
         let task = self.task_at;
-        let tail_tokens = tail.as_ref().map_or(0, estimate);
-        // Turn boundaries: every assistant message starts a turn, and so does this run's
-        // task; anything before the first of them is a turn of its own.
-        let mut starts: Vec<usize> = (1..len)
-            .filter(|&i| {
-                i == 1 || i == task || matches!(self.messages[i], Message::Assistant { .. })
-            })
-            .collect();
-        starts.push(len);
+        let tail_tokens = tail.as_ref().map_or(0, |t| count(self.tokenizer, t));
+        let starts = self.turn_starts();
         let mut keep_from = len;
         let mut used = self.tokens[0] + self.tokens[task] + tail_tokens + 30;
         for w in starts.windows(2).rev() {
@@ -252,7 +315,7 @@ mod tests {
 
     #[test]
     fn trimming_keeps_head_and_whole_turns() {
-        let mut m = Memory::new("system".into(), "task".into());
+        let mut m = Memory::new("system".into(), "task".into(), Tokenizer::Cl100k);
         for i in 0..50 {
             for msg in turn(i, 1 + i % 3) {
                 m.push(msg);
@@ -281,7 +344,12 @@ mod tests {
         for i in 0..40 {
             earlier.extend(turn(i, 2));
         }
-        let mut m = Memory::continuing("system".into(), earlier, "second task".into());
+        let mut m = Memory::continuing(
+            "system".into(),
+            earlier,
+            "second task".into(),
+            Tokenizer::Cl100k,
+        );
         assert_eq!(m.earlier_len(), 1 + 40 * 3);
         for i in 100..103 {
             for msg in turn(i, 1) {
@@ -329,6 +397,44 @@ mod tests {
         // A tool message answering nothing ends the prefix too.
         let stray = vec![Message::user("t"), Message::tool("nope", "x")];
         assert_eq!(paired_prefix(stray).len(), 1);
+    }
+
+    /// Masking keeps the call id; folding the middle keeps the task and whole turns, folds
+    /// earlier runs' messages in too, and what is left is still a paired conversation.
+    #[test]
+    fn masking_and_folding_keep_the_pairing() {
+        let mut earlier = vec![Message::user("first task")];
+        earlier.extend(turn(0, 2));
+        let mut m = Memory::continuing("system".into(), earlier, "task".into(), Tokenizer::Cl100k);
+        for i in 1..6 {
+            for msg in turn(i, 1 + i % 2) {
+                m.push(msg);
+            }
+        }
+        let tool_at = m
+            .messages()
+            .iter()
+            .position(|x| matches!(x, Message::Tool { .. }))
+            .unwrap();
+        let before = m.total_tokens();
+        assert!(m.mask(tool_at, "masked".into()));
+        assert!(m.total_tokens() < before);
+        assert!(!m.mask(0, "not a tool message".into()));
+        let starts = m.turn_starts();
+        let keep_from = starts[starts.len() - 3];
+        let kept_tail = m.messages()[keep_from..].to_vec();
+        let folded = m.fold_middle(keep_from, Message::user("summary"));
+        assert_eq!(folded, keep_from - 2);
+        assert_eq!(m.messages()[1], Message::user("task"));
+        assert_eq!(m.messages()[2], Message::user("summary"));
+        assert_eq!(&m.messages()[3..], &kept_tail[..]);
+        assert_eq!(m.earlier_len(), 0);
+        assert_eq!(
+            paired_prefix(m.messages().to_vec()).len(),
+            m.messages().len() - 1
+        );
+        let sum: usize = (0..m.messages().len()).map(|i| m.tokens_of(i)).sum();
+        assert_eq!(sum, m.total_tokens());
     }
 
     #[test]

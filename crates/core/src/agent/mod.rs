@@ -7,7 +7,9 @@
 //! with the session and is composed by `run_in_session` (session_run.rs), the one entry
 //! point the CLI, the MCP server and the service share.
 
+pub mod condense;
 pub mod extract;
+mod live;
 pub mod memory;
 pub mod profiles;
 pub mod prompts;
@@ -20,7 +22,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-pub use crate::events::{Event, EventKind, FinishReason, ImageRef};
+pub use crate::events::{Event, EventKind, FinishReason, ImageRef, TextDelta};
 pub use session_run::{
     History, RunContext, RunError, RunRequest, RunShape, SessionLease, run_in_session,
 };
@@ -38,8 +40,10 @@ pub struct AgentSettings {
     pub max_observe: usize,
     /// Input tokens one run may spend; 0 means no budget.
     pub max_input_tokens: u64,
-    /// Token budget of the context sent in one request.
+    /// Token budget of the context sent in one request (0: the model's window).
     pub context_tokens: usize,
+    /// Condense the history before trimming it (condense.rs).
+    pub condense: bool,
 }
 
 impl AgentSettings {
@@ -50,6 +54,7 @@ impl AgentSettings {
             max_observe: a.max_observe.max(100),
             max_input_tokens: a.max_input_tokens,
             context_tokens: a.context_tokens,
+            condense: a.condense,
         }
     }
 }
@@ -113,6 +118,8 @@ pub struct Agent {
     hook: Option<Arc<dyn StepHook>>,
     /// Extra paragraphs for the system prompt, e.g. MCP servers' instructions.
     system_notes: Vec<String>,
+    /// The session's sandbox, where condensation keeps the outputs it masks.
+    workspace: Option<Arc<dyn crate::sandbox::Sandbox>>,
 }
 
 /// Called before every step with the run's own tool registry; returns notes for the model
@@ -131,7 +138,14 @@ impl Agent {
             browser: None,
             hook: None,
             system_notes: Vec::new(),
+            workspace: None,
         }
+    }
+
+    /// The sandbox whose /workspace keeps the full text of outputs condensation masks.
+    pub fn with_workspace(mut self, sandbox: Arc<dyn crate::sandbox::Sandbox>) -> Self {
+        self.workspace = Some(sandbox);
+        self
     }
 
     pub fn with_hook(mut self, hook: Arc<dyn StepHook>) -> Self {

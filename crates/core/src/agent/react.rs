@@ -5,10 +5,11 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::memory::{Memory, cut_observation, estimate_text};
+use super::condense::Condenser;
+use super::live;
+use super::memory::{Memory, count, cut_observation};
 use super::sink::{Emitter, EventSink, Image, RunRecord};
 use super::{Agent, AgentTask, RunOutcome, prompts};
 use crate::events::{EventKind, FinishReason};
@@ -34,6 +35,10 @@ pub(super) struct Run<'a> {
     nudge: bool,
     /// The last step that used the browser.
     browser_step: Option<usize>,
+    /// Tokens of `tools_json`, counted once per tool set.
+    tools_tokens: Option<usize>,
+    /// A smaller request limit learnt from the provider's context-length error.
+    provider_cap: Option<usize>,
 }
 
 /// What one step decided.
@@ -55,7 +60,8 @@ impl<'a> Run<'a> {
             system.push_str(note);
         }
         let earlier = std::mem::take(&mut request.earlier);
-        let memory = Memory::continuing(system, earlier, request.task.clone());
+        let memory =
+            Memory::continuing(system, earlier, request.task.clone(), agent.llm.tokenizer());
         let run_id = request.run_id.clone();
         Self {
             agent,
@@ -70,6 +76,8 @@ impl<'a> Run<'a> {
             last_step: None,
             nudge: false,
             browser_step: None,
+            tools_tokens: None,
+            provider_cap: None,
         }
     }
 
@@ -141,19 +149,65 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Think: the step hook, the context within the budgets, then the model's completion,
-    /// recorded in the memory and the events. `Err` ends the run before any tool runs (the
-    /// input-token budget, a cancel, an LLM error).
+    /// Think: the step hook, the context within the budgets (condensed first when the
+    /// history does not fit), then the model's completion, recorded in the memory and the
+    /// events. A context-length error from the provider condenses harder and asks once
+    /// more. `Err` ends the run before any tool runs (the input-token budget, a cancel, an
+    /// LLM error).
     async fn think(&mut self, step: usize) -> Result<Completion, Next> {
         self.apply_hook().await;
-        let tools_tokens =
-            estimate_text(&serde_json::to_string(&self.tools_json).unwrap_or_default());
-        let budget = self
-            .agent
-            .settings
-            .context_tokens
-            .saturating_sub(tools_tokens);
+        let mut retried = false;
+        loop {
+            let context = self.prepare(step).await?;
+            let llm = &self.agent.llm;
+            let asked = live::chat(
+                llm,
+                &context.messages,
+                &self.tools_json,
+                &self.cancel,
+                &mut self.emitter,
+                step,
+            );
+            match asked.await {
+                Ok(completion) => {
+                    self.record_reply(step, &completion).await;
+                    return Ok(completion);
+                }
+                Err(LlmError::Cancelled) => {
+                    return Err(Next::Finish(FinishReason::Cancelled, None));
+                }
+                Err(LlmError::ContextTooLong { .. }) if !retried => {
+                    retried = true;
+                    // Our window was wrong for this provider: aim well under what was sent.
+                    self.provider_cap = Some(context.estimated_tokens * 2 / 3);
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    self.emitter
+                        .emit(EventKind::Error {
+                            message: message.clone(),
+                        })
+                        .await;
+                    return Err(Next::Finish(FinishReason::Error { message }, None));
+                }
+            }
+        }
+    }
+
+    /// The request's context: condensed when the history is over the budget, then trimmed
+    /// to it, checked against the run's input-token budget, announced by `thinking`.
+    async fn prepare(&mut self, step: usize) -> Result<super::memory::Context, Next> {
+        let tokenizer = self.memory.tokenizer();
+        let tools_tokens = *self.tools_tokens.get_or_insert_with(|| {
+            tokenizer.count(&serde_json::to_string(&self.tools_json).unwrap_or_default())
+        });
+        let budget = self.request_limit().saturating_sub(tools_tokens);
         let tail = self.tail(step).await;
+        let tail_tokens = tail.as_ref().map_or(0, |t| count(tokenizer, t));
+        let history_budget = budget.saturating_sub(tail_tokens);
+        if self.agent.settings.condense && self.memory.total_tokens() > history_budget {
+            self.condense(step, history_budget).await?;
+        }
         let context = self.memory.context(budget, tail, &prompts::trimmed);
         if context.dropped > 0 {
             self.emitter
@@ -176,23 +230,49 @@ impl<'a> Run<'a> {
                 ));
             }
         }
-
         self.emitter.emit(EventKind::Thinking { step }).await;
-        let completion = match self.chat(&context.messages).await {
-            Ok(c) => c,
-            Err(LlmError::Cancelled) => return Err(Next::Finish(FinishReason::Cancelled, None)),
-            Err(e) => {
-                let message = e.to_string();
-                self.emitter
-                    .emit(EventKind::Error {
-                        message: message.clone(),
-                    })
-                    .await;
-                return Err(Next::Finish(FinishReason::Error { message }, None));
-            }
+        Ok(context)
+    }
+
+    /// Tokens one request may hold: [agent] context_tokens (0: no own limit), the model's
+    /// window less the reply's max_tokens, and what the provider's error taught us.
+    fn request_limit(&self) -> usize {
+        let llm = &self.agent.llm;
+        let window = llm
+            .context_window()
+            .saturating_sub(llm.settings().max_tokens as usize);
+        let own = match self.agent.settings.context_tokens {
+            0 => window,
+            n => n.min(window),
         };
-        self.record_reply(step, &completion).await;
-        Ok(completion)
+        self.provider_cap.map_or(own, |cap| cap.min(own))
+    }
+
+    /// Condenses the history under `budget` and says so in a `context_condensed` event.
+    async fn condense(&mut self, step: usize, budget: usize) -> Result<(), Next> {
+        let condenser = Condenser {
+            llm: &self.agent.llm,
+            workspace: self.agent.workspace.as_ref(),
+            run_id: &self.run_id,
+            cancel: &self.cancel,
+        };
+        let done = match condenser.condense(&mut self.memory, budget).await {
+            Ok(Some(done)) => done,
+            Ok(None) => return Ok(()),
+            Err(_) => return Err(Next::Finish(FinishReason::Cancelled, None)),
+        };
+        self.usage.add(done.usage);
+        self.emitter
+            .emit(EventKind::ContextCondensed {
+                step,
+                before_tokens: done.before_tokens as u64,
+                after_tokens: done.after_tokens as u64,
+                masked_outputs: done.masked_outputs,
+                summarized_messages: done.summarized_messages,
+                files: done.files,
+            })
+            .await;
+        Ok(())
     }
 
     /// The step hook may change the tools and leave notes for the model.
@@ -201,42 +281,13 @@ impl<'a> Run<'a> {
             let notes = hook.before_step(&mut self.tools).await;
             if !notes.is_empty() {
                 self.tools_json = self.tools.to_openai();
+                self.tools_tokens = None;
                 for note in notes {
                     self.memory
                         .push(Message::user(format!("[sandboxd] {note}")));
                 }
             }
         }
-    }
-
-    /// Asks the model, sending its client's retry notices as events while the request runs.
-    async fn chat(&mut self, messages: &[Message]) -> Result<Completion, LlmError> {
-        // Retry notices come from a synchronous callback inside the LLM client; they reach
-        // the (async) sink through a small queue drained while the request is in flight.
-        // The client retries a bounded number of times, so a full queue only drops notices.
-        let (retry_tx, mut retry_rx) = mpsc::channel::<crate::llm::RetryNotice>(16);
-        let on_retry = move |n: crate::llm::RetryNotice| {
-            let _ = retry_tx.try_send(n);
-        };
-        let result = {
-            let chat = self
-                .agent
-                .llm
-                .chat(messages, &self.tools_json, &self.cancel, &on_retry);
-            tokio::pin!(chat);
-            loop {
-                tokio::select! {
-                    r = &mut chat => break r,
-                    Some(n) = retry_rx.recv() => {
-                        self.emitter.emit(retry_event(n)).await;
-                    }
-                }
-            }
-        };
-        while let Ok(n) = retry_rx.try_recv() {
-            self.emitter.emit(retry_event(n)).await;
-        }
-        result
     }
 
     /// The reply's usage and text as events, the reply itself into the memory, and the
@@ -547,14 +598,5 @@ impl<'a> Run<'a> {
             conversation: self.memory.conversation(),
             transcript: None,
         }
-    }
-}
-
-fn retry_event(n: crate::llm::RetryNotice) -> EventKind {
-    EventKind::Retry {
-        attempt: n.attempt,
-        max_attempts: n.max_attempts,
-        delay_ms: n.delay.as_millis() as u64,
-        reason: n.reason,
     }
 }

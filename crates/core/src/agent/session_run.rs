@@ -214,6 +214,7 @@ pub async fn run_in_session(
     system_notes.extend(request.shape.system_note.clone());
     let mut agent = Agent::new(ctx.llm.clone(), registry, settings)
         .with_browser(tools.browser.clone())
+        .with_workspace(session.sandbox.clone())
         .with_system_notes(system_notes);
     if let Some(hook) = &mcp {
         agent = agent.with_hook(hook.clone());

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use crate::events::{Event, EventKind, FinishReason, ImageRef};
+use crate::events::{Event, EventKind, FinishReason, ImageRef, TextDelta};
 use crate::llm::{Message, Usage};
 
 /// The bytes behind an `ImageRef`.
@@ -90,6 +90,9 @@ pub trait EventSink: Send + Sync {
     async fn event(&self, event: &Event, image: Option<&Image>);
     /// The run is over (after its `run_finished` event).
     async fn finished(&self, _record: &RunRecord) {}
+    /// A piece of the answer being written (coalesced by the emitter): for live views only,
+    /// never a record; sinks that keep events ignore it.
+    async fn delta(&self, _delta: &TextDelta) {}
 }
 
 /// Sends every event to each sink in turn.
@@ -106,6 +109,12 @@ impl EventSink for FanOut {
     async fn finished(&self, record: &RunRecord) {
         for sink in &self.0 {
             sink.finished(record).await;
+        }
+    }
+
+    async fn delta(&self, delta: &TextDelta) {
+        for sink in &self.0 {
+            sink.delta(delta).await;
         }
     }
 }
@@ -129,6 +138,7 @@ pub struct MemorySink {
 #[derive(Default)]
 struct MemoryInner {
     events: Vec<Event>,
+    deltas: Vec<TextDelta>,
     images: HashMap<String, Bytes>,
     record: Option<RunRecord>,
 }
@@ -142,6 +152,14 @@ impl MemorySink {
         self.inner
             .lock()
             .map(|i| i.events.clone())
+            .unwrap_or_default()
+    }
+
+    /// The answer pieces seen while the run was live.
+    pub fn deltas(&self) -> Vec<TextDelta> {
+        self.inner
+            .lock()
+            .map(|i| i.deltas.clone())
             .unwrap_or_default()
     }
 
@@ -172,6 +190,12 @@ impl EventSink for MemorySink {
     async fn finished(&self, record: &RunRecord) {
         if let Ok(mut inner) = self.inner.lock() {
             inner.record = Some(record.clone());
+        }
+    }
+
+    async fn delta(&self, delta: &TextDelta) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.deltas.push(delta.clone());
         }
     }
 }
@@ -213,6 +237,17 @@ impl<'s> Emitter<'s> {
 
     pub async fn finished(&self, record: &RunRecord) {
         self.sink.finished(record).await;
+    }
+
+    /// A piece of the answer of `step`, placed after the last event.
+    pub async fn delta(&self, step: usize, text: String) {
+        let delta = TextDelta {
+            run_id: self.run_id.clone(),
+            step,
+            after_seq: self.seq,
+            text,
+        };
+        self.sink.delta(&delta).await;
     }
 
     pub fn elapsed(&self) -> std::time::Duration {

@@ -315,6 +315,12 @@ pub struct LlmConfig {
     pub multimodal: Option<bool>,
     /// Model-name prefixes that take max_completion_tokens and no temperature.
     pub reasoning_prefixes: Vec<String>,
+    /// The model's context window in tokens; 0 means the default of its family
+    /// (llm/tokens.rs). Requests are kept under it minus max_tokens.
+    pub context_window: usize,
+    /// Stream answers (`stream: true`), so the CLI and the web UI show text as it comes;
+    /// a server that refuses streaming gets plain requests automatically.
+    pub stream: bool,
     pub vision: Option<VisionConfig>,
 }
 
@@ -333,6 +339,8 @@ impl Default for LlmConfig {
             max_retries: 6,
             multimodal: None,
             reasoning_prefixes: ["o1", "o3", "o4", "gpt-5"].map(String::from).to_vec(),
+            context_window: 0,
+            stream: true,
             vision: None,
         }
     }
@@ -354,8 +362,11 @@ pub struct AgentConfig {
     pub max_observe: usize,
     /// Input tokens one run may spend in total; 0 means no budget.
     pub max_input_tokens: u64,
-    /// Token budget of the context sent in one request (older turns are trimmed).
+    /// Token budget of the context sent in one request (0: the model's window); past it the
+    /// history is condensed, then older turns are trimmed.
     pub context_tokens: usize,
+    /// Condense (mask old outputs, summarize the middle) before trimming.
+    pub condense: bool,
     /// Default timeout of a bash tool call, in seconds (capped by limits.max_timeout_secs).
     pub bash_timeout_secs: u64,
 }
@@ -367,6 +378,7 @@ impl Default for AgentConfig {
             max_observe: 10_000,
             max_input_tokens: 0,
             context_tokens: 100_000,
+            condense: true,
             bash_timeout_secs: 120,
         }
     }

@@ -9,9 +9,12 @@
 //! 403, 404 and context-length errors fail at once with the server's message.
 
 mod setup;
+mod stream;
+pub mod tokens;
 mod transport;
 pub mod wire;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_openai::Client;
@@ -21,6 +24,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub use setup::{ApiType, Endpoint, guidance, resolve, resolve_vision};
+pub use tokens::Tokenizer;
 pub use transport::HttpFailure;
 pub use wire::{Completion, ContentPart, FunctionCall, Message, ToolCall, Usage, UserContent};
 
@@ -39,7 +43,7 @@ pub enum LlmError {
         attempts: u32,
     },
     #[error(
-        "the conversation is longer than the model's context window (HTTP {status}: {message}); lower [agent] context_tokens"
+        "the conversation is longer than the model's context window (HTTP {status}: {message}); set [llm] context_window to the model's window"
     )]
     ContextTooLong { status: u16, message: String },
     #[error("cannot reach the LLM server at {url}: {message}{}", attempts_note(*.attempts))]
@@ -82,6 +86,10 @@ pub struct LlmSettings {
     pub max_attempts: u32,
     pub multimodal: bool,
     pub reasoning_prefixes: Vec<String>,
+    /// The model's context window in tokens; 0 means the default of its family.
+    pub context_window: usize,
+    /// Ask for streamed answers where the caller shows text live.
+    pub stream: bool,
     pub backoff_base: Duration,
     pub backoff_max: Duration,
     /// The longest Retry-After we wait; a server asking for more gets this.
@@ -97,6 +105,8 @@ impl LlmSettings {
             max_attempts: cfg.max_retries.max(1),
             multimodal: cfg.sees_images(),
             reasoning_prefixes: cfg.reasoning_prefixes.clone(),
+            context_window: cfg.context_window,
+            stream: cfg.stream,
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             retry_after_max: Duration::from_secs(120),
@@ -106,6 +116,8 @@ impl LlmSettings {
 
 struct Target {
     client: Client<Box<dyn Config>>,
+    /// For streamed requests, which async-openai's byot layer would read itself.
+    http: reqwest::Client,
     endpoint: Endpoint,
 }
 
@@ -126,7 +138,11 @@ impl Target {
             ),
         };
         let client = Client::with_config(config).with_http_service(transport::Transport::default());
-        Self { client, endpoint }
+        Self {
+            client,
+            http: reqwest::Client::new(),
+            endpoint,
+        }
     }
 }
 
@@ -134,6 +150,8 @@ pub struct LlmClient {
     main: Target,
     vision: Option<Target>,
     settings: LlmSettings,
+    /// Set when the server refused a streamed request: plain requests from then on.
+    no_stream: AtomicBool,
 }
 
 impl LlmClient {
@@ -149,6 +167,7 @@ impl LlmClient {
             main: Target::new(endpoint),
             vision: vision.map(Target::new),
             settings,
+            no_stream: AtomicBool::new(false),
         }
     }
 
@@ -163,6 +182,16 @@ impl LlmClient {
 
     pub fn settings(&self) -> &LlmSettings {
         &self.settings
+    }
+
+    /// The encoding the main model's prompts are counted with.
+    pub fn tokenizer(&self) -> Tokenizer {
+        Tokenizer::for_model(self.model())
+    }
+
+    /// The main model's context window: [llm] context_window, else its family's default.
+    pub fn context_window(&self) -> usize {
+        tokens::context_window(self.model(), self.settings.context_window)
     }
 
     fn is_reasoning(&self, model: &str) -> bool {
@@ -187,7 +216,24 @@ impl LlmClient {
         on_retry: &(dyn Fn(RetryNotice) + Send + Sync),
     ) -> Result<Completion, LlmError> {
         let choice = (!tools.is_empty()).then(|| Value::from("auto"));
-        self.chat_with_choice(messages, tools, choice, cancel, on_retry)
+        self.chat_with_choice(messages, tools, choice, cancel, on_retry, None)
+            .await
+    }
+
+    /// `chat`, streamed when [llm] stream is on: each piece of the answer's text goes to
+    /// `on_text` as it arrives (a retried attempt may repeat pieces: the returned
+    /// completion is the answer). A server that refuses streaming gets plain requests
+    /// from then on.
+    pub async fn chat_streaming(
+        &self,
+        messages: &[Message],
+        tools: &[Value],
+        cancel: &CancellationToken,
+        on_retry: &(dyn Fn(RetryNotice) + Send + Sync),
+        on_text: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<Completion, LlmError> {
+        let choice = (!tools.is_empty()).then(|| Value::from("auto"));
+        self.chat_with_choice(messages, tools, choice, cancel, on_retry, Some(on_text))
             .await
     }
 
@@ -211,6 +257,7 @@ impl LlmClient {
                 Some(choice),
                 cancel,
                 &|_| {},
+                None,
             )
             .await?;
         let call = completion
@@ -230,39 +277,32 @@ impl LlmClient {
         tool_choice: Option<Value>,
         cancel: &CancellationToken,
         on_retry: &(dyn Fn(RetryNotice) + Send + Sync),
+        on_text: Option<&(dyn Fn(&str) + Send + Sync)>,
     ) -> Result<Completion, LlmError> {
         let target = match &self.vision {
             Some(v) if messages.iter().any(Message::has_image) => v,
             _ => &self.main,
         };
-        let model = target.endpoint.model.as_str();
-        let reasoning = self.is_reasoning(model);
-        let request = wire::ChatRequest {
-            model,
-            messages,
-            tools,
-            tool_choice,
-            max_tokens: (!reasoning).then_some(self.settings.max_tokens),
-            max_completion_tokens: reasoning.then_some(self.settings.max_tokens),
-            temperature: (!reasoning).then_some(self.settings.temperature),
-            stream: false,
-        };
+        let mut request = self.request(&target.endpoint.model, messages, tools, tool_choice);
         let max = self.settings.max_attempts;
         let mut attempt = 1;
         loop {
-            let chat = target.client.chat();
-            let call = chat.create_byot::<_, wire::RawResponse>(&request);
+            let streamed = on_text.filter(|_| self.streams());
+            request.stream = streamed.is_some();
+            request.stream_options = streamed.map(|_| serde_json::json!({"include_usage": true}));
+            let call = self.attempt(target, &request, streamed, attempt);
             let outcome = tokio::select! {
                 r = tokio::time::timeout(self.settings.timeout, call) => r,
                 _ = cancel.cancelled() => return Err(LlmError::Cancelled),
             };
             let failure = match outcome {
-                Ok(Ok(raw)) => {
-                    return raw.into_completion().ok_or_else(|| {
-                        LlmError::BadResponse("the response has no choices[0].message".into())
-                    });
+                Ok(Ok(completion)) => return Ok(completion),
+                Ok(Err(Failure::Fatal(e))) if streamed.is_some() && refuses_streaming(&e) => {
+                    tracing::warn!(error = %e, "the LLM server refused a streamed request; asking without streaming from now on");
+                    self.no_stream.store(true, Ordering::Relaxed);
+                    continue;
                 }
-                Ok(Err(e)) => classify(e, &target.endpoint.base_url, attempt),
+                Ok(Err(f)) => f,
                 Err(_) => Failure::Retry {
                     error: LlmError::Timeout {
                         after: self.settings.timeout,
@@ -298,6 +338,95 @@ impl LlmClient {
             }
             attempt += 1;
         }
+    }
+}
+
+impl LlmClient {
+    /// The request body for `model` (a reasoning model gets max_completion_tokens and no
+    /// temperature); not streamed until the attempt says so.
+    fn request<'a>(
+        &self,
+        model: &'a str,
+        messages: &'a [Message],
+        tools: &'a [Value],
+        tool_choice: Option<Value>,
+    ) -> wire::ChatRequest<'a> {
+        let reasoning = self.is_reasoning(model);
+        wire::ChatRequest {
+            model,
+            messages,
+            tools,
+            tool_choice,
+            max_tokens: (!reasoning).then_some(self.settings.max_tokens),
+            max_completion_tokens: reasoning.then_some(self.settings.max_tokens),
+            temperature: (!reasoning).then_some(self.settings.temperature),
+            stream: false,
+            stream_options: None,
+        }
+    }
+
+    fn streams(&self) -> bool {
+        self.settings.stream && !self.no_stream.load(Ordering::Relaxed)
+    }
+
+    /// One attempt, streamed when `on_text` is given.
+    async fn attempt(
+        &self,
+        target: &Target,
+        request: &wire::ChatRequest<'_>,
+        on_text: Option<&(dyn Fn(&str) + Send + Sync)>,
+        attempt: u32,
+    ) -> Result<Completion, Failure> {
+        let url = &target.endpoint.base_url;
+        let Some(on_text) = on_text else {
+            let chat = target.client.chat();
+            let raw = chat
+                .create_byot::<_, wire::RawResponse>(request)
+                .await
+                .map_err(|e| classify(e, url, attempt))?;
+            return raw.into_completion().ok_or_else(|| {
+                Failure::Fatal(LlmError::BadResponse(
+                    "the response has no choices[0].message".into(),
+                ))
+            });
+        };
+        let config = target.client.config();
+        let body = serde_json::to_value(request)
+            .map_err(|e| Failure::Fatal(LlmError::BadResponse(e.to_string())))?;
+        let streamed = stream::attempt(
+            &target.http,
+            &config.url("/chat/completions"),
+            config.headers(),
+            &config.query(),
+            &body,
+            on_text,
+        )
+        .await;
+        let mut completion = streamed.map_err(|f| match f {
+            stream::StreamFailure::Http(h) => {
+                classify(OpenAIError::Boxed(Box::new(h)), url, attempt)
+            }
+            stream::StreamFailure::Bad(m) => Failure::Fatal(LlmError::BadResponse(m)),
+        })?;
+        if completion.usage.prompt_tokens == 0 {
+            // The server sent no usage: count the prompt ourselves, so budgets and quotas
+            // still see what the request cost.
+            let text = serde_json::to_string(request.messages).unwrap_or_default();
+            completion.usage.prompt_tokens = self.tokenizer().count(&text) as u64;
+        }
+        Ok(completion)
+    }
+}
+
+/// Whether a failed streamed request says the server does not stream (so a plain request
+/// may work): a 4xx about `stream`, or an answer that is not the stream we read.
+fn refuses_streaming(e: &LlmError) -> bool {
+    match e {
+        LlmError::Http {
+            status, message, ..
+        } => (400..500).contains(status) && message.to_ascii_lowercase().contains("stream"),
+        LlmError::BadResponse(_) => true,
+        _ => false,
     }
 }
 

@@ -125,6 +125,9 @@ pub struct ChatRequest<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
     pub stream: bool,
+    /// `{"include_usage": true}` when streaming: the usage comes in a last chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<Value>,
 }
 
 /// Token counts of one response (`usage`).

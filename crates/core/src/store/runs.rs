@@ -101,6 +101,9 @@ pub struct RunRow {
     pub cancel: Option<String>,
     /// An answer to the pending question posted on any replica, not yet taken by the driver.
     pub reply: Option<String>,
+    /// The agent profile an agent-mode run was started with (None: a plan, an A2A task, a
+    /// run stored before profiles were recorded).
+    pub agent: Option<String>,
 }
 
 impl RunRow {
@@ -135,7 +138,14 @@ impl RunRow {
             driver: None,
             cancel: None,
             reply: None,
+            agent: None,
         }
+    }
+
+    /// The same row started with agent profile `name`.
+    pub fn with_agent(mut self, name: Option<String>) -> Self {
+        self.agent = name;
+        self
     }
 
     /// The same row driven by replica `id`.

@@ -83,6 +83,7 @@ pub async fn bench_agent_step(
         max_observe: 10_000,
         max_input_tokens: 0,
         context_tokens: 100_000,
+        condense: true,
     };
     let agent = Agent::new(llm, tools, settings);
     // The sinks a CLI run has: one that watches (here: marks the steps) and one that keeps

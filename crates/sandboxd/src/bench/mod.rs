@@ -16,6 +16,7 @@ pub mod replicas;
 pub mod server;
 pub mod server_runs;
 pub mod stats;
+pub mod stream;
 pub mod support;
 pub mod ui;
 pub mod web;

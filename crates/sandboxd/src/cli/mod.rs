@@ -10,6 +10,7 @@ pub(crate) mod bench;
 pub(crate) mod bench_e2b;
 pub(crate) mod bench_pool;
 pub(crate) mod bench_replicas;
+pub(crate) mod bench_stream;
 pub(crate) mod config;
 pub(crate) mod copy_out;
 pub(crate) mod doctor;

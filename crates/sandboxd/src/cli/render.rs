@@ -1,6 +1,7 @@
-//! The terminal sink of `sandboxd run`: a spinner while the model thinks, each tool call
-//! with a short result, the final answer and a one-line summary. With `--json` every event
-//! is printed as one JSON line on stdout instead.
+//! The terminal sink of `sandboxd run`: a spinner while the model thinks, the model's text
+//! as it is written (streamed), each tool call with a short result, the final answer and a
+//! one-line summary. With `--json` every event is printed as one JSON line on stdout
+//! instead (the live pieces of text are not events and are not printed there).
 //!
 //! Everything shown comes from the model or the sandbox and is hostile: `clean` drops every
 //! escape sequence (an OSC title or clipboard write, cursor moves, colours) and control
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sandboxd_core::agent::{Event, EventKind, EventSink, Image};
+use sandboxd_core::agent::{Event, EventKind, EventSink, Image, TextDelta};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -38,9 +39,15 @@ macro_rules! sayln {
 }
 pub(crate) use sayln;
 
+/// What the rendering task is handed: an event, or a piece of the answer being written.
+enum Item {
+    Event(Event),
+    Delta(TextDelta),
+}
+
 /// Hands events to a rendering task through a bounded queue.
 pub(crate) struct TerminalSink {
-    tx: Mutex<Option<mpsc::Sender<Event>>>,
+    tx: Mutex<Option<mpsc::Sender<Item>>>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -69,15 +76,23 @@ impl EventSink for TerminalSink {
         let tx = self.tx.lock().ok().and_then(|t| t.clone());
         if let Some(tx) = tx {
             // A renderer that is gone does not stop the run.
-            let _ = tx.send(event.clone()).await;
+            let _ = tx.send(Item::Event(event.clone())).await;
+        }
+    }
+
+    async fn delta(&self, delta: &TextDelta) {
+        let tx = self.tx.lock().ok().and_then(|t| t.clone());
+        if let Some(tx) = tx {
+            let _ = tx.send(Item::Delta(delta.clone())).await;
         }
     }
 }
 
 /// Consumes events until the sender is dropped.
-async fn render(mut rx: mpsc::Receiver<Event>, json: bool) {
+async fn render(mut rx: mpsc::Receiver<Item>, json: bool) {
     if json {
-        while let Some(ev) = rx.recv().await {
+        while let Some(item) = rx.recv().await {
+            let Item::Event(ev) = item else { continue };
             // Notices are for the person at the terminal, in --json mode too.
             if let EventKind::Notice { message } = &ev.kind {
                 sayln!("sandboxd: {}", clean(message));
@@ -95,13 +110,24 @@ async fn render(mut rx: mpsc::Receiver<Event>, json: bool) {
     let mut spinner: Option<(usize, String)> = None;
     // In a planning flow each step's answer is a line of progress, not the result.
     let mut in_flow = false;
+    let mut live = Live::default();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
-            ev = rx.recv() => {
-                let Some(ev) = ev else { break };
+            item = rx.recv() => {
+                let Some(item) = item else { break };
                 if spinner.take().is_some() && animate {
                     say!("\r\x1b[2K");
+                }
+                let ev = match item {
+                    Item::Delta(d) => {
+                        live.piece(&d);
+                        continue;
+                    }
+                    Item::Event(ev) => ev,
+                };
+                if live.shown(&ev) {
+                    continue;
                 }
                 if let EventKind::Thinking { step } = &ev.kind {
                     spinner = Some((0, format!("step {step}: thinking")));
@@ -123,6 +149,55 @@ async fn render(mut rx: mpsc::Receiver<Event>, json: bool) {
     }
     if spinner.is_some() && animate {
         say!("\r\x1b[2K");
+    }
+}
+
+/// The text printed as it came: which run's step it was, what was printed, and whether its
+/// line is open.
+#[derive(Default)]
+struct Live {
+    streamed: Option<(String, usize)>,
+    text: String,
+    open_line: bool,
+}
+
+impl Live {
+    fn piece(&mut self, d: &TextDelta) {
+        let same = self
+            .streamed
+            .as_ref()
+            .is_some_and(|(run, step)| *run == d.run_id && *step == d.step);
+        if !same {
+            self.text.clear();
+        }
+        if !self.open_line || !same {
+            if self.open_line {
+                sayln!();
+            }
+            say!("💭 ");
+        }
+        say!("{}", live_text(&d.text));
+        self.text.push_str(&d.text);
+        self.streamed = Some((d.run_id.clone(), d.step));
+        self.open_line = true;
+    }
+
+    /// Ends the open line before any event; true for the step's text when exactly that was
+    /// printed already (a retried or unstreamed answer is printed whole).
+    fn shown(&mut self, ev: &Event) -> bool {
+        if std::mem::take(&mut self.open_line) {
+            sayln!();
+        }
+        if matches!(ev.kind, EventKind::Retry { .. }) {
+            // The answer starts again.
+            self.streamed = None;
+        }
+        match (&ev.kind, &self.streamed) {
+            (EventKind::AssistantText { step, text }, Some((run, streamed))) => {
+                *run == ev.run_id && step == streamed && text.trim() == self.text.trim()
+            }
+            _ => false,
+        }
     }
 }
 
@@ -166,18 +241,7 @@ fn show(ev: &Event, in_flow: bool) {
         EventKind::RunState { .. }
         | EventKind::QuestionAsked { .. }
         | EventKind::QuestionAnswered { .. } => {}
-        EventKind::Retry {
-            attempt,
-            max_attempts,
-            delay_ms,
-            reason,
-        } => {
-            sayln!(
-                "⟳ LLM retry {attempt}/{max_attempts} in {:.1}s: {}",
-                *delay_ms as f64 / 1000.0,
-                short(reason, 200)
-            );
-        }
+        EventKind::Retry { .. } | EventKind::ContextCondensed { .. } => model_note(&ev.kind),
         EventKind::Error { message } => sayln!("error: {}", short(message, 2000)),
         EventKind::PlanCreated { .. }
         | EventKind::StepStarted { .. }
@@ -201,6 +265,32 @@ fn show(ev: &Event, in_flow: bool) {
                 *duration_ms as f64 / 1000.0
             );
         }
+    }
+}
+
+/// What happened around a request to the model: a retry, a condensed context.
+fn model_note(kind: &EventKind) {
+    match kind {
+        EventKind::Retry {
+            attempt,
+            max_attempts,
+            delay_ms,
+            reason,
+        } => sayln!(
+            "⟳ LLM retry {attempt}/{max_attempts} in {:.1}s: {}",
+            *delay_ms as f64 / 1000.0,
+            short(reason, 200)
+        ),
+        EventKind::ContextCondensed {
+            before_tokens,
+            after_tokens,
+            masked_outputs,
+            summarized_messages,
+            ..
+        } => sayln!(
+            "⇣ context condensed to fit the model: {before_tokens} → {after_tokens} tokens ({masked_outputs} old outputs masked, {summarized_messages} messages summarized)"
+        ),
+        _ => {}
     }
 }
 
@@ -239,6 +329,15 @@ fn print_answer(answer: &str, in_flow: bool) {
         let _ = writeln!(out, "{}", clean(line));
     }
     let _ = out.flush();
+}
+
+/// A piece of streamed text, safe to print: each line cleaned, the line breaks kept and
+/// indented under the 💭.
+fn live_text(text: &str) -> String {
+    text.split('\n')
+        .map(clean)
+        .collect::<Vec<_>>()
+        .join("\n   ")
 }
 
 /// One line, at most `max` characters, safe to print.

@@ -35,6 +35,11 @@ impl Journal {
         }
     }
 
+    /// The run's last committed seq (waits for a commit in progress).
+    pub async fn last(&self) -> u64 {
+        *self.last.lock().await
+    }
+
     /// A new event of the service's own (run_state, question_asked …).
     pub async fn emit(&self, kind: EventKind, patch: RunPatch) -> Result<u64, StoreError> {
         let event = Event {

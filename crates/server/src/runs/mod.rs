@@ -24,6 +24,7 @@ mod engine;
 pub mod journal;
 pub mod routes;
 pub mod sink;
+mod sse;
 pub mod stream;
 pub mod types;
 pub mod wait;
@@ -103,9 +104,19 @@ pub struct LiveRun {
     /// Whether the run's row exists (the control loop judges only inserted runs lost).
     inserted: AtomicBool,
     tokens_per_day: u64,
+    /// The answer's text while it is written, for this replica's followers (live only).
+    deltas: tokio::sync::broadcast::Sender<sandboxd_core::agent::TextDelta>,
 }
 
+/// Answer pieces a slow follower may lag behind by before it misses some (the whole answer
+/// still comes in its `assistant_text` event).
+const DELTA_QUEUE: usize = 256;
+
 impl LiveRun {
+    /// The answer's pieces from now on, while the run lasts.
+    pub fn deltas(&self) -> tokio::sync::broadcast::Receiver<sandboxd_core::agent::TextDelta> {
+        self.deltas.subscribe()
+    }
     /// Stops the run at once (the engine drops the LLM request and kills the command in
     /// flight); the first reason given is the one the run ends with.
     pub fn stop(&self, why: Stop) {
@@ -306,6 +317,7 @@ impl RunService {
             req.max_steps.map(|n| n as u64),
             now_ms(),
         )
+        .with_agent(req.profile.as_ref().map(|p| p.name.clone()))
         .with_driver(me.clone());
         let live = Arc::new(LiveRun {
             id: id.clone(),
@@ -320,6 +332,7 @@ impl RunService {
             reply: Mutex::new(None),
             inserted: AtomicBool::new(false),
             tokens_per_day: req.tokens_per_day,
+            deltas: tokio::sync::broadcast::channel(DELTA_QUEUE).0,
         });
         // Registered before the row exists, so a cancel that finds the row finds it live
         // and the control loop never takes a row of ours for an orphan.

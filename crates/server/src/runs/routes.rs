@@ -2,7 +2,6 @@
 //! the images their events reference. A thin shell over `RunService`; every route resolves
 //! the run through the store and answers 404 unless the caller owns it (or is an admin).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -291,7 +290,7 @@ pub async fn answer(st: &AppState, row: &RunRow, text: String) -> Result<(), Api
 #[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "runs",
     params(("id" = String, Path), EventsQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this seq (as `after`)")),
-    responses((status = 200, description = "Server-sent events: `id: <seq>`, `event: <type>`, `data: <Event JSON of docs/events.md>`; `: keep-alive` comments every 15 s. Ends after the run's terminal run_state (or at once with follow=false). When the key or sign-in the stream was opened with is rotated, removed, signed out or expires, a last `event: error` (no id) with `{\"error\": {\"code\": \"credential_revoked\", …}}` ends it. A user may hold `[server] streams_per_user` streams (event streams and streamed execs) open; one more that follows is 429 `too_many_streams`.",
+    responses((status = 200, description = "Server-sent events: `id: <seq>`, `event: <type>`, `data: <Event JSON of docs/events.md>`; `: keep-alive` comments every 15 s. While the run is driven by the replica serving the stream, `event: delta` (no id) with `{\"step\", \"after_seq\", \"text\"}` carries the model's text as it is written, right after the event whose seq is `after_seq`: live only, never stored, never replayed; the step's `assistant_text` event is the whole text. Ends after the run's terminal run_state (or at once with follow=false). When the key or sign-in the stream was opened with is rotated, removed, signed out or expires, a last `event: error` (no id) with `{\"error\": {\"code\": \"credential_revoked\", …}}` ends it. A user may hold `[server] streams_per_user` streams (event streams and streamed execs) open; one more that follows is 429 `too_many_streams`.",
         content_type = "text/event-stream", body = String), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn run_events(
@@ -319,6 +318,10 @@ pub async fn run_events(
     let follow = q.follow.unwrap_or(true);
     let kind = if follow { Kind::Stream } else { Kind::Request };
     let guard = st.streams.open(&caller, kind, &st.shutdown)?;
+    // Subscribed before the follower's first read, so no piece between the two is lost.
+    let deltas = follow
+        .then(|| st.runs.live(&id).map(|run| run.deltas()))
+        .flatten();
     let follower = Follower::new(
         st.store.clone(),
         id,
@@ -327,29 +330,7 @@ pub async fn run_events(
         // Cancelled at shutdown, and when the caller's credential is revoked.
         guard.token().clone(),
     );
-    let stream = futures::stream::unfold(Some((follower, guard)), |state| async move {
-        let (mut f, guard) = state?;
-        let next = if guard.token().is_cancelled() {
-            None
-        } else {
-            f.next().await
-        };
-        match next {
-            Some(e) if !guard.token().is_cancelled() => {
-                let ev = SseEvent::default()
-                    .id(e.seq.to_string())
-                    .event(e.kind)
-                    .data(e.payload);
-                Some((Ok::<_, Infallible>(ev), Some((f, guard))))
-            }
-            // Revoked: one last event says why (no id: it is not one of the run's events),
-            // then the stream ends. A shutdown or the run's end just ends it.
-            _ => {
-                let why = guard.revoked()?;
-                Some((Ok(revoked_event(why)), None))
-            }
-        }
-    });
+    let stream = super::sse::events(follower, after, guard, deltas);
     Ok(Sse::new(stream)
         .keep_alive(
             KeepAlive::new()

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use super::{LiveRun, Stop, rfc3339};
-use sandboxd_core::agent::{Event, EventKind, EventSink, FinishReason, Image};
+use sandboxd_core::agent::{Event, EventKind, EventSink, FinishReason, Image, TextDelta};
 use sandboxd_core::store::{Appended, RunPatch, RunState, StoredQuestion, now_ms};
 use sandboxd_core::tools::ask_human::Asker;
 
@@ -79,6 +79,18 @@ impl EventSink for ServiceSink {
                 run.stop(Stop::User);
             }
         }
+    }
+
+    /// Live only: handed to this replica's followers, never stored (the step's
+    /// `assistant_text` event is the record). No follower, nothing to do. Placed after the
+    /// run's last committed event: the journal renumbers the engine's events.
+    async fn delta(&self, delta: &TextDelta) {
+        if self.run.deltas.receiver_count() == 0 {
+            return;
+        }
+        let mut delta = delta.clone();
+        delta.after_seq = self.run.journal.last().await;
+        let _ = self.run.deltas.send(delta);
     }
 }
 
@@ -196,6 +208,7 @@ mod tests {
             reply: Mutex::new(None),
             inserted: AtomicBool::new(true),
             tokens_per_day: 0,
+            deltas: tokio::sync::broadcast::channel(4).0,
         });
         let asker = ServiceAsker {
             run: run.clone(),

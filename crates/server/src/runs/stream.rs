@@ -7,7 +7,8 @@
 //! A wake-up is only a hint: one lost (a listener reconnecting, a receiver lagging) costs at
 //! most `REREAD` of latency, never an event, because only the table is read. The follower
 //! subscribes to the wake-ups before its first read, so a commit after that read always wakes
-//! it. Each event is sent once and in order: only seq `last + 1` is taken.
+//! it. Each event is sent once and in order: only seq `last + 1` is taken. `next` may be
+//! dropped at any await and called again (it is cancel-safe): nothing read is lost.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -101,7 +102,9 @@ impl Follower {
             // The last read reached the tail after the subscription, so the next commit wakes
             // us: wait, not read the events and the run again (two round trips per event on
             // Postgres). A run ended without an event is seen by the read after its wake-up.
-            if !std::mem::take(&mut self.at_tail) {
+            // `at_tail` stays set until the wait ends: a caller that drops this future
+            // mid-wait (the SSE body, for a text delta) comes back to the wait, not a read.
+            if !self.at_tail {
                 match self.store.events_after(&self.run_id, self.last, PAGE).await {
                     Ok(batch) if !batch.is_empty() => {
                         self.at_tail = self.follow && batch.len() < PAGE as usize;
@@ -136,6 +139,7 @@ impl Follower {
                 _ = self.shutdown.cancelled() => return None,
                 w = wait_for_run(wakes, &self.run_id, self.reread) => self.woken = w == Woken::Run,
             }
+            self.at_tail = false;
         }
     }
 }

@@ -66,6 +66,9 @@ pub struct Run {
     pub owner: String,
     pub task: String,
     pub mode: RunMode,
+    /// The agent profile the run was started with (GET /v1/agents); null for a plan, an A2A
+    /// task and a run stored before profiles were recorded.
+    pub agent: Option<String>,
     pub state: RunState,
     /// How it ended: the `reason` of run_finished (docs/events.md), e.g. {"kind": "final_answer"};
     /// null while in flight.
@@ -97,6 +100,7 @@ impl From<&RunRow> for Run {
             } else {
                 RunMode::Agent
             },
+            agent: r.agent.clone(),
             state: r.state,
             outcome: r.outcome.clone(),
             answer: r.answer.clone(),

@@ -178,6 +178,16 @@ fn event_html(kind: &str, ev: &Value) -> String {
                 n(ev, "dropped_messages")
             ),
         ),
+        "context_condensed" => note(
+            "ev-note",
+            &format!(
+                "context condensed to fit the model: {} → {} tokens ({} old outputs masked, {} messages summarized)",
+                n(ev, "before_tokens"),
+                n(ev, "after_tokens"),
+                n(ev, "masked_outputs"),
+                n(ev, "summarized_messages")
+            ),
+        ),
         "retry" => note(
             "ev-note",
             &format!(

@@ -815,10 +815,19 @@ async fn case_run_lifecycle(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
     let alice = add_user(&*store, "alice", 1).await?;
     reserve(&*store, "s1", &alice).await?;
-    let row = run_row("r1", "s1", &alice);
+    let row = run_row("r1", "s1", &alice).with_agent(Some("data".into()));
     let created = row.created_at;
     store.insert_run(row, 10).await?;
+    store.insert_run(run_row("r0", "s1", &alice), 10).await?;
+    ensure!(
+        must_run(&*store, "r0").await?.agent.is_none(),
+        "a run without a profile has none"
+    );
     let r = must_run(&*store, "r1").await?;
+    ensure!(
+        r.agent.as_deref() == Some("data"),
+        "the agent profile round-trips"
+    );
     ensure!(
         r.state == RunState::Queued && r.session_id == "s1" && r.owner == alice,
         "a queued run"
@@ -837,7 +846,7 @@ async fn case_run_lifecycle(f: &dyn StoreFactory) -> Result<()> {
         .into_iter()
         .map(|r| r.id)
         .collect();
-    ensure!(in_flight == ["r1"], "a queued run is in flight");
+    ensure!(in_flight == ["r1", "r0"], "a queued run is in flight");
 
     let t = now_ms();
     let question = StoredQuestion {
@@ -903,7 +912,7 @@ async fn case_run_lifecycle(f: &dyn StoreFactory) -> Result<()> {
     ensure!(r.ended_at == Some(t + 10), "ended_at is set");
     ensure!(r.steps == 2, "a patch without steps keeps them");
     ensure!(
-        store.runs_in_flight().await?.is_empty(),
+        store.runs_in_flight().await?.iter().all(|r| r.id != "r1"),
         "a finished run is not in flight"
     );
     ensure!(store.run("nope").await?.is_none(), "unknown run");

@@ -119,7 +119,13 @@ pub async fn until_with(api: &Api, run: &str, kind: &str, needle: &str) -> Vec<S
         buf.push_str(&String::from_utf8_lossy(&c));
         while let Some(end) = buf.find("\n\n") {
             let block: String = buf.drain(..end + 2).collect();
-            if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) {
+            // Only the run's events (with an id), not the live `delta`s of its text.
+            let stored = block.lines().any(|l| l.starts_with("id: "));
+            if let Some(data) = block
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .filter(|_| stored)
+            {
                 let v: Value = serde_json::from_str(data).unwrap();
                 let t = v["type"].as_str().unwrap().to_string();
                 got.push(v);

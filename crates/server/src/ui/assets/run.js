@@ -2,7 +2,9 @@
 // resumes with Last-Event-ID after a drop; events at or below the last seq seen are
 // ignored, so a replay never duplicates a step), has the server render each batch of events
 // into timeline fragments (POST /ui/render), and keeps the header (state, tokens, steps)
-// current. Stop, the answer to ask_human and the follow-up use the runs API.
+// current. Stop, the answer to ask_human and the follow-up use the runs API. While the run
+// is live, `delta` events (no id, never replayed) show the model's text as it is written in
+// one live box, replaced by the step's own events when they arrive.
 'use strict';
 
 UI.views.run = async function () {
@@ -16,7 +18,8 @@ UI.views.run = async function () {
   let source = null;
   let run = null;
   let state = 'queued';
-  const TYPES = ['run_started', 'notice', 'thinking', 'context_trimmed', 'retry', 'token_usage',
+  let liveBox = null; // the text of the answer being written
+  const TYPES = ['run_started', 'notice', 'thinking', 'context_trimmed', 'context_condensed', 'retry', 'token_usage',
     'assistant_text', 'tool_call', 'tool_result', 'tool_image', 'nudge', 'error', 'run_finished', 'run_state',
     'question_asked', 'question_answered', 'plan_created', 'step_started', 'step_finished',
     'replanned', 'flow_finished', 'message'];
@@ -86,6 +89,30 @@ UI.views.run = async function () {
       else $('#live').textContent = 'reconnecting…';
     };
     for (const t of TYPES) source.addEventListener(t, onEvent);
+    source.addEventListener('delta', onDelta);
+  }
+
+  function onDelta(e) {
+    let d;
+    try { d = JSON.parse(e.data); } catch (err) { return; }
+    if (typeof d.text !== 'string' || typeof d.after_seq !== 'number') return;
+    if (!liveBox || liveBox.dataset.step !== String(d.step)) {
+      if (liveBox) liveBox.remove();
+      // `after` is the event the answer follows: the step's own events come after it.
+      liveBox = el('div', { class: 'item ev live-text', 'data-step': String(d.step), 'data-after': String(d.after_seq) });
+      timeline.append(liveBox);
+    }
+    const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
+    liveBox.textContent += d.text;
+    document.body.dataset.liveMs = String(Math.round(performance.now()));
+    if (stick) window.scrollTo(0, document.body.scrollHeight);
+  }
+
+  // The live text of an answer that came before event `seq` (its step's answer is drawn).
+  function dropLive(seq) {
+    if (!liveBox || Number(liveBox.dataset.after) >= seq) return;
+    liveBox.remove();
+    liveBox = null;
   }
 
   function onEvent(e) {
@@ -96,7 +123,10 @@ UI.views.run = async function () {
     lastSeq = seq;
     run.last_seq = Math.max(run.last_seq || 0, seq);
     switch (ev.type) {
-      case 'token_usage': setUsage(ev.total_prompt_tokens, ev.total_completion_tokens); setSteps(ev.step); break;
+      case 'token_usage':
+        setUsage(ev.total_prompt_tokens, ev.total_completion_tokens);
+        setSteps(ev.step);
+        break;
       case 'run_state': setState(ev.state); break;
       case 'question_asked': showQuestion(ev.question); break;
       case 'question_answered': $('#answer-box').hidden = true; break;
@@ -137,6 +167,11 @@ UI.views.run = async function () {
       }
       queue = queue.slice(n);
       const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
+      // The step's answer is drawn now: its live text goes (not a next step's, already live).
+      for (const ev of batch) {
+        // A retry starts the answer again.
+        if (['token_usage', 'retry', 'run_finished'].includes(ev.type)) dropLive(ev.seq || 0);
+      }
       for (const f of r.data.fragments) place(f);
       document.body.dataset.rendered = String(batch[batch.length - 1].seq || 0);
       document.body.dataset.renderedMs = String(Math.round(performance.now()));
@@ -205,7 +240,9 @@ UI.views.run = async function () {
 
   $('#follow-up').addEventListener('submit', async (e) => {
     e.preventDefault();
-    const r = await api('POST', '/v1/runs', { task: $('#follow').value, session_id: run.session_id });
+    const body = { task: $('#follow').value, session_id: run.session_id };
+    if (run.agent && run.mode !== 'plan') body.agent = run.agent; // the same profile again
+    const r = await api('POST', '/v1/runs', body);
     if (r.status === 201) location.assign('/runs/' + enc(r.data.id));
     else toast('The follow-up was not started: ' + UI.errorText(r), true);
   });
