@@ -223,6 +223,8 @@ impl LlmClient {
         })
     }
 
+    /// `chat_attempts`, measured for the metrics (`crate::metrics`): one request per turn,
+    /// its retries included.
     async fn chat_with_choice(
         &self,
         messages: &[Message],
@@ -235,6 +237,32 @@ impl LlmClient {
             Some(v) if messages.iter().any(Message::has_image) => v,
             _ => &self.main,
         };
+        let started = std::time::Instant::now();
+        let out = self
+            .chat_attempts(target, messages, tools, tool_choice, cancel, on_retry)
+            .await;
+        if let Some(m) = crate::metrics::recorder() {
+            let usage = out.as_ref().map(|c| c.usage).unwrap_or_default();
+            m.llm_request(crate::metrics::LlmCall {
+                model: &target.endpoint.model,
+                took: started.elapsed(),
+                ok: out.is_ok(),
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens: usage.completion_tokens,
+            });
+        }
+        out
+    }
+
+    async fn chat_attempts(
+        &self,
+        target: &Target,
+        messages: &[Message],
+        tools: &[Value],
+        tool_choice: Option<Value>,
+        cancel: &CancellationToken,
+        on_retry: &(dyn Fn(RetryNotice) + Send + Sync),
+    ) -> Result<Completion, LlmError> {
         let model = target.endpoint.model.as_str();
         let reasoning = self.is_reasoning(model);
         let request = wire::ChatRequest {
