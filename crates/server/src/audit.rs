@@ -222,7 +222,8 @@ fn parse_cursor(cursor: Option<&str>) -> Result<Option<i64>, ApiError> {
 }
 
 #[utoipa::path(get, path = "/v1/audit", tag = "users", params(AuditParams),
-    responses((status = 200, description = "The audit log, a page at a time (admins only); with format=jsonl, every entry from `cursor` on as JSON lines", body = AuditPage), ErrorResponses),
+    responses((status = 200, description = "The audit log, a page at a time (admins only); with format=jsonl, every entry from `cursor` on as JSON lines (application/jsonl, one AuditView per line)",
+        content((AuditPage = "application/json"), (String = "application/jsonl"))), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn list_audit(
     State(st): State<Arc<AppState>>,

@@ -10,6 +10,7 @@ pub mod egress_ceiling;
 pub mod egress_page;
 pub mod flow;
 pub mod mcp;
+pub mod metrics;
 pub mod replicas;
 pub mod server;
 pub mod server_runs;

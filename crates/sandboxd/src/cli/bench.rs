@@ -16,7 +16,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, metrics, or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -153,12 +153,23 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     if all || args.group == "pool" {
         super::bench_pool::pool(&ctx, args.iterations).await?;
     }
+    if all || args.group == "metrics" {
+        println!("### `/metrics` (issue 28)");
+        println!();
+        println!("| measurement | p50 ms | p99 ms |");
+        println!("|---|---|---|");
+        println!(
+            "{}",
+            sandboxd::bench::metrics::report(1000, args.iterations)
+        );
+        println!();
+    }
     if all || args.group == "ui" {
         ui(manager.clone(), &ctx, args.iterations.min(10)).await?;
     }
     if ![
         "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "egress",
-        "serve", "a2a", "pool", "ui",
+        "serve", "a2a", "pool", "ui", "metrics",
     ]
     .contains(&args.group.as_str())
     {

@@ -215,7 +215,8 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    fn http(&self, method: &'static str, route: String, status: u16, took: Duration) {
+    /// Counts one HTTP request (the `track` layer; public for the bench).
+    pub fn http(&self, method: &'static str, route: String, status: u16, took: Duration) {
         self.http_seconds
             .get_or_create(&RouteTime {
                 method,
