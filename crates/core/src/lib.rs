@@ -15,6 +15,7 @@ pub mod events;
 pub mod flow;
 pub mod llm;
 pub mod mcp;
+pub mod metrics;
 pub mod research;
 pub mod sandbox;
 pub mod store;

@@ -31,6 +31,7 @@ use sandboxd_core::store::StoreError;
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
+mod audit;
 mod credentials;
 mod edges;
 mod egress;

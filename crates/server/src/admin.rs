@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 
 use crate::AppState;
 use crate::accounts::{self, AccountError};
+use crate::audit::{self, Who};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ErrorCode, ErrorResponses};
 use crate::quota::Quota;
@@ -105,6 +106,7 @@ impl From<AccountError> for ApiError {
 pub async fn create_user(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
+    who: Who,
     ApiJson(body): ApiJson<CreateUser>,
 ) -> Result<(StatusCode, Json<NewKey>), ApiError> {
     admin_only(&caller)?;
@@ -116,6 +118,8 @@ pub async fn create_user(
         Default::default(),
     )
     .await?;
+    let details = serde_json::json!({"admin": user.admin, "key_prefix": user.key_prefix, "expires_at": user.expires_at});
+    audit::record(&st, &who, "user.create", &user.name, details).await;
     let user = view(&st, &user).await?;
     Ok((StatusCode::CREATED, Json(NewKey { user, key })))
 }
@@ -127,6 +131,7 @@ pub async fn create_user(
 pub async fn delete_user(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
+    who: Who,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     admin_only(&caller)?;
@@ -138,6 +143,8 @@ pub async fn delete_user(
     }
     let user = st.store.user_by_name(&name).await?;
     let live = accounts::remove(st.store.as_ref(), &name).await?;
+    let details = serde_json::json!({"sessions_ended": live.len()});
+    audit::record(&st, &who, "user.remove", &name, details).await;
     if let Some(user) = &user {
         user_removed(&st, &user.id).await;
     }
@@ -172,10 +179,13 @@ async fn user_removed(st: &AppState, user_id: &str) {
 pub async fn rotate_user(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
+    who: Who,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<NewKey>, ApiError> {
     admin_only(&caller)?;
     let (user, key) = accounts::rotate(st.store.as_ref(), &name, None).await?;
+    let details = serde_json::json!({"key_prefix": user.key_prefix});
+    audit::record(&st, &who, "key.rotate", &user.name, details).await;
     // Every credential the user had (the old key, its sign-ins) is dead, and nothing can
     // have opened a stream with the new key before this answer.
     st.streams.revoke_user(&user.id, Revoked::Rotated);

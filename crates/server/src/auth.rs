@@ -28,6 +28,10 @@ pub const KEY_PREFIX: &str = "sbx_";
 const DISPLAY_CHARS: usize = 10;
 /// last_used_at is written at most this often per user.
 const TOUCH_EVERY_MS: i64 = 60_000;
+/// A key used after this long without use (or for the first time) is an audit entry
+/// (`key.use`); its last use is then written before the request goes on, so the next
+/// request does not count again.
+pub const KEY_IDLE_MS: i64 = 3_600_000;
 /// Source addresses tracked at once; the oldest windows go first when full.
 const MAX_TRACKED: u32 = 10_000;
 /// The throttle's window: a source's failures are counted for this long from its first.
@@ -66,6 +70,8 @@ pub enum Credential {
 pub struct Caller {
     pub user: Arc<User>,
     pub credential: Credential,
+    /// The request's actor, id and client address, for its audit entries.
+    pub who: crate::audit::Who,
 }
 
 impl Caller {
@@ -149,14 +155,19 @@ pub async fn authenticate(state: &AppState, token: &str) -> Result<Option<Arc<Us
     if !token.starts_with(KEY_PREFIX) || token.len() > 128 {
         return Ok(None);
     }
-    let Some(user) = state.store.user_by_key(hash_key(token)).await? else {
+    let lookup = state.store.user_by_key(hash_key(token));
+    let Some(user) = crate::metrics::store_timed("user_by_key", lookup).await? else {
         return Ok(None);
     };
     let now = now_ms();
     if user.expires_at.is_some_and(|e| e <= now) {
         return Ok(None);
     }
-    if user.last_used_at.is_none_or(|t| now - t > TOUCH_EVERY_MS) {
+    if user.last_used_at.is_none_or(|t| now - t > KEY_IDLE_MS) {
+        if let Err(e) = state.store.touch_user(&user.id, now).await {
+            tracing::warn!(error = %e, "could not record a key's last use");
+        }
+    } else if user.last_used_at.is_none_or(|t| now - t > TOUCH_EVERY_MS) {
         let store = state.store.clone();
         let id = user.id.clone();
         tokio::spawn(async move {
@@ -213,6 +224,7 @@ pub async fn require_user(
             Ok(u) => u.map(|user| Caller {
                 user,
                 credential: Credential::Key(hash_key(token)),
+                who: Default::default(),
             }),
             Err(e) => return e.into_response(),
         },
@@ -227,16 +239,34 @@ pub async fn require_user(
                 Some(Caller {
                     user: Arc::new(login.user),
                     credential: Credential::SignIn(hash),
+                    who: Default::default(),
                 })
             }
             Ok(None) => None,
             Err(e) => return e.into_response(),
         },
     };
-    let Some(caller) = caller else {
+    let Some(mut caller) = caller else {
         return refuse(&state, client).await;
     };
+    caller.who = crate::audit::Who {
+        actor: caller.user.name.clone(),
+        request_id: req
+            .extensions()
+            .get::<crate::audit::RequestId>()
+            .map(|r| r.0.clone())
+            .unwrap_or_default(),
+        client: client.to_string(),
+    };
     let name = caller.user.name.clone();
+    let last = caller.user.last_used_at;
+    let idle = matches!(caller.credential, Credential::Key(_))
+        && last.is_none_or(|t| now_ms() - t > KEY_IDLE_MS);
+    if idle {
+        let details =
+            serde_json::json!({"key_prefix": caller.user.key_prefix, "last_used_at": last});
+        crate::audit::record(&state, &caller.who, "key.use", &name, details).await;
+    }
     req.extensions_mut().insert(caller);
     let mut resp = next.run(req).await;
     resp.extensions_mut().insert(crate::http::AccessUser(name));

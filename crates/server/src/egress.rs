@@ -259,6 +259,8 @@ pub async fn put_egress(
         ));
     }
     tracing::info!(target: TRACE_TARGET, session = %row.id, policy = %body.egress, "egress policy changed");
+    let details = serde_json::json!({"owner": row.owner, "policy": body.egress.to_string()});
+    crate::audit::record(&st, &caller.who, "egress.policy", &row.id, details).await;
     // This replica's sandbox object follows at once (its shell and python before their next
     // command); another replica's when it next reads the row (attach::live).
     if row.state == SessionState::Running
@@ -300,6 +302,9 @@ pub struct StoreAudit {
 impl EgressAudit for StoreAudit {
     async fn record(&self, record: EgressRecord) {
         let record = bounded(&record);
+        if let Some(m) = crate::metrics::get() {
+            m.egress(record.allowed, record.bytes_up, record.bytes_down);
+        }
         tracing::info!(target: TRACE_TARGET, session = %record.session, owner = %record.owner,
             host = %record.host, port = record.port, allowed = record.allowed, rule = %record.rule,
             bytes_up = record.bytes_up, bytes_down = record.bytes_down, "{record}");

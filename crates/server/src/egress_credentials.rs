@@ -169,6 +169,16 @@ pub async fn put_credential(
         user_credentials::attach(st.store.as_ref(), &st.config.egress, &limit, &owner, new).await?;
     tracing::info!(target: sandboxd_core::egress::TRACE_TARGET, owner = %owner, host = %info.host,
         header = %info.header, "egress credential attached");
+    let details =
+        serde_json::json!({"owner": owner, "header": info.header, "allow_http": info.allow_http});
+    crate::audit::record(
+        &st,
+        &caller.who,
+        "egress.credential.put",
+        &info.host,
+        details,
+    )
+    .await;
     follow_owner(&st, &owner).await;
     Ok(Json(CredentialView::from(&info)))
 }
@@ -194,6 +204,8 @@ pub async fn delete_credential(
     }
     tracing::info!(target: sandboxd_core::egress::TRACE_TARGET, owner = %owner, host = %host,
         "egress credential removed");
+    let details = serde_json::json!({"owner": owner});
+    crate::audit::record(&st, &caller.who, "egress.credential.remove", &host, details).await;
     follow_owner(&st, &owner).await;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -107,7 +107,13 @@ async fn api_sweep(st: &AppState) {
 async fn end_row(st: &AppState, row: &SessionRow, reason: &str) {
     tracing::info!(session = %row.id, %reason, "the session ended");
     st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
-    if let Err(e) = st.store.end_session(&row.id, reason, now_ms()).await {
-        tracing::warn!(session = %row.id, error = %e, "could not end a session's row");
+    match st.store.end_session(&row.id, reason, now_ms()).await {
+        Ok(true) => {
+            let details = serde_json::json!({"owner": row.owner, "reason": reason, "handle": row.container_id});
+            let who = crate::audit::Who::system();
+            crate::audit::record(st, &who, "session.end", &row.id, details).await;
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(session = %row.id, error = %e, "could not end a session's row"),
     }
 }

@@ -121,6 +121,8 @@ pub async fn access_log(
         None => String::new(),
     };
     let request_id = uuid::Uuid::new_v4().simple().to_string();
+    req.extensions_mut()
+        .insert(crate::audit::RequestId(request_id.clone()));
     let mut resp = next.run(req).await;
     let user = resp
         .extensions()

@@ -29,6 +29,7 @@ pub mod a2a;
 pub mod accounts;
 pub mod admin;
 pub mod attach;
+pub mod audit;
 pub mod auth;
 pub mod backend;
 pub mod e2b;
@@ -46,6 +47,7 @@ pub mod listen;
 pub mod mcp;
 pub mod mcp_http;
 pub mod mcp_quota;
+pub mod metrics;
 pub mod openapi;
 pub mod processes;
 pub use sandboxd_core::config::proxies;
@@ -134,6 +136,8 @@ pub struct AppState {
     pub replica: Arc<replica::Replica>,
     /// The egress proxies of the sessions this replica holds.
     pub egress_proxies: egress_proxies::Proxies,
+    /// This process's metrics (`/metrics`).
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -245,6 +249,7 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
         .routes(l(Short, routes!(admin::users, admin::create_user)))
         .routes(l(Short, routes!(admin::delete_user)))
         .routes(l(Short, routes!(admin::rotate_user)))
+        .routes(l(Short, routes!(audit::list_audit)))
 }
 
 fn health_routes() -> OpenApiRouter<Shared> {
@@ -268,6 +273,7 @@ pub fn app(state: Shared) -> Router {
     let (api, _) = routes(&state.config)
         .route("/v1/openapi.json", get(openapi_json))
         .route("/mcp", any(mcp::handle))
+        .route(metrics::http::PATH, get(metrics::http::admin_scrape))
         .route(
             a2a::card::PATH,
             post(a2a::handle).layer(DefaultBodyLimit::max(
@@ -295,6 +301,10 @@ pub fn app(state: Shared) -> Router {
         .layer(from_fn_with_state(state.proxies.clone(), http::access_log))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             http::panic_response,
+        ))
+        .layer(from_fn_with_state(
+            state.metrics.clone(),
+            metrics::http::track,
         ))
 }
 
@@ -350,12 +360,46 @@ fn run_context(config: &Config) -> Result<sandboxd_core::agent::RunContext, Stri
         .map_err(|e| e.to_string())
 }
 
+/// The connection bounds of the configured `[server]`, the cap lowered (with a warning) to
+/// half the open-file limit.
+fn connection_bounds(server: &ServerConfig) -> listen::Bounds {
+    let nofile = listen::nofile::soft_limit();
+    let bounds = listen::Bounds::new(server, nofile);
+    if (bounds.max_connections as u64) < server.max_connections {
+        tracing::warn!(
+            configured = server.max_connections,
+            cap = bounds.max_connections,
+            open_file_limit = nofile,
+            "[server] max_connections is lowered to half the open-file limit; raise LimitNOFILE= to allow more"
+        );
+    }
+    bounds
+}
+
+/// Binds `[server] metrics_listen` (None when empty; checked at load).
+async fn bind_metrics(text: &str) -> anyhow::Result<Option<TcpListener>> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let addr: SocketAddr = text
+        .parse()
+        .map_err(|e| anyhow::anyhow!("[server] metrics_listen {text:?}: {e}"))?;
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    tracing::info!(addr = %addr, "serving GET /metrics without authentication on [server] metrics_listen");
+    Ok(Some(l))
+}
+
 /// A bound server, reconciled with the engine, not yet serving.
 pub struct Server {
     pub state: Shared,
     listener: TcpListener,
     pub addr: SocketAddr,
     pub reconciled: reconcile::Reconciled,
+    /// `[server] metrics_listen`, bound.
+    metrics_listener: Option<TcpListener>,
 }
 
 impl Server {
@@ -415,6 +459,8 @@ impl Server {
             shutdown.clone(),
         );
         let throttle = auth::Throttle::new(config.server.auth_failures_per_minute, store.clone());
+        let metrics = metrics::install(&config.runtime.backend, config.pool.size);
+        let metrics_listener = bind_metrics(&config.server.metrics_listen).await?;
         let state = Arc::new(AppState {
             replica,
             transfers,
@@ -429,6 +475,7 @@ impl Server {
             tool_specs,
             shutdown,
             config,
+            metrics,
         });
         let reconciled = reconcile::at_start(&state).await?;
         let listener = TcpListener::bind(addr)
@@ -442,6 +489,7 @@ impl Server {
             listener,
             addr,
             reconciled,
+            metrics_listener,
         })
     }
 
@@ -480,15 +528,13 @@ impl Server {
         // warm sandbox for an orphan) and is closed by `remove_mcp_sessions` below.
         let pool = state.backend.manager().spawn_pool();
         // Timeouts, the connection cap and TCP_NODELAY: see listen.rs.
-        let nofile = listen::nofile::soft_limit();
-        let bounds = listen::Bounds::new(&state.config.server, nofile);
-        if (bounds.max_connections as u64) < state.config.server.max_connections {
-            tracing::warn!(
-                configured = state.config.server.max_connections,
-                cap = bounds.max_connections,
-                open_file_limit = nofile,
-                "[server] max_connections is lowered to half the open-file limit; raise LimitNOFILE= to allow more"
-            );
+        let bounds = connection_bounds(&state.config.server);
+        if let Some(l) = self.metrics_listener {
+            tokio::spawn(metrics::http::serve_open(
+                l,
+                state.clone(),
+                shutdown.clone(),
+            ));
         }
         let server = listen::serve(self.listener, app(state.clone()), bounds, shutdown.clone());
         let drain = Duration::from_secs(state.config.server.drain_secs);

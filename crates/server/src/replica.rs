@@ -82,7 +82,7 @@ impl Replica {
                 if me.silent.load(Ordering::SeqCst) {
                     continue;
                 }
-                match me.beat(store.as_ref()).await {
+                match crate::metrics::store_timed("lease_renew", me.beat(store.as_ref())).await {
                     Ok(()) => {}
                     Err(e) if me.fenced() => {
                         tracing::error!(replica = %me.id, error = %e, "the replica's lease ran out: it drives nothing until a beat gets through")

@@ -74,7 +74,11 @@ async fn end(st: &AppState, caller: &Caller, row: &SessionRow) -> Result<(), Api
         st.mcp.end_session(row, reason).await;
         return Ok(());
     }
-    st.store.end_session(&row.id, reason, now_ms()).await?;
+    if st.store.end_session(&row.id, reason, now_ms()).await? {
+        let details =
+            serde_json::json!({"owner": row.owner, "reason": reason, "handle": row.container_id});
+        crate::audit::record(st, &caller.who, "session.end", &row.id, details).await;
+    }
     st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
     // The row read before it ended: a session still being created has no container yet,
     // and one made after this is removed by the upkeep (its row ended).

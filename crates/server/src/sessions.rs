@@ -70,7 +70,13 @@ pub async fn owned_row(st: &AppState, caller: &Caller, id: &str) -> Result<Sessi
         st.store.session(id).await?
     };
     match row {
-        Some(r) if caller.owns(&r.owner) => Ok(r),
+        Some(r) if caller.owns(&r.owner) => {
+            if r.owner != caller.user.id {
+                let details = serde_json::json!({"owner": r.owner});
+                crate::audit::record(st, &caller.who, "admin.session_access", &r.id, details).await;
+            }
+            Ok(r)
+        }
         _ => Err(ApiError::not_found("session", id)),
     }
 }
@@ -136,8 +142,22 @@ pub async fn create_session(
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     let row = create(&st, &caller, body).await?;
+    audit_created(&st, &caller, &row).await;
     let view = Session::of(&row, &st.config.runtime.backend);
     Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// The `session.create` entry: who, the limits, the backend and its handle.
+pub async fn audit_created(st: &AppState, caller: &Caller, row: &SessionRow) {
+    let details = serde_json::json!({
+        "owner": row.owner,
+        "limits": row.limits,
+        "backend": st.config.runtime.backend,
+        "handle": row.container_id,
+        "runtime_id": row.runtime_id,
+        "egress": row.egress.to_string(),
+    });
+    crate::audit::record(st, &caller.who, "session.create", &row.id, details).await;
 }
 
 /// Makes a session for the caller (within their quota and ceilings), running; also how
@@ -416,6 +436,7 @@ pub async fn exec(
         Ok(o) => o,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
     };
+    st.metrics.exec(out.duration);
     let result = ExecResult {
         exit_code: out.exit_code,
         stdout: out.stdout_lossy(),

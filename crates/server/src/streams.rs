@@ -302,6 +302,7 @@ mod tests {
                 quota: Default::default(),
             }),
             credential,
+            who: Default::default(),
         }
     }
 
@@ -354,6 +355,7 @@ mod tests {
         let as_ann = |credential| Caller {
             user: Arc::new(ann.clone()),
             credential,
+            who: Default::default(),
         };
         let by_key = s
             .open(
@@ -368,6 +370,7 @@ mod tests {
         let other = Caller {
             user: Arc::new(bob),
             credential: Credential::Key(hash_key(&bob_key)),
+            who: Default::default(),
         };
         let bobs = s.open(&other, Kind::Stream, &root).unwrap();
         s.recheck(&store).await;

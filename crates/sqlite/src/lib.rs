@@ -23,6 +23,7 @@ use async_trait::async_trait;
 use rusqlite::{TransactionBehavior, params};
 use tokio::sync::Semaphore;
 
+mod audit;
 mod credentials;
 mod edges;
 mod egress;
@@ -55,6 +56,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v10.sql"),
     include_str!("schema_v11.sql"),
     include_str!("schema_v12.sql"),
+    include_str!("schema_v13.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

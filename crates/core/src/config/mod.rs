@@ -28,7 +28,7 @@ pub use egress::{EgressConfig, EgressPolicy};
 pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
 pub use remote_agents::RemoteAgentConfig;
 pub use runtime::{BackendKind, KubernetesConfig, RuntimeConfig};
-pub use server::{QuotasConfig, ServerConfig};
+pub use server::{AuditConfig, QuotasConfig, ServerConfig};
 pub use store::{StoreConfig, StoreKind};
 pub use templates::{DEFAULT_TEMPLATE, TemplateConfig, TemplateFile};
 
@@ -81,6 +81,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// The per-session egress proxy: default and widest policy, caps.
     pub egress: EgressConfig,
+    /// `sandboxd serve`'s audit log: how long and how much it keeps.
+    pub audit: server::AuditConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
     /// Named sandbox images beyond the default (`[[templates]]`, see templates.rs).
@@ -470,6 +472,7 @@ impl Config {
             }
         })?;
         config.server.validate()?;
+        config.audit.validate()?;
         config.store.validate()?;
         config.runtime.validate()?;
         templates::validate(&config.templates)?;
@@ -519,6 +522,7 @@ const SECTIONS: &[&str] = &[
     "quotas",
     "store",
     "egress",
+    "audit",
 ];
 
 fn apply_env(

@@ -1,5 +1,5 @@
-//! The `[server]` and `[quotas]` config sections of `sandboxd serve` (how one user's quota is
-//! worked out from them lives with the server: its `quota.rs`).
+//! The `[server]`, `[quotas]` and `[audit]` config sections of `sandboxd serve` (how one
+//! user's quota is worked out from them lives with the server: its `quota.rs`).
 
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +64,10 @@ pub struct ServerConfig {
     /// the others once its lease has run out, so a replica killed with `kill -9` is noticed
     /// within this bound. At least 1.
     pub lease_secs: u64,
+    /// A second address that serves only `GET /metrics`, without authentication (for a
+    /// Prometheus on a private network); empty = none. On the main address `/metrics` needs
+    /// an admin's key.
+    pub metrics_listen: String,
 }
 
 /// The longest replica lease: a dead replica's runs must not wait longer to be noticed.
@@ -94,6 +98,7 @@ impl Default for ServerConfig {
             idle_timeout_secs: 60,
             max_connections: 1024,
             lease_secs: 5,
+            metrics_listen: String::new(),
         }
     }
 }
@@ -144,6 +149,15 @@ impl ServerConfig {
             return Err(ConfigError::Invalid {
                 key: "server.streams_per_user".into(),
                 message: "0 would refuse every event stream; the default is 16".into(),
+            });
+        }
+        let metrics = self.metrics_listen.trim();
+        if !metrics.is_empty() && metrics.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::Invalid {
+                key: "server.metrics_listen".into(),
+                message: format!(
+                    "{metrics:?} is not an address and port such as 127.0.0.1:9464; leave it empty to serve /metrics only to admins on the main address"
+                ),
             });
         }
         self.validate_connections()
@@ -290,5 +304,48 @@ mod tests {
             );
         }
         ServerConfig::default().validate().unwrap();
+    }
+}
+
+/// `[audit]`: the audit log's bound (entries past either go with the next append).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Entries older than this many days go; at least 1.
+    pub retention_days: u64,
+    /// At most this many entries stay (the oldest go first); at least 1000.
+    pub max_rows: u64,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self {
+            retention_days: 365,
+            max_rows: 1_000_000,
+        }
+    }
+}
+
+impl AuditConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=36_500).contains(&self.retention_days) {
+            return Err(ConfigError::Invalid {
+                key: "audit.retention_days".into(),
+                message: format!(
+                    "{} is not between 1 and 36500 days; the default is 365",
+                    self.retention_days
+                ),
+            });
+        }
+        if self.max_rows < 1000 {
+            return Err(ConfigError::Invalid {
+                key: "audit.max_rows".into(),
+                message: format!(
+                    "{} would keep too little to answer who did what; give at least 1000 (the default is 1000000)",
+                    self.max_rows
+                ),
+            });
+        }
+        Ok(())
     }
 }

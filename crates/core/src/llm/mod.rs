@@ -270,6 +270,8 @@ impl LlmClient {
         })
     }
 
+    /// `chat_attempts`, measured for the metrics (`crate::metrics`): one request per turn,
+    /// its retries included.
     async fn chat_with_choice(
         &self,
         messages: &[Message],
@@ -283,6 +285,36 @@ impl LlmClient {
             Some(v) if messages.iter().any(Message::has_image) => v,
             _ => &self.main,
         };
+        let started = std::time::Instant::now();
+        let out = self
+            .chat_attempts(target, messages, tools, tool_choice, cancel, on_retry, on_text)
+            .await;
+        if let Some(m) = crate::metrics::recorder() {
+            let usage = out.as_ref().map(|c| c.usage).unwrap_or_default();
+            m.llm_request(crate::metrics::LlmCall {
+                model: &target.endpoint.model,
+                took: started.elapsed(),
+                ok: out.is_ok(),
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens: usage.completion_tokens,
+            });
+        }
+        out
+    }
+
+    /// The attempts of one request (streamed when `on_text` is given and the server allows
+    /// it), with retries and their notices.
+    #[allow(clippy::too_many_arguments)]
+    async fn chat_attempts(
+        &self,
+        target: &Target,
+        messages: &[Message],
+        tools: &[Value],
+        tool_choice: Option<Value>,
+        cancel: &CancellationToken,
+        on_retry: &(dyn Fn(RetryNotice) + Send + Sync),
+        on_text: Option<&(dyn Fn(&str) + Send + Sync)>,
+    ) -> Result<Completion, LlmError> {
         let mut request = self.request(&target.endpoint.model, messages, tools, tool_choice);
         let max = self.settings.max_attempts;
         let mut attempt = 1;

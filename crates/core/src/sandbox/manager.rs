@@ -446,6 +446,7 @@ impl SessionManager {
             .lowered(request)
             .map_err(|e| SandboxError::InvalidRequest(e.to_string()))?;
         let reservation = self.reserve(owner)?;
+        let started = std::time::Instant::now();
         let warm = match image {
             None => self.claim(owner, &limits, options.keep).await,
             Some(_) => None,
@@ -464,6 +465,7 @@ impl SessionManager {
                 .sessions
                 .insert(warm.session_id, session.clone());
             drop(reservation);
+            crate::metrics::session_created(crate::metrics::Claim::Warm, started);
             return Ok(session);
         }
         self.make_room();
@@ -507,6 +509,7 @@ impl SessionManager {
             .sessions
             .insert(spec.session_id, session.clone());
         drop(reservation);
+        crate::metrics::session_created(crate::metrics::Claim::Cold, started);
         Ok(session)
     }
 
@@ -677,6 +680,18 @@ impl SessionManager {
     }
 
     /// Sessions held by this process.
+    /// How many sessions this process holds and is making, and its warm pool (for the
+    /// metrics: cheap, no await).
+    pub fn census(&self) -> crate::metrics::Census {
+        let t = lock(&self.table);
+        crate::metrics::Census {
+            live: t.sessions.len(),
+            starting: t.starting.values().sum(),
+            warm: t.pool.len(),
+            filling: t.filling,
+        }
+    }
+
     pub async fn live(&self) -> Vec<Arc<Session>> {
         lock(&self.table).sessions.values().cloned().collect()
     }

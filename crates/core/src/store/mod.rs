@@ -6,6 +6,7 @@
 //! binary picks one. Times are unix milliseconds. Rows carry the owner's user id; the callers (the
 //! server) compare it with the caller on every access, the store only stores.
 
+pub mod audit;
 pub mod conversation;
 pub mod egress;
 pub mod egress_credentials;
@@ -21,6 +22,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use audit::{Audit, AuditBound, AuditEntry, AuditQuery, NewAudit};
 pub use egress::{EgressCounters, EgressLog};
 pub use egress_credentials::{EgressCredentials, StoredCredential};
 pub use mcp_sessions::{McpSandbox, McpSessionRow, McpSessions};
@@ -365,6 +367,7 @@ pub trait Store:
     + McpSessions
     + EgressLog
     + EgressCredentials
+    + Audit
     + Send
     + Sync
 {

@@ -134,10 +134,16 @@ impl ToolRegistry {
                 "bad arguments for {name}: {msg}"
             )));
         }
-        match tool.execute(args, ctx).await {
+        let started = std::time::Instant::now();
+        let result = match tool.execute(args, ctx).await {
             Ok(r) => Ok(r),
             Err(e) => e.into_observation(),
+        };
+        if let Some(m) = crate::metrics::recorder() {
+            let failed = !matches!(&result, Ok(r) if r.error.is_none());
+            m.tool_call(crate::metrics::tool_label(name), started.elapsed(), failed);
         }
+        result
     }
 }
 

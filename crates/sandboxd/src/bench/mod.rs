@@ -12,6 +12,7 @@ pub mod egress_page;
 pub mod flow;
 pub mod mcp;
 pub mod mcp_stdio;
+pub mod metrics;
 pub mod replicas;
 pub mod server;
 pub mod server_runs;

@@ -16,7 +16,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, stream, e2b (not in all: it needs the E2B SDKs' venv), or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, stream, metrics, e2b (not in all: it needs the E2B SDKs' venv), or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -157,6 +157,17 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
         // Not in `all`: it needs the E2B SDKs' venv.
         super::bench_e2b::e2b(&ctx, args.iterations).await?;
     }
+    if all || args.group == "metrics" {
+        println!("### `/metrics` (issue 28)");
+        println!();
+        println!("| measurement | p50 ms | p99 ms |");
+        println!("|---|---|---|");
+        println!(
+            "{}",
+            sandboxd::bench::metrics::report(1000, args.iterations)
+        );
+        println!();
+    }
     if all || args.group == "ui" {
         ui(manager.clone(), &ctx, args.iterations.min(10)).await?;
     }
@@ -165,12 +176,12 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     }
     if ![
         "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "egress",
-        "serve", "a2a", "pool", "ui", "stream", "e2b",
+        "serve", "a2a", "pool", "ui", "stream", "metrics", "e2b",
     ]
     .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a, pool, ui, stream, e2b or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a, pool, ui, stream, metrics, e2b or all",
             args.group
         );
     }

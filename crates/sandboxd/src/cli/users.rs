@@ -8,6 +8,7 @@ use sandboxd_core::config::egress::EgressPolicy;
 use sandboxd_core::store::{QuotaOverride, Store, now_ms};
 use sandboxd_server::accounts::{self, AccountError, expiry};
 use sandboxd_server::quota::Quota;
+use serde_json::json;
 
 use super::Ctx;
 
@@ -101,11 +102,18 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
             admin,
             expires_in_days,
             quota,
-        } => add(store.as_ref(), &name, admin, expires_in_days, &quota).await?,
+        } => {
+            add(store.as_ref(), &name, admin, expires_in_days, &quota).await?;
+            let details = json!({"admin": admin, "expires_in_days": expires_in_days});
+            audit(&ctx, store.as_ref(), "user.create", &name, details).await;
+        }
         UsersCommand::List => list(&ctx, store.as_ref()).await?,
         UsersCommand::Rm { name } => {
             match accounts::remove(store.as_ref(), &name).await {
-                Ok(_) => {}
+                Ok(live) => {
+                    let details = json!({"sessions_ended": live.len()});
+                    audit(&ctx, store.as_ref(), "user.remove", &name, details).await;
+                }
                 Err(AccountError::NoSuchUser(_)) => {
                     bail!("no user named {name:?} (see `sandboxd users list`)")
                 }
@@ -121,7 +129,11 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
         } => {
             let text = match accounts::rotate(store.as_ref(), &name, expiry(expires_in_days)).await
             {
-                Ok((_, text)) => text,
+                Ok((u, text)) => {
+                    let details = json!({"key_prefix": u.key_prefix});
+                    audit(&ctx, store.as_ref(), "key.rotate", &name, details).await;
+                    text
+                }
                 Err(AccountError::NoSuchUser(_)) => {
                     bail!("no user named {name:?} (see `sandboxd users list`)")
                 }
@@ -131,40 +143,66 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
             println!("{text}");
         }
         UsersCommand::Quota { name, quota } => {
-            let Some(u) = store.user_by_name(&name).await? else {
-                bail!("no user named {name:?} (see `sandboxd users list`)");
-            };
-            let merged = u.quota.merged(&quota.to_override());
-            store.set_quota(&name, merged.clone()).await?;
-            let q = Quota::resolve(&ctx.config.quotas, &merged, &ctx.config.limits);
-            eprintln!(
-                "{name}: {} sessions, {} runs, {} input tokens/day (0 = no limit); ceilings memory {} MB, {} CPUs, {} pids, workspace {} MB, tmp {} MB",
-                q.sessions,
-                q.runs,
-                q.input_tokens_per_day,
-                q.ceiling.memory_mb,
-                q.ceiling.cpus,
-                q.ceiling.pids,
-                q.ceiling.workspace_mb,
-                q.ceiling.tmp_mb
-            );
-            match &merged.egress {
-                Some(e) => {
-                    eprintln!("{name}: egress at most {e} (and [egress] widest)");
-                    if let Err(m) = e.within(&ctx.config.egress.widest) {
-                        eprintln!(
-                            "sandboxd: note: {m}: [egress] widest still applies, so {name}'s sessions get only what both allow"
-                        );
-                    }
-                }
-                None => eprintln!(
-                    "{name}: egress at most [egress] widest ({})",
-                    ctx.config.egress.widest
-                ),
-            }
+            set_quota(&ctx, store.as_ref(), &name, &quota).await?
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `users quota NAME …`: the overrides merged into the user's, recorded, and the result shown.
+async fn set_quota(
+    ctx: &Ctx,
+    store: &dyn Store,
+    name: &str,
+    quota: &QuotaArgs,
+) -> anyhow::Result<()> {
+    let Some(u) = store.user_by_name(name).await? else {
+        bail!("no user named {name:?} (see `sandboxd users list`)");
+    };
+    let merged = u.quota.merged(&quota.to_override());
+    store.set_quota(name, merged.clone()).await?;
+    let details = serde_json::to_value(&merged).unwrap_or_default();
+    audit(ctx, store, "user.quota", name, details).await;
+    let q = Quota::resolve(&ctx.config.quotas, &merged, &ctx.config.limits);
+    eprintln!(
+        "{name}: {} sessions, {} runs, {} input tokens/day (0 = no limit); ceilings memory {} MB, {} CPUs, {} pids, workspace {} MB, tmp {} MB",
+        q.sessions,
+        q.runs,
+        q.input_tokens_per_day,
+        q.ceiling.memory_mb,
+        q.ceiling.cpus,
+        q.ceiling.pids,
+        q.ceiling.workspace_mb,
+        q.ceiling.tmp_mb
+    );
+    match &merged.egress {
+        Some(e) => {
+            eprintln!("{name}: egress at most {e} (and [egress] widest)");
+            if let Err(m) = e.within(&ctx.config.egress.widest) {
+                eprintln!(
+                    "sandboxd: note: {m}: [egress] widest still applies, so {name}'s sessions get only what both allow"
+                );
+            }
+        }
+        None => eprintln!(
+            "{name}: egress at most [egress] widest ({})",
+            ctx.config.egress.widest
+        ),
+    }
+    Ok(())
+}
+
+/// An audit entry by `cli` (the host's admin), bounded by the config's `[audit]`.
+async fn audit(
+    ctx: &Ctx,
+    store: &dyn Store,
+    action: &str,
+    target: &str,
+    details: serde_json::Value,
+) {
+    let who = sandboxd_server::audit::Who::cli();
+    sandboxd_server::audit::record_in(store, &ctx.config.audit, &who, action, target, details)
+        .await;
 }
 
 /// Creates the user and prints their key, once; a name in use is refused.

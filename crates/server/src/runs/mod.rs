@@ -445,6 +445,9 @@ impl RunService {
             ended_at: Some(now_ms()),
             ..Default::default()
         };
+        if let Some(m) = crate::metrics::get() {
+            m.run_ended(state.as_str());
+        }
         let kind = EventKind::RunState {
             state: state.as_str().into(),
         };

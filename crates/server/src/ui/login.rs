@@ -138,6 +138,7 @@ pub async fn login(
     State(st): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     client: Option<Extension<ClientAddr>>,
+    who: crate::audit::Who,
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
@@ -151,6 +152,8 @@ pub async fn login(
     let user = match authenticate(&st, form.key.trim()).await {
         Ok(Some(u)) => u,
         Ok(None) => {
+            let details = serde_json::json!({"reason": "not a valid key"});
+            crate::audit::record(&st, &who, "sign_in.failed", "-", details).await;
             return match st.throttle.failed(ip).await {
                 Ok(Some(_)) => pages::login_page(
                     Some("Too many failed sign-ins from your address; wait a minute."),
@@ -184,6 +187,15 @@ pub async fn login(
     if let Err(e) = made {
         return ApiError::from(e).into_response();
     }
+    let details = serde_json::json!({"expires_at": expires_at});
+    crate::audit::record(
+        &st,
+        &who.as_actor(&user.name),
+        "sign_in",
+        &user.name,
+        details,
+    )
+    .await;
     let mut resp = Redirect::to("/runs").into_response();
     if let Some(c) = set_cookie(&token, (expires_at - now) / 1000, is_https(&headers)) {
         resp.headers_mut().insert(header::SET_COOKIE, c);

@@ -56,6 +56,10 @@ impl PageUser {
         Caller {
             user: Arc::new(self.0.user.clone()),
             credential: super::auth::Credential::SignIn(self.1),
+            who: crate::audit::Who {
+                actor: self.0.user.name.clone(),
+                ..Default::default()
+            },
         }
     }
 }

@@ -148,6 +148,7 @@ pub fn admin(login: &Login) -> Response {
 <label><input id=\"new-admin\" type=\"checkbox\"> admin</label><button type=\"submit\">Add user</button></form><div id=\"new-key\" class=\"key\" hidden></div>\
 <div class=\"scroll\"><table class=\"list\"><thead><tr><th>Name</th><th>Admin</th><th>Key</th><th>Sessions</th><th>Runs</th><th>Tokens today</th><th></th></tr></thead><tbody id=\"users\"></tbody></table></div></section>\
 <section class=\"panel\"><h1>Live sessions</h1><div class=\"scroll\"><table class=\"list\"><thead><tr><th>Session</th><th>Owner</th><th>Age</th><th>Idle</th><th></th></tr></thead><tbody id=\"sessions\"></tbody></table></div></section>\
+<section class=\"panel\"><h1>Audit log</h1><p class=\"hint\">The newest 100 entries; <a href=\"/v1/audit?format=jsonl\" download=\"audit.jsonl\">export all as JSON lines</a>.</p><div class=\"scroll\"><table class=\"list\"><thead><tr><th>When</th><th>Actor</th><th>Action</th><th>Target</th><th>Client</th><th>Details</th></tr></thead><tbody id=\"audit\"></tbody></table></div></section>\
 <section class=\"panel\"><h1>Ended sessions</h1><p class=\"hint\">Their runs and events stay until the retention period.</p><div class=\"scroll\"><table class=\"list\"><thead><tr><th>Session</th><th>Owner</th><th>Ended</th><th>Why</th><th></th></tr></thead><tbody id=\"ended-sessions\"></tbody></table></div></section>",
         StatusCode::OK,
     )

@@ -10,6 +10,7 @@
 
 pub mod runtime;
 pub mod store;
+mod store_audit;
 mod store_credentials;
 mod store_edges;
 mod store_egress;

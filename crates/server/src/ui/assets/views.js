@@ -266,6 +266,19 @@ UI.views.admin = async function () {
     if (r.status === 201) { showKey(r.data); $('#new-name').value = ''; users(); } else toast(UI.errorText(r), true);
   });
 
+  // The audit log, newest first; every value is set as text.
+  async function audit() {
+    const r = await api('GET', '/v1/audit?order=newest&limit=100');
+    if (r.status !== 200) { toast(UI.errorText(r), true); return; }
+    const rows = r.data.entries.map((a) => el('tr', { 'data-seq': String(a.seq) },
+      el('td', { text: since(a.at) }), el('td', { text: a.actor }),
+      el('td', {}, el('code', { text: a.action })), el('td', { text: a.target }),
+      el('td', { text: a.client }), el('td', {}, el('code', { text: JSON.stringify(a.details) }))));
+    if (!rows.length) rows.push(el('tr', {}, el('td', { colspan: 6, class: 'hint', text: 'No entries yet.' })));
+    $('#audit').replaceChildren(...rows);
+  }
+
   await users();
   await sessions();
+  await audit();
 };

@@ -1,0 +1,169 @@
+//! The audit log on a real serve (real engine and image): a scripted sequence of admin and
+//! user actions (`sandboxd users` on the host, keys first used, a user made, rotated and
+//! removed, a session made, looked at by an admin and ended, a failed and a good web
+//! sign-in) gives exactly the expected entries in order, with request ids, the client
+//! address, the session's limits and backend handle, and no key anywhere; a non-admin gets
+//! 404 and no key 401; pages joined by their cursors and the JSON lines export are the log.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
+
+use crate::serve;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use serve::{Api, Env};
+
+async fn page(api: &Api, query: &str) -> Value {
+    let (s, v) = api
+        .json(Method::GET, &format!("/v1/audit{query}"), None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scripted_sequence_gives_exactly_the_expected_entries() {
+    let env = Env::new("").await;
+    let root_key = env.add_user("root", &["--admin"]);
+    let bob_key = env.add_user("bob", &[]);
+    let serve = env.start();
+    let root = Api::new(&serve, &root_key);
+    let bob = Api::new(&serve, &bob_key);
+
+    let (s, v) = root
+        .json(Method::POST, "/v1/users", Some(json!({"name": "carol"})))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    env.track_user(v["user"]["id"].as_str().unwrap());
+    let carol_key = v["key"].as_str().unwrap().to_string();
+    let id = bob.session().await;
+    let (s, _) = root
+        .json(Method::GET, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(s, 200);
+    let (s, v) = root
+        .json(Method::POST, "/v1/users/carol/rotate", None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let carol_key2 = v["key"].as_str().unwrap().to_string();
+    let (s, _) = bob
+        .json(Method::DELETE, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(s, 204);
+    let web = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for (key, status) in [("sbx_not-a-key", 401), (bob_key.as_str(), 303)] {
+        let r = web
+            .post(serve.url("/login"))
+            .form(&[("key", key)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status);
+    }
+    let (s, _) = root.json(Method::DELETE, "/v1/users/carol", None).await;
+    assert_eq!(s, 204);
+
+    // Only admins read it: a user's key is 404, none is 401.
+    let (s, _) = bob.json(Method::GET, "/v1/audit", None).await;
+    assert_eq!(s, 404);
+    let anon = reqwest::get(serve.url("/v1/audit")).await.unwrap();
+    assert_eq!(anon.status(), 401);
+
+    let all = page(&root, "?limit=1000").await;
+    assert!(all["next_cursor"].is_null(), "{all}");
+    let entries = all["entries"].as_array().unwrap();
+    let got: Vec<(String, String, String)> = entries
+        .iter()
+        .map(|e| {
+            let f = |k: &str| e[k].as_str().unwrap().to_string();
+            (f("actor"), f("action"), f("target"))
+        })
+        .collect();
+    let t = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+    let expected = vec![
+        t("cli", "user.create", "root"),
+        t("cli", "user.create", "bob"),
+        t("root", "key.use", "root"),
+        t("root", "user.create", "carol"),
+        t("bob", "key.use", "bob"),
+        t("bob", "session.create", &id),
+        t("root", "admin.session_access", &id),
+        t("root", "key.rotate", "carol"),
+        t("bob", "session.end", &id),
+        t("-", "sign_in.failed", "-"),
+        t("bob", "sign_in", "bob"),
+        t("root", "user.remove", "carol"),
+    ];
+    assert_eq!(got, expected, "{all:#}");
+
+    // What each entry carries: a request id and the client for those made by requests.
+    for e in &entries[2..] {
+        assert_eq!(e["client"], "127.0.0.1", "{e}");
+        assert_eq!(e["request_id"].as_str().unwrap().len(), 32, "{e}");
+    }
+    let created = &entries[5]["details"];
+    assert_eq!(created["backend"], "docker", "{created}");
+    assert!(
+        created["limits"]["memory_mb"].as_u64().unwrap() > 0,
+        "{created}"
+    );
+    let handle = created["handle"].as_str().unwrap();
+    assert!(!handle.is_empty());
+    assert_eq!(entries[8]["details"]["handle"], handle);
+    assert_eq!(entries[8]["details"]["reason"], "ended by its owner");
+    let text = all.to_string();
+    for key in [&root_key, &bob_key, &carol_key, &carol_key2] {
+        assert!(!text.contains(key.as_str()), "a key is in the log");
+    }
+    assert!(!text.contains("sbx_not-a-key"), "a tried key is in the log");
+
+    // Pages of 5 joined by their cursors are the log; so are the newest-first pages.
+    let mut joined = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let p = page(&root, &format!("?limit=5&cursor={cursor}")).await;
+        joined.extend(p["entries"].as_array().unwrap().iter().cloned());
+        match p["next_cursor"].as_str() {
+            Some(c) => cursor = c.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(&joined, entries);
+    let newest = page(&root, "?limit=5&order=newest").await;
+    let seqs: Vec<i64> = newest["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_i64().unwrap())
+        .collect();
+    let last: Vec<i64> = entries
+        .iter()
+        .rev()
+        .take(5)
+        .map(|e| e["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, last);
+
+    // The JSON lines export: every entry, in order, each line parsing alone.
+    let resp = root
+        .req(Method::GET, "/v1/audit?format=jsonl")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/jsonl")
+    );
+    let body = resp.text().await.unwrap();
+    let lines: Vec<Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(&lines, entries);
+}
