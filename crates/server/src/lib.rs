@@ -40,6 +40,7 @@ pub mod exec_stream;
 pub mod file_paths;
 pub mod files;
 pub mod health;
+pub mod hibernate;
 pub mod http;
 pub mod listen;
 pub mod mcp;
@@ -50,6 +51,7 @@ pub use sandboxd_core::config::proxies;
 pub mod quota;
 pub mod reconcile;
 pub mod replica;
+pub mod resume;
 pub mod runs;
 pub mod session_end;
 pub mod sessions;
@@ -213,6 +215,8 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
             ),
         ))
         .routes(l(Short, routes!(session_end::delete_history)))
+        .routes(l(Long, routes!(resume::hibernate_session)))
+        .routes(l(Long, routes!(resume::resume_session)))
         .routes(l(Long, routes!(sessions::exec)))
         .routes(l(Long, routes!(exec_stream::exec_stream)))
         .routes(l(Short, routes!(sessions::list_tools)))
@@ -421,6 +425,10 @@ impl Server {
             shutdown,
             config,
         });
+        state
+            .backend
+            .manager()
+            .set_hibernator(Arc::new(hibernate::ServeHibernator(Arc::downgrade(&state))));
         let reconciled = reconcile::at_start(&state).await?;
         let listener = TcpListener::bind(addr)
             .await

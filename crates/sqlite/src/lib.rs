@@ -54,6 +54,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v9.sql"),
     include_str!("schema_v10.sql"),
     include_str!("schema_v11.sql"),
+    include_str!("schema_v12.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

@@ -9,6 +9,7 @@ pub mod egress;
 pub mod egress_ceiling;
 pub mod egress_page;
 pub mod flow;
+pub mod hibernate;
 pub mod mcp;
 pub mod replicas;
 pub mod server;
