@@ -67,6 +67,15 @@ async fn until_state(api: &Api, id: &str, state: &str) -> Value {
     }
 }
 
+/// Waits (at most 60 s) until the engine has no container of runtime session `rt`.
+async fn until_no_container(rt: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while container_of(rt, false) {
+        assert!(Instant::now() < deadline, "the container of {rt} stays");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 async fn admin_post(admin: &Api, id: &str, what: &str) -> (u16, Value) {
     admin
         .json(Method::POST, &format!("/v1/sessions/{id}/{what}"), None)
@@ -239,7 +248,8 @@ async fn an_idle_session_hibernates_by_itself_then_ends_at_its_idle_timeout() {
     let rt = env.runtime_id(&id).await;
     api.exec(&id, "echo kept > /workspace/k.txt").await;
     until_state(&api, &id, "hibernated").await;
-    assert!(!container_of(&rt, false), "hibernated: no container");
+    // The row changes first, then the container goes.
+    until_no_container(&rt).await;
     let out = api.exec(&id, "cat /workspace/k.txt").await;
     assert_eq!(out["stdout"], "kept\n", "{out}");
     assert!(out["note"].as_str().unwrap().contains("resumed"), "{out}");
