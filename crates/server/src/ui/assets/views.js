@@ -230,7 +230,7 @@ UI.views.admin = async function () {
         const d = await api('POST', '/v1/sessions/' + enc(s.id) + (hibernated ? '/resume' : '/hibernate'));
         if (d.status === 200) { toast('Session ' + d.data.state + '.'); sessions(); } else toast(UI.errorText(d), true);
       });
-      const actions = s.kind === 'mcp' ? el('td', {}, end) : el('td', {}, flip, ' ', end);
+      const actions = s.kind === 'mcp' ? el('td', {}, end) : el('td', {}, end, ' ', flip);
       return el('tr', { 'data-session': s.id, 'data-state': s.state },
         // An MCP client's sandbox has no files page (it is used through /mcp only).
         el('td', {}, s.kind === 'mcp'
