@@ -1,11 +1,12 @@
 //! The `tool_records` table (schema_v2.sql): kept sessions' tool records, opaque bytes per
 //! (session, kind), bounded by `check_record_size` before anything is written. Each method
-//! is one statement, so each is its own transaction.
+//! is one statement, so each is its own transaction. Also the hibernation marks of the
+//! `sessions` table (`SessionSnapshots`, statements in sessions.rs).
 
 use async_trait::async_trait;
 
 use crate::{PgStore, col, execute, query, query_opt};
-use sandboxd_core::store::{StoreError, ToolRecords, check_record_size};
+use sandboxd_core::store::{SessionSnapshots, StoreError, ToolRecords, check_record_size};
 
 #[async_trait]
 impl ToolRecords for PgStore {
@@ -75,5 +76,35 @@ impl ToolRecords for PgStore {
             .collect::<Result<Vec<_>, _>>()?;
         ids.sort();
         Ok(ids)
+    }
+}
+
+#[async_trait]
+impl SessionSnapshots for PgStore {
+    async fn hibernate_session(
+        &self,
+        id: &str,
+        snapshot: &str,
+        used_before: i64,
+    ) -> Result<bool, StoreError> {
+        crate::sessions::hibernate(&self.client().await?, id, snapshot, used_before).await
+    }
+
+    async fn resume_session(
+        &self,
+        id: &str,
+        snapshot: &str,
+        container_id: &str,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        crate::sessions::resume(&self.client().await?, id, snapshot, container_id, now).await
+    }
+
+    async fn end_idle_hibernated(
+        &self,
+        reason: &str,
+        now: i64,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        crate::sessions::end_idle_hibernated(&self.client().await?, reason, now).await
     }
 }

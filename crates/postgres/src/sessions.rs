@@ -13,7 +13,7 @@ use sandboxd_core::store::{
     SessionCaps, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
 };
 
-const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress";
+const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress, template, snapshot";
 
 /// The advisory-lock class of an owner's session cap (the second key is the owner's hash).
 const SESSION_CAP_LOCK: i32 = 1;
@@ -42,6 +42,8 @@ fn from_row(r: &Row) -> Result<(i64, SessionRow), StoreError> {
         ended_at: col(r, 11)?,
         end_reason: col(r, 12)?,
         egress: EgressPolicy::parse(&egress).map_err(|e| corrupt("session egress", e))?,
+        template: col(r, 15)?,
+        snapshot: col(r, 16)?,
     };
     Ok((col(r, 0)?, row))
 }
@@ -129,8 +131,8 @@ pub(crate) async fn reserve(
     }
     execute(
         c,
-        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress)
-         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $6, $7, $8)",
+        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress, template)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $6, $7, $8, $9)",
         &[
             &row.id,
             &row.owner,
@@ -140,6 +142,7 @@ pub(crate) async fn reserve(
             &row.created_at,
             &row.kind.as_str(),
             &row.egress.to_string(),
+            &row.template,
         ],
     )
     .await?;
@@ -160,7 +163,7 @@ pub(crate) async fn end_idle(
     let n = execute(
         c,
         "UPDATE sessions SET state = 'ended', ended_at = $2, end_reason = $3
-         WHERE runtime_id = $1 AND state = 'running'
+         WHERE runtime_id = $1 AND state = 'running' AND snapshot IS NULL
            AND last_used_at + idle_timeout_secs * 1000 <= $2
            AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.session_id = sessions.id
                AND runs.state IN ('queued', 'running', 'waiting_for_human'))",
@@ -168,6 +171,60 @@ pub(crate) async fn end_idle(
     )
     .await?;
     Ok(n > 0)
+}
+
+/// The runs that keep a session from idling out or hibernating.
+const RUN_IN_FLIGHT: &str = "EXISTS (SELECT 1 FROM runs WHERE runs.session_id = sessions.id
+     AND runs.state IN ('queued', 'running', 'waiting_for_human'))";
+
+/// Hibernates the running session `id` (see `SessionSnapshots::hibernate_session`).
+pub(crate) async fn hibernate(
+    c: &impl GenericClient,
+    id: &str,
+    snapshot: &str,
+    used_before: i64,
+) -> Result<bool, StoreError> {
+    let sql = format!(
+        "UPDATE sessions SET snapshot = $2
+         WHERE id = $1 AND state = 'running' AND snapshot IS NULL
+           AND last_used_at <= $3 AND NOT {RUN_IN_FLIGHT}"
+    );
+    Ok(execute(c, &sql, &[&id, &snapshot, &used_before]).await? > 0)
+}
+
+/// Resumes the hibernated session `id` (see `SessionSnapshots::resume_session`).
+pub(crate) async fn resume(
+    c: &impl GenericClient,
+    id: &str,
+    snapshot: &str,
+    container_id: &str,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let n = execute(
+        c,
+        "UPDATE sessions SET snapshot = NULL, container_id = $3,
+             last_used_at = GREATEST(last_used_at, $4)
+         WHERE id = $1 AND state = 'running' AND snapshot = $2",
+        &[&id, &snapshot, &container_id, &now],
+    )
+    .await?;
+    Ok(n > 0)
+}
+
+/// Ends the hibernated sessions idle past their timeout; (id, snapshot) of each.
+pub(crate) async fn end_idle_hibernated(
+    c: &impl GenericClient,
+    reason: &str,
+    now: i64,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let sql = format!(
+        "UPDATE sessions SET state = 'ended', ended_at = $1, end_reason = $2
+         WHERE state = 'running' AND snapshot IS NOT NULL
+           AND last_used_at + idle_timeout_secs * 1000 <= $1 AND NOT {RUN_IN_FLIGHT}
+         RETURNING id, snapshot"
+    );
+    let rows = query(c, &sql, &[&now, &reason]).await?;
+    rows.iter().map(|r| Ok((col(r, 0)?, col(r, 1)?))).collect()
 }
 
 pub(crate) async fn add_holder(

@@ -150,6 +150,15 @@ pub(crate) async fn store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     })
 }
 
+/// The store, if one was made already (an SQLite file that exists, or a Postgres URL):
+/// for commands that only look, and must not make one.
+pub(crate) async fn existing_store(config: &Config) -> anyhow::Result<Option<Arc<dyn Store>>> {
+    if matches!(config.store.kind(), StoreKind::Sqlite) && !sqlite_path(config).exists() {
+        return Ok(None);
+    }
+    store(config).await.map(Some)
+}
+
 /// `sandboxd doctor`'s look at the configured store: what it is and whether it answers,
 /// making nothing: a missing SQLite file is not made and a Postgres schema is not migrated
 /// (an existing SQLite file is opened as every command opens it, which migrates it).

@@ -98,11 +98,7 @@ impl SharedSessions for Books {
 /// hold it yet; None when it cannot be had (its container is gone or could not be
 /// attached: the row is then ended, or the sweep ends it).
 pub async fn live(st: &AppState, row: &SessionRow) -> Option<Arc<Live>> {
-    if let Some(live) = st.backend.get(row).await {
-        note_use(st, &live);
-        // The row was just read: another replica's change of the policy reaches this
-        // replica's shell and python here, before the caller's command.
-        live.sandbox.set_proxy_env(!row.egress.is_off());
+    if let Some(live) = held(st, row).await {
         return Some(live);
     }
     let runtime_id = row.runtime_id.as_deref()?;
@@ -110,6 +106,16 @@ pub async fn live(st: &AppState, row: &SessionRow) -> Option<Arc<Live>> {
     let live = attach(st, row, runtime_id, &holders).await?;
     note_use(st, &live);
     crate::egress_proxies::follow(st, live.session(), row).await;
+    Some(live)
+}
+
+/// The live session a running row names if this replica holds it, marked as used.
+pub async fn held(st: &AppState, row: &SessionRow) -> Option<Arc<Live>> {
+    let live = st.backend.get(row).await?;
+    note_use(st, &live);
+    // The row was just read: another replica's change of the policy reaches this
+    // replica's shell and python here, before the caller's command.
+    live.sandbox.set_proxy_env(!row.egress.is_off());
     Some(live)
 }
 
@@ -283,6 +289,11 @@ pub async fn sweep(st: &AppState, at_start: bool) -> anyhow::Result<Swept> {
                 end_row(st, row, why, &mut out).await;
             }
             (_, SessionState::Creating) | (_, SessionState::Ended) => {}
+            (_, SessionState::Running) if row.hibernated() => {
+                if let Some(c) = found {
+                    left_by_hibernation(st, row, c, &live, &me, &mut out).await;
+                }
+            }
             (_, SessionState::Running) => match found {
                 None => {
                     end_row(st, row, "its container is gone", &mut out).await;
@@ -352,6 +363,39 @@ async fn held_or_orphan(
     } else {
         out.ended
             .push((row.id.clone(), "could not be attached".into()));
+    }
+}
+
+/// A container named by a hibernated row: one a hibernation recorded but could not remove
+/// (its replica stopped, the engine failed). Removed once its replica is gone, or here when
+/// this replica made it and is not resuming the session now.
+async fn left_by_hibernation(
+    st: &AppState,
+    row: &SessionRow,
+    c: &SessionInfo,
+    live: &HashSet<String>,
+    me: &str,
+    out: &mut Swept,
+) {
+    let lock = st.backend.transitions.of(&row.id);
+    let Ok(_quiet) = lock.try_lock() else {
+        return;
+    };
+    let gone = match c.replica.as_deref() {
+        Some(r) if r == me => true,
+        Some(r) => !live.contains(r),
+        None => true,
+    };
+    // Read again under the lock: a resume here may have finished since the sweep's read.
+    let still = matches!(st.store.session(&row.id).await, Ok(Some(r)) if r.hibernated());
+    if gone && still {
+        // Not through the manager's removal: that would end the session's tool records.
+        match st.backend.manager().runtime().remove(&c.handle).await {
+            Ok(()) => out.removed.push(c.session_id.clone()),
+            Err(e) => {
+                tracing::warn!(session = %row.id, error = %e, "could not remove a hibernated session's container")
+            }
+        }
     }
 }
 

@@ -44,13 +44,16 @@ pub struct Live {
     pub handle: String,
     pub sandbox: Arc<dyn Sandbox>,
     pub limits: Limits,
+    /// Set when this lookup resumed the session from hibernation: what the caller tells
+    /// the user (its files are back, its processes and python variables are not).
+    pub resumed: Option<String>,
     /// The manager's session: its use clock is the one the reaper reads, its slots hold the
     /// tools its runs use.
     session: Arc<Session>,
 }
 
 impl Live {
-    fn new(row: &SessionRow, session: Arc<Session>) -> Self {
+    pub(crate) fn new(row: &SessionRow, session: Arc<Session>) -> Self {
         Live {
             id: row.id.clone(),
             owner: row.owner.clone(),
@@ -58,6 +61,7 @@ impl Live {
             handle: session.handle.clone(),
             sandbox: session.sandbox.clone(),
             limits: session.limits.clone(),
+            resumed: None,
             session,
         }
     }
@@ -97,6 +101,8 @@ pub fn last_used_ms(session: &Session) -> i64 {
 
 pub struct Backend {
     manager: Arc<SessionManager>,
+    /// One lock per session for hibernating, resuming and attaching it (hibernate.rs).
+    pub transitions: crate::hibernate::Transitions,
     /// When each session's use was last written to its row (`use_due`).
     use_written: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
@@ -105,6 +111,7 @@ impl Backend {
     pub fn new(manager: Arc<SessionManager>) -> Self {
         Self {
             manager,
+            transitions: Default::default(),
             use_written: Default::default(),
         }
     }
@@ -264,6 +271,6 @@ impl Backend {
 }
 
 /// The idle timeout a session's row recorded (at least a second).
-fn idle_timeout(row: &SessionRow) -> Duration {
+pub fn idle_timeout(row: &SessionRow) -> Duration {
     Duration::from_secs(row.idle_timeout_secs.max(1))
 }

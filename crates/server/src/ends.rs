@@ -93,6 +93,7 @@ async fn api_sweep(st: &AppState) {
     };
     for row in rows {
         let gone = row.state == SessionState::Running
+            && !row.hibernated()
             && row
                 .runtime_id
                 .as_ref()

@@ -42,6 +42,7 @@ pub mod exec_stream;
 pub mod file_paths;
 pub mod files;
 pub mod health;
+pub mod hibernate;
 pub mod http;
 pub mod listen;
 pub mod mcp;
@@ -54,6 +55,7 @@ pub use sandboxd_core::config::proxies;
 pub mod quota;
 pub mod reconcile;
 pub mod replica;
+pub mod resume;
 pub mod runs;
 pub mod session_end;
 pub mod sessions;
@@ -219,6 +221,8 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
             ),
         ))
         .routes(l(Short, routes!(session_end::delete_history)))
+        .routes(l(Long, routes!(resume::hibernate_session)))
+        .routes(l(Long, routes!(resume::resume_session)))
         .routes(l(Long, routes!(sessions::exec)))
         .routes(l(Long, routes!(exec_stream::exec_stream)))
         .routes(l(
@@ -477,6 +481,10 @@ impl Server {
             config,
             metrics,
         });
+        state
+            .backend
+            .manager()
+            .set_hibernator(Arc::new(hibernate::ServeHibernator(Arc::downgrade(&state))));
         let reconciled = reconcile::at_start(&state).await?;
         let listener = TcpListener::bind(addr)
             .await

@@ -57,7 +57,20 @@ pub async fn at_start(st: &AppState) -> anyhow::Result<Reconciled> {
     // Tool records whose session has no container (removed outside sandboxd, or a record a
     // tool wrote as its session was being removed): no row or hook would ever end them.
     // Trusted: this sweeps serve's own data directory and no client names anything here.
-    match st.backend.manager().forget_orphan_records().await {
+    // Hibernated sessions have no container on purpose: their records stay for the resume.
+    let hibernated: std::collections::BTreeSet<String> = st
+        .store
+        .active_sessions()
+        .await?
+        .into_iter()
+        .filter(|r| r.hibernated())
+        .filter_map(|r| r.runtime_id)
+        .collect();
+    let manager = st.backend.manager();
+    match manager
+        .forget_orphans_sparing(manager.records().as_ref(), &hibernated)
+        .await
+    {
         Ok(ids) => out.forgotten_records = ids,
         Err(e) => tracing::warn!(error = %e, "could not look for orphaned tool records"),
     }
@@ -76,6 +89,8 @@ pub async fn tick(st: &AppState) {
         Err(e) => tracing::warn!(error = %e, "could not look for orphaned containers"),
     }
     api_upkeep(st).await;
+    // Hibernated sessions past their idle timeout end; stale snapshot files go.
+    crate::hibernate::upkeep(st).await;
     // What must happen once across replicas: orphaned sessions attached, the shells of gone
     // replicas killed, rows of gone containers and of creates whose replica died ended, the
     // containers of gone replicas that no row names removed (attach.rs).

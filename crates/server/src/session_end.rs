@@ -85,5 +85,9 @@ async fn end(st: &AppState, caller: &Caller, row: &SessionRow) -> Result<(), Api
     st.backend
         .remove(&row.owner, row.runtime_id.as_deref())
         .await?;
+    if row.hibernated() {
+        // No container took its records with it: its snapshot and records go here.
+        crate::hibernate::forget(st, row).await;
+    }
     Ok(())
 }

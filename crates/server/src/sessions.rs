@@ -102,12 +102,14 @@ pub async fn live_session(st: &AppState, caller: &Caller, id: &str) -> Result<Ar
         }
         SessionState::Ended => return Err(ended(&row)),
     }
-    crate::attach::live(st, &row).await.ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::Conflict,
-            format!("session {id} has no attached sandbox; delete it and create a new one"),
-        )
-    })
+    // Held here: at once. Anything else (attach on demand, resume from hibernation) under
+    // the session's transition lock (resume.rs).
+    if !row.hibernated()
+        && let Some(live) = crate::attach::held(st, &row).await
+    {
+        return Ok(live);
+    }
+    crate::resume::resume_or_attach(st, &row).await
 }
 
 fn ended(row: &SessionRow) -> ApiError {
@@ -220,7 +222,8 @@ pub async fn create(
         idle,
         now_ms(),
     )
-    .with_egress(egress);
+    .with_egress(egress)
+    .with_template(template.image.is_some().then(|| template.name.clone()));
     // The global cap is counted in the store with the owner's, across every replica; the
     // row records this replica as its first holder (a create it does not finish is ended
     // by another once its lease is out).
@@ -353,7 +356,8 @@ pub async fn get_session(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Session>, ApiError> {
     let mut row = owned_row(&st, &caller, &id).await?;
-    if let Some(live) = st.backend.get(&row).await {
+    // Looking at a session is no use of it (it may idle out, or hibernate, meanwhile).
+    if let Some(live) = st.backend.get_quiet(&row) {
         row.last_used_at = row.last_used_at.max(live.last_used_ms());
     }
     Ok(Json(Session::of(&row, &st.config.runtime.backend)))
@@ -399,14 +403,15 @@ pub const TIMEOUT_HEADER: &str = "sandboxd-timeout";
 #[utoipa::path(post, path = "/v1/sessions/{id}/exec", tag = "sessions", request_body = ExecBody,
     params(("id" = String, Path, description = "The session id")),
     responses((status = 200, description = "The command ran (see exit_code and timed_out)", body = ExecResult,
-        headers(("Sandboxd-Timeout" = u64, description = "The timeout the command ran under, in seconds"))), ErrorResponses),
+        headers(("Sandboxd-Timeout" = u64, description = "The timeout the command ran under, in seconds"),
+            ("Sandboxd-Resumed" = String, description = "Present when the session was hibernated and this request resumed it: what survived (its files) and what did not (processes, the shell's state, python variables); `note` says it too"))), ErrorResponses),
     security(("bearer" = [])))]
 pub async fn exec(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ExecBody>,
-) -> Result<([(&'static str, HeaderValue); 1], Json<ExecResult>), ApiError> {
+) -> Result<(axum::http::HeaderMap, Json<ExecResult>), ApiError> {
     let (live, opts) = exec_target(&st, &caller, &id, &body).await?;
     let applied = opts.timeout.as_secs();
     // Ended when the caller's credential is revoked (not counted as a stream). Not at
@@ -445,10 +450,20 @@ pub async fn exec(
         stderr_truncated: out.stderr_truncated,
         timed_out: out.timed_out,
         duration_ms: out.duration.as_millis() as u64,
-        note: out.note,
+        note: match (&live.resumed, out.note) {
+            (Some(resumed), Some(note)) => Some(format!("{resumed}; {note}")),
+            (resumed, note) => note.or_else(|| resumed.clone()),
+        },
         timeout: applied,
     };
-    Ok(([(TIMEOUT_HEADER, HeaderValue::from(applied))], Json(result)))
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert(TIMEOUT_HEADER, HeaderValue::from(applied));
+    if let Some(resumed) = live.resumed.as_deref()
+        && let Ok(v) = HeaderValue::from_str(resumed)
+    {
+        headers.insert(crate::resume::RESUMED_HEADER, v);
+    }
+    Ok((headers, Json(result)))
 }
 
 #[utoipa::path(get, path = "/v1/tools", tag = "tools",
@@ -508,7 +523,10 @@ pub async fn call_tool(
             output: r.output,
             error: r.error,
             base64_image: r.base64_image,
-            system: r.system,
+            system: match (&live.resumed, r.system) {
+                (Some(resumed), Some(system)) => Some(format!("{resumed}; {system}")),
+                (resumed, system) => system.or_else(|| resumed.clone()),
+            },
         })),
         Err(sandboxd_core::tools::ToolError::Sandbox(e)) => {
             Err(sandbox_failed(&st, &live, e).await)

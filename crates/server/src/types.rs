@@ -160,6 +160,10 @@ pub enum SessionStatus {
     /// Its container is being made.
     Creating,
     Running,
+    /// Idle past `[sessions] hibernate_after_secs`: its /workspace is saved on the host and
+    /// its container removed. Its next use (exec, files, tools, a run) resumes it with its
+    /// files; processes and python variables do not survive (the answer says so).
+    Hibernated,
     /// Ended by a DELETE, idleness, its user's removal, or its container's loss (see
     /// `end_reason`); its container is gone, its runs and events stay readable until the
     /// retention period or DELETE /v1/sessions/{id}/history.
@@ -232,7 +236,11 @@ impl Session {
         Session {
             id: r.id.clone(),
             owner: r.owner.clone(),
-            state: r.state.into(),
+            state: if r.hibernated() {
+                SessionStatus::Hibernated
+            } else {
+                r.state.into()
+            },
             kind: r.kind.into(),
             limits: (&r.limits).into(),
             metadata: r.metadata.clone(),
@@ -243,7 +251,8 @@ impl Session {
             end_reason: r.end_reason.clone(),
             egress: r.egress.items(),
             backend: backend.trim().to_string(),
-            handle: r.container_id.clone(),
+            // A hibernated session's container is gone.
+            handle: r.container_id.clone().filter(|_| !r.hibernated()),
         }
     }
 }

@@ -57,6 +57,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v11.sql"),
     include_str!("schema_v12.sql"),
     include_str!("schema_v13.sql"),
+    include_str!("schema_v14.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

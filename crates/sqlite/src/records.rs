@@ -1,11 +1,13 @@
 //! The `tool_records` table (schema_v5.sql): kept sessions' tool records, opaque bytes per
-//! (session, kind), bounded by `check_record_size` before anything is written.
+//! (session, kind), bounded by `check_record_size` before anything is written; and the
+//! hibernation marks of the `sessions` table (`SessionSnapshots`, statements in sessions.rs),
+//! the other half of what a hibernated session keeps.
 
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
 
 use crate::{SqliteStore, sql};
-use sandboxd_core::store::{StoreError, ToolRecords, check_record_size};
+use sandboxd_core::store::{SessionSnapshots, StoreError, ToolRecords, check_record_size};
 
 #[async_trait]
 impl ToolRecords for SqliteStore {
@@ -87,5 +89,45 @@ impl ToolRecords for SqliteStore {
                 .map_err(sql)
         })
         .await
+    }
+}
+
+#[async_trait]
+impl SessionSnapshots for SqliteStore {
+    async fn hibernate_session(
+        &self,
+        id: &str,
+        snapshot: &str,
+        used_before: i64,
+    ) -> Result<bool, StoreError> {
+        let (id, snapshot) = (id.to_string(), snapshot.to_string());
+        self.write(move |tx| crate::sessions::hibernate(tx, &id, &snapshot, used_before))
+            .await
+    }
+
+    async fn resume_session(
+        &self,
+        id: &str,
+        snapshot: &str,
+        container_id: &str,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let (id, snapshot, container) = (
+            id.to_string(),
+            snapshot.to_string(),
+            container_id.to_string(),
+        );
+        self.write(move |tx| crate::sessions::resume(tx, &id, &snapshot, &container, now))
+            .await
+    }
+
+    async fn end_idle_hibernated(
+        &self,
+        reason: &str,
+        now: i64,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let reason = reason.to_string();
+        self.write(move |tx| crate::sessions::end_idle_hibernated(tx, &reason, now))
+            .await
     }
 }

@@ -9,7 +9,7 @@ use sandboxd_core::store::{
     SessionCaps, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
 };
 
-const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress";
+const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress, template, snapshot";
 
 /// The sessions matching `tail` with their rowids (the paging cursor), JSON decoded.
 pub(super) fn select(
@@ -44,6 +44,8 @@ pub(super) fn select(
                     ended_at: r.get(11)?,
                     end_reason: r.get(12)?,
                     egress: Default::default(),
+                    template: r.get(15)?,
+                    snapshot: r.get(16)?,
                 },
             ))
         })
@@ -107,8 +109,8 @@ pub(super) fn reserve(
         });
     }
     tx.execute(
-        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress)
-         VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?6, ?7, ?8)",
+        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress, template)
+         VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9)",
         params![
             row.id,
             row.owner,
@@ -117,7 +119,8 @@ pub(super) fn reserve(
             row.idle_timeout_secs as i64,
             row.created_at,
             row.kind.as_str(),
-            row.egress.to_string()
+            row.egress.to_string(),
+            row.template
         ],
     )
     .map_err(sql)?;
@@ -141,13 +144,74 @@ pub(super) fn end_idle(
         .execute(
             &format!(
                 "UPDATE sessions SET state = 'ended', ended_at = ?2, end_reason = ?3
-                 WHERE runtime_id = ?1 AND state = 'running'
+                 WHERE runtime_id = ?1 AND state = 'running' AND snapshot IS NULL
                    AND last_used_at + idle_timeout_secs * 1000 <= ?2 AND NOT {RUN_IN_FLIGHT}"
             ),
             params![runtime_id, now, reason],
         )
         .map_err(sql)?;
     Ok(n > 0)
+}
+
+/// Hibernates the running session `id` (see `SessionSnapshots::hibernate_session`).
+pub(super) fn hibernate(
+    tx: &Transaction<'_>,
+    id: &str,
+    snapshot: &str,
+    used_before: i64,
+) -> Result<bool, StoreError> {
+    let n = tx
+        .execute(
+            &format!(
+                "UPDATE sessions SET snapshot = ?2
+                 WHERE id = ?1 AND state = 'running' AND snapshot IS NULL
+                   AND last_used_at <= ?3 AND NOT {RUN_IN_FLIGHT}"
+            ),
+            params![id, snapshot, used_before],
+        )
+        .map_err(sql)?;
+    Ok(n > 0)
+}
+
+/// Resumes the hibernated session `id` (see `SessionSnapshots::resume_session`).
+pub(super) fn resume(
+    tx: &Transaction<'_>,
+    id: &str,
+    snapshot: &str,
+    container_id: &str,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let n = tx
+        .execute(
+            "UPDATE sessions SET snapshot = NULL, container_id = ?3,
+                 last_used_at = MAX(last_used_at, ?4)
+             WHERE id = ?1 AND state = 'running' AND snapshot = ?2",
+            params![id, snapshot, container_id, now],
+        )
+        .map_err(sql)?;
+    Ok(n > 0)
+}
+
+/// Ends the hibernated sessions idle past their timeout; (id, snapshot) of each.
+pub(super) fn end_idle_hibernated(
+    tx: &Transaction<'_>,
+    reason: &str,
+    now: i64,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let mut st = tx
+        .prepare(&format!(
+            "UPDATE sessions SET state = 'ended', ended_at = ?1, end_reason = ?2
+             WHERE state = 'running' AND snapshot IS NOT NULL
+               AND last_used_at + idle_timeout_secs * 1000 <= ?1 AND NOT {RUN_IN_FLIGHT}
+             RETURNING id, snapshot"
+        ))
+        .map_err(sql)?;
+    let rows = st
+        .query_map(params![now, reason], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })
+        .map_err(sql)?;
+    rows.collect::<Result<_, _>>().map_err(sql)
 }
 
 pub(super) fn add_holder(

@@ -197,6 +197,16 @@ pub async fn run_in_session(
         mut system_notes,
     } = connect_mcp(request.mcp_servers.as_ref(), session, &mut registry).await?;
     notices.extend(connect_remote_agents(&ctx.config, session, &mut registry).await);
+    // A session resumed from hibernation: the user hears it first, the model too (its
+    // earlier processes and python variables are gone).
+    if let Some(resumed) = session
+        .slots
+        .get::<crate::sandbox::hibernate::ResumeNotice>()
+        .and_then(|n| n.take())
+    {
+        system_notes.push(resumed.clone());
+        notices.insert(0, resumed);
+    }
 
     let conversation = session.slots.get_or_insert_with(Conversation::default);
     let earlier = match request.history {

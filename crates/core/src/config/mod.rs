@@ -251,6 +251,12 @@ pub struct SessionsConfig {
     /// the backend measures it, in MiB; 0 = no budget. Over it the pool stops filling and
     /// gives up warm sandboxes first, then the reaper removes the longest-idle sessions.
     pub memory_budget_mb: u64,
+    /// A session unused for this long hibernates, where the process can (serve's API
+    /// sessions): its /workspace is saved to the host and its sandbox removed, and its next
+    /// use recreates it and restores the files (processes and python variables do not
+    /// survive). 0 = never (the default: hibernation ends processes, which a user must opt
+    /// into). Only below `idle_timeout_secs` does it do anything.
+    pub hibernate_after_secs: u64,
 }
 
 impl Default for SessionsConfig {
@@ -262,6 +268,7 @@ impl Default for SessionsConfig {
             reap_interval_secs: 60,
             default_owner: "local".into(),
             memory_budget_mb: 0,
+            hibernate_after_secs: 0,
         }
     }
 }

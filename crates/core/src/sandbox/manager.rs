@@ -212,10 +212,14 @@ pub struct SessionManager {
     shared: std::sync::OnceLock<Arc<dyn super::shared::SharedSessions>>,
     /// The templates sessions may name (`set_templates`); none but the default until set.
     templates: std::sync::OnceLock<Templates>,
+    /// What hibernates idle sessions, if this process does (hibernate.rs).
+    pub(super) hibernator: std::sync::OnceLock<Arc<dyn super::hibernate::Hibernator>>,
+    /// The sessions being hibernated now.
+    pub(super) hibernating: super::hibernate::Hibernating,
 }
 
 /// Releases a creation's place in the caps however the creation ends (even cancelled).
-struct Reservation {
+pub(super) struct Reservation {
     table: Arc<std::sync::Mutex<Table>>,
     owner: Owner,
 }
@@ -324,6 +328,8 @@ impl SessionManager {
             replica: std::sync::OnceLock::new(),
             shared: std::sync::OnceLock::new(),
             templates: std::sync::OnceLock::new(),
+            hibernator: std::sync::OnceLock::new(),
+            hibernating: Default::default(),
         })
     }
 
@@ -513,7 +519,7 @@ impl SessionManager {
         Ok(session)
     }
 
-    fn reserve(&self, owner: &Owner) -> Result<Reservation, SandboxError> {
+    pub(super) fn reserve(&self, owner: &Owner) -> Result<Reservation, SandboxError> {
         let mut t = lock(&self.table);
         if t.count(None) >= self.config.max {
             return Err(SandboxError::TooManySessions {
@@ -770,7 +776,8 @@ impl SessionManager {
         reaped
     }
 
-    /// The one reaper: runs `reap_idle` and `enforce_memory_budget` every `reap_interval_secs` until the manager is dropped.
+    /// The one reaper: runs `reap_idle`, `hibernate_idle` (hibernate.rs) and
+    /// `enforce_memory_budget` every `reap_interval_secs` until the manager is dropped.
     pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         let every = Duration::from_secs(self.config.reap_interval_secs.max(1));
@@ -781,6 +788,7 @@ impl SessionManager {
                     return;
                 };
                 manager.reap_idle().await;
+                manager.hibernate_idle();
                 manager.enforce_memory_budget().await;
             }
         })
@@ -857,7 +865,19 @@ impl SessionManager {
         &self,
         records: &dyn SessionRecords,
     ) -> Result<Vec<String>, SandboxError> {
-        let recorded = records.sessions().await;
+        self.forget_orphans_sparing(records, &Default::default())
+            .await
+    }
+
+    /// `forget_orphans_in`, sparing the sessions `spare` names: hibernated ones, whose
+    /// sandbox is gone on purpose and whose records their resume needs (serve's start).
+    pub async fn forget_orphans_sparing(
+        &self,
+        records: &dyn SessionRecords,
+        spare: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<String>, SandboxError> {
+        let mut recorded = records.sessions().await;
+        recorded.retain(|id| !spare.contains(id));
         if recorded.is_empty() {
             return Ok(Vec::new());
         }

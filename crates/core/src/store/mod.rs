@@ -13,6 +13,7 @@ pub mod egress_credentials;
 mod mcp_sessions;
 mod replicas;
 mod runs;
+mod snapshots;
 mod throttle;
 mod tool_records;
 pub mod wakes;
@@ -31,6 +32,7 @@ pub use runs::{
     Appended, RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoredEvent,
     StoredQuestion, Turn,
 };
+pub use snapshots::SessionSnapshots;
 pub use throttle::{AuthFailures, AuthWindow};
 pub use tool_records::{StoreRecords, ToolRecords, check_record_size};
 pub use wakes::{RunWakes, WAKE_ALL, Wake, Woken, control_wake, wait_for_run};
@@ -227,6 +229,12 @@ pub struct SessionRow {
     pub end_reason: Option<String>,
     /// Which hosts its sandbox may reach through its egress proxy (read at every connection).
     pub egress: EgressPolicy,
+    /// The template its sandbox was made from (None: the default image), so a hibernated
+    /// session resumes from the same image.
+    pub template: Option<String>,
+    /// Hibernated: the snapshot file its /workspace was saved to; its sandbox is gone and
+    /// the next use resumes it (see `SessionSnapshots`). None while its sandbox lives.
+    pub snapshot: Option<String>,
 }
 
 impl SessionRow {
@@ -254,6 +262,8 @@ impl SessionRow {
             ended_at: None,
             end_reason: None,
             egress: EgressPolicy::Off,
+            template: None,
+            snapshot: None,
         }
     }
 }
@@ -263,6 +273,17 @@ impl SessionRow {
     pub fn with_kind(mut self, kind: SessionKind) -> Self {
         self.kind = kind;
         self
+    }
+
+    /// The same row made from a template (what `reserve_session` records).
+    pub fn with_template(mut self, template: Option<String>) -> Self {
+        self.template = template;
+        self
+    }
+
+    /// Whether it is hibernated: running, but its sandbox saved and removed.
+    pub fn hibernated(&self) -> bool {
+        self.state == SessionState::Running && self.snapshot.is_some()
     }
 
     /// The same row with another egress policy (what `reserve_session` records).
@@ -368,6 +389,7 @@ pub trait Store:
     + EgressLog
     + EgressCredentials
     + Audit
+    + SessionSnapshots
     + Send
     + Sync
 {

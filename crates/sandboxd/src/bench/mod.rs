@@ -10,6 +10,7 @@ pub mod egress;
 pub mod egress_ceiling;
 pub mod egress_page;
 pub mod flow;
+pub mod hibernate;
 pub mod mcp;
 pub mod mcp_stdio;
 pub mod metrics;

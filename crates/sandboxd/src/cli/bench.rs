@@ -16,7 +16,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, stream, metrics, e2b (not in all: it needs the E2B SDKs' venv), or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, stream, metrics, hibernate, e2b (not in all: it needs the E2B SDKs' venv), or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -174,14 +174,17 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
     if all || args.group == "stream" {
         super::bench_stream::stream(manager.clone(), &ctx, args.iterations).await?;
     }
+    if all || args.group == "hibernate" {
+        hibernate(&ctx, args.iterations.min(5)).await?;
+    }
     if ![
         "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "egress",
-        "serve", "a2a", "pool", "ui", "stream", "metrics", "e2b",
+        "serve", "a2a", "pool", "ui", "stream", "metrics", "hibernate", "e2b",
     ]
     .contains(&args.group.as_str())
     {
         anyhow::bail!(
-            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a, pool, ui, stream, metrics, e2b or all",
+            "unknown group {:?}: use runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a, pool, ui, stream, metrics, hibernate, e2b or all",
             args.group
         );
     }
@@ -865,6 +868,56 @@ async fn ui(manager: Arc<SessionManager>, ctx: &Ctx, n: usize) -> anyhow::Result
         &mut b.event_to_sse,
         "≤ 100 ms",
     );
+    println!();
+    Ok(())
+}
+
+/// Hibernate and resume on `serve` against a cold create (bench/hibernate.rs): 10 MiB and
+/// 500 MiB workspaces, `n` cycles each.
+async fn hibernate(ctx: &Ctx, n: usize) -> anyhow::Result<()> {
+    section("Hibernate and resume (`[sessions] hibernate_after_secs`)");
+    let b = sandboxd::bench::hibernate::bench_hibernate(
+        ctx.runtime().await?,
+        ctx.config.clone(),
+        &[10, 500],
+        n.max(1),
+    )
+    .await?;
+    let mut cold = b.cold.clone();
+    row(
+        "cold create → first command answered (POST /v1/sessions, exec `true`)",
+        &mut cold,
+        "",
+        &mut [],
+        "—",
+    );
+    for mut s in b.sizes {
+        let target = if s.mib <= 10 {
+            "≤ 1.2× a cold create"
+        } else {
+            "recorded"
+        };
+        row(
+            &format!(
+                "resume of a {} MiB workspace → first command answered",
+                s.mib
+            ),
+            &mut s.resume,
+            "cold create",
+            &mut b.cold.clone(),
+            target,
+        );
+        row(
+            &format!(
+                "hibernate of a {} MiB workspace (save, row, container removed)",
+                s.mib
+            ),
+            &mut s.hibernate,
+            "",
+            &mut [],
+            "recorded",
+        );
+    }
     println!();
     Ok(())
 }

@@ -1,16 +1,20 @@
-//! `sandboxd sessions list | rm ID | gc`: the session containers on this engine. The
-//! command line is the admin's view: it sees and may remove every owner's sessions. None of
-//! these commands creates a session, so none of them builds the image.
+//! `sandboxd sessions list | rm ID | gc`: the session containers on this engine, and
+//! serve's hibernated sessions (no container: their /workspace is a snapshot on the host;
+//! from the store, if there is one). The command line is the admin's view: it sees and may
+//! remove every owner's sessions. None of these commands creates a session, so none of
+//! them builds the image. Hibernating or resuming one by hand is serve's
+//! (`POST /v1/sessions/{id}/hibernate|resume`, or the admin page), which holds the session.
 
 use std::process::ExitCode;
 
-use sandboxd_core::sandbox::{SandboxError, Viewer, host};
+use sandboxd_core::sandbox::{SandboxError, SessionInfo, Viewer, host};
 
 use super::Ctx;
 
 #[derive(clap::Subcommand, Debug)]
 pub(crate) enum SessionsCommand {
-    /// List every sandboxd-managed container.
+    /// List every sandboxd-managed container, then serve's hibernated sessions (state
+    /// `hibernated`, no container).
     List {
         /// Print JSON instead of a table: one object per sandbox with its `session_id`,
         /// `owner`, `handle` (the backend's name for it: the Docker container id), `state`,
@@ -31,37 +35,7 @@ pub(crate) async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitC
     match cmd {
         SessionsCommand::List { json } => {
             let list = manager.list(&Viewer::Admin).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else if list.is_empty() {
-                println!("no sessions");
-            } else {
-                println!(
-                    "{:<14} {:<12} {:<10} {:<6} {:<8} CONTAINER",
-                    "SESSION", "OWNER", "STATE", "KEPT", "PID"
-                );
-                for s in list {
-                    println!(
-                        "{:<14} {:<12} {:<10} {:<6} {:<8} {}",
-                        s.session_id,
-                        // A warm-pool sandbox has no owner label: unclaimed, or claimed by
-                        // a session of the process in the PID column.
-                        if s.pooled && s.owner.is_empty() {
-                            "(pool)"
-                        } else {
-                            &s.owner
-                        },
-                        s.state,
-                        if s.kept { "yes" } else { "no" },
-                        s.creator
-                            .as_deref()
-                            .and_then(host::creator_pid)
-                            .map(|p| p.to_string())
-                            .unwrap_or_else(|| "-".into()),
-                        &s.handle[..s.handle.len().min(12)]
-                    );
-                }
-            }
+            print_list(&list, &hibernated(&ctx).await, json)?;
         }
         SessionsCommand::Rm { id } => match manager.admin_remove(&id).await {
             Ok(()) => println!("removed session {id}"),
@@ -105,4 +79,81 @@ pub(crate) async fn main(ctx: Ctx, cmd: SessionsCommand) -> anyhow::Result<ExitC
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// serve's hibernated sessions, (session id, owner as its containers name it), from the
+/// store if one exists; none when it cannot be read (said on stderr).
+async fn hibernated(ctx: &Ctx) -> Vec<(String, String)> {
+    let store = match crate::backends::existing_store(&ctx.config).await {
+        Ok(Some(store)) => store,
+        Ok(None) => return Vec::new(),
+        Err(e) => {
+            eprintln!("note: serve's hibernated sessions are not listed: {e:#}");
+            return Vec::new();
+        }
+    };
+    match store.active_sessions().await {
+        Ok(rows) => rows
+            .into_iter()
+            .filter(|r| r.hibernated())
+            .map(|r| (r.id, format!("serve:{}", r.owner)))
+            .collect(),
+        Err(e) => {
+            eprintln!("note: serve's hibernated sessions are not listed: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// `sessions list`'s output: the containers, then the hibernated sessions.
+fn print_list(
+    list: &[SessionInfo],
+    hibernated: &[(String, String)],
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        let mut all = serde_json::to_value(list)?;
+        if let Some(all) = all.as_array_mut() {
+            all.extend(hibernated.iter().map(|(id, owner)| {
+                serde_json::json!({"session_id": id, "owner": owner, "state": "hibernated",
+                            "handle": null, "kept": true, "creator": null, "pooled": false})
+            }));
+        }
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    } else if list.is_empty() && hibernated.is_empty() {
+        println!("no sessions");
+    } else {
+        println!(
+            "{:<14} {:<12} {:<10} {:<6} {:<8} CONTAINER",
+            "SESSION", "OWNER", "STATE", "KEPT", "PID"
+        );
+        for s in list {
+            println!(
+                "{:<14} {:<12} {:<10} {:<6} {:<8} {}",
+                s.session_id,
+                // A warm-pool sandbox has no owner label: unclaimed, or claimed by
+                // a session of the process in the PID column.
+                if s.pooled && s.owner.is_empty() {
+                    "(pool)"
+                } else {
+                    &s.owner
+                },
+                s.state,
+                if s.kept { "yes" } else { "no" },
+                s.creator
+                    .as_deref()
+                    .and_then(host::creator_pid)
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                &s.handle[..s.handle.len().min(12)]
+            );
+        }
+        for (id, owner) in hibernated {
+            println!(
+                "{:<14} {:<12} {:<10} {:<6} {:<8} -",
+                id, owner, "hibernated", "yes", "-"
+            );
+        }
+    }
+    Ok(())
 }

@@ -18,6 +18,7 @@ mod store_records;
 mod store_replicas;
 mod store_runs;
 mod store_sessions;
+mod store_snapshots;
 mod store_tokens;
 mod store_wakes;
 

@@ -105,6 +105,12 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
         shared::case_session_holders(factory),
     )
     .await?;
+    run_case(
+        S,
+        "case_hibernation",
+        super::store_snapshots::case_hibernation(factory),
+    )
+    .await?;
     super::store_runs::all(factory).await?;
     run_case(S, "case_tool_records", records::case_tool_records(factory)).await?;
     run_case(

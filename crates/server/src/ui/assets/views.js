@@ -223,14 +223,23 @@ UI.views.admin = async function () {
         const d = await api('DELETE', '/v1/sessions/' + enc(s.id));
         if (d.status === 204) { toast('Session ended.'); sessions(); users(); } else toast(UI.errorText(d), true);
       });
-      return el('tr', { 'data-session': s.id },
+      // A hibernated session holds no container: its next use (or Resume) restores its files.
+      const hibernated = s.state === 'hibernated';
+      const flip = el('button', { type: 'button', text: hibernated ? 'Resume' : 'Hibernate' });
+      flip.addEventListener('click', async () => {
+        const d = await api('POST', '/v1/sessions/' + enc(s.id) + (hibernated ? '/resume' : '/hibernate'));
+        if (d.status === 200) { toast('Session ' + d.data.state + '.'); sessions(); } else toast(UI.errorText(d), true);
+      });
+      const actions = s.kind === 'mcp' ? el('td', {}, end) : el('td', {}, end, ' ', flip);
+      return el('tr', { 'data-session': s.id, 'data-state': s.state },
         // An MCP client's sandbox has no files page (it is used through /mcp only).
         el('td', {}, s.kind === 'mcp'
           ? el('span', {}, el('code', { text: s.id }), ' ', el('span', { class: 'badge', text: 'MCP' }))
-          : el('a', { href: '/sessions/' + enc(s.id) + '/files', text: s.id })),
+          : el('span', {}, el('a', { href: '/sessions/' + enc(s.id) + '/files', text: s.id }),
+            hibernated ? ' ' : '', hibernated ? el('span', { class: 'badge', text: 'hibernated' }) : '')),
         el('td', { text: names.get(s.owner) || s.owner }),
         el('td', { text: since(s.created_at) }), el('td', { text: since(s.last_used_at) }),
-        el('td', {}, end));
+        actions);
     });
     if (!rows.length) rows.push(el('tr', {}, el('td', { colspan: 5, class: 'hint', text: 'No live sessions.' })));
     $('#sessions').replaceChildren(...rows);

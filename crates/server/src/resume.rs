@@ -1,0 +1,274 @@
+//! Resuming a hibernated API session, and the one slow path of every session lookup.
+//!
+//! `sessions::live_session` (exec, files, tools, runs, A2A: every front end's use of a
+//! session) finds a session this replica holds at once; anything else comes here, under the
+//! session's transition lock (hibernate.rs), with its row read again: a hibernated session
+//! is resumed, a running one attached on demand (attach.rs). So a lookup racing a
+//! hibernation on this replica waits for it and then resumes, never takes the removed
+//! container for a lost one.
+//!
+//! A resume makes the sandbox again under the same runtime id, with the row's limits, from
+//! the row's template (`SessionManager::recreate`), restores the snapshot into /workspace
+//! after checking it (core/src/sandbox/snapshot.rs), then marks the row running by the
+//! store's conditional update (exactly one resume wins), deletes the snapshot, and tells the
+//! user: `Live::resumed` (the exec answer's `note`, a `Sandboxd-Resumed` header) and a
+//! notice at the start of the next run's events (`ResumeNotice`).
+//!
+//! A snapshot that is refused (damaged, over the session's workspace, an entry the upload
+//! rules refuse) ends the session with the reason, and the request gets a 409 saying why:
+//! nothing of it reached the sandbox. A failure of the engine leaves the session
+//! hibernated for the next try (503).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Extension;
+use axum::Json;
+use axum::extract::State;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::backend::{Backend, Live, idle_timeout};
+use crate::error::{ApiError, ApiPath, ErrorCode, ErrorResponses};
+use crate::hibernate::{self, snapshot_dir, transfer_timeout, workspace_bytes};
+use crate::sessions::owned_row;
+use crate::types::Session as SessionView;
+use sandboxd_core::sandbox::hibernate::ResumeNotice;
+use sandboxd_core::sandbox::snapshot::{self, SnapshotError};
+use sandboxd_core::store::{SessionKind, SessionRow, SessionState, now_ms};
+
+/// The header that says a request resumed its session.
+pub const RESUMED_HEADER: &str = "sandboxd-resumed";
+
+/// The session of `row` (running) when this replica does not hold it: resumed if it is
+/// hibernated, else attached on demand; under the session's transition lock, the row read
+/// again.
+pub async fn resume_or_attach(st: &AppState, row: &SessionRow) -> Result<Arc<Live>, ApiError> {
+    let lock = st.backend.transitions.of(&row.id);
+    let _switching = lock.lock().await;
+    let row = st
+        .store
+        .session(&row.id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("session", &row.id))?;
+    if row.state != SessionState::Running {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "session {} has ended ({}); create a new one",
+                row.id,
+                row.end_reason.as_deref().unwrap_or("no reason recorded")
+            ),
+        ));
+    }
+    if row.hibernated() {
+        return resume(st, &row).await.map(Arc::new);
+    }
+    crate::attach::live(st, &row).await.ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "session {} has no attached sandbox; delete it and create a new one",
+                row.id
+            ),
+        )
+    })
+}
+
+/// Resumes the hibernated session of `row` (the caller holds its transition lock).
+async fn resume(st: &AppState, row: &SessionRow) -> Result<Live, ApiError> {
+    let started = Instant::now();
+    let (Some(runtime_id), Some(name)) = (row.runtime_id.as_deref(), row.snapshot.as_deref())
+    else {
+        return Err(ApiError::internal(
+            "a hibernated session without a snapshot",
+        ));
+    };
+    let owner = Backend::owner_of(&row.owner)?;
+    let manager = st.backend.manager();
+    // What this replica held of it before another replica hibernated it is gone.
+    manager.forget_held(&owner, runtime_id);
+    let image = manager
+        .templates()
+        .resolve(row.template.as_deref())
+        .map_err(|e| {
+            ApiError::new(
+                ErrorCode::Conflict,
+                format!("session {} cannot be resumed: {e}", row.id),
+            )
+        })?
+        .image;
+    let session = manager
+        .recreate(&owner, runtime_id, &row.limits, image)
+        .await?;
+    session.set_idle_timeout(idle_timeout(row));
+    let dir = snapshot_dir(st);
+    let restored = snapshot::restore(
+        session.sandbox.as_ref(),
+        &dir,
+        name,
+        workspace_bytes(row),
+        transfer_timeout(st),
+    )
+    .await;
+    let summary = match restored {
+        Ok(summary) => summary,
+        Err(e) => return Err(not_restored(st, row, &session, e).await),
+    };
+    match st
+        .store
+        .resume_session(&row.id, name, &session.handle, now_ms())
+        .await
+    {
+        Ok(true) => {}
+        other => {
+            discard(st, &session).await;
+            other?;
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "session {} changed while it was being resumed; retry",
+                    row.id
+                ),
+            ));
+        }
+    }
+    snapshot::delete(&dir, name);
+    if let Err(e) = st.store.add_session_holder(&row.id, st.replica.id()).await {
+        tracing::warn!(session = %row.id, error = %e, "could not record a session's holder");
+    }
+    let mut running = row.clone();
+    running.snapshot = None;
+    running.container_id = Some(session.handle.clone());
+    crate::egress_proxies::follow(st, &session, &running).await;
+    let ms = started.elapsed().as_millis();
+    let notice = format!(
+        "session {} was hibernated while idle and has been resumed in {ms} ms: /workspace is back ({} entries, {} bytes), but the processes it ran, the shell's state (directory, variables) and python variables did not survive",
+        row.id, summary.entries, summary.total_bytes
+    );
+    tracing::info!(session = %row.id, ms = ms as u64, bytes = summary.total_bytes, "resumed a hibernated session");
+    session
+        .slots
+        .get_or_insert_with(ResumeNotice::default)
+        .set(notice.clone());
+    let mut live = Live::new(&running, session);
+    live.resumed = Some(notice);
+    Ok(live)
+}
+
+/// What a restore that failed leaves: for the engine's failure, the session hibernated for
+/// the next try (503); for a snapshot refused, the session ended, with why (409).
+async fn not_restored(
+    st: &AppState,
+    row: &SessionRow,
+    session: &Arc<sandboxd_core::sandbox::manager::Session>,
+    e: SnapshotError,
+) -> ApiError {
+    if let SnapshotError::Sandbox(_) = e {
+        discard(st, session).await;
+        return ApiError::new(
+            ErrorCode::SandboxUnavailable,
+            format!("session {} could not be resumed now ({e}); retry", row.id),
+        );
+    }
+    let why = format!("its hibernation snapshot was refused at resume: {e}");
+    tracing::warn!(session = %row.id, reason = %why, "ending a session");
+    st.runs
+        .cancel_session(&row.id, Duration::from_secs(10))
+        .await;
+    let _ = st.store.end_session(&row.id, &why, now_ms()).await;
+    hibernate::forget(st, row).await;
+    let _ = st
+        .backend
+        .remove(&row.owner, row.runtime_id.as_deref())
+        .await;
+    ApiError::new(
+        ErrorCode::Conflict,
+        format!(
+            "session {} was hibernated and cannot be resumed: {e}. Nothing of the snapshot was written; the session has ended, create a new one",
+            row.id
+        ),
+    )
+}
+
+/// Removes a sandbox a resume made and could not finish; the session stays hibernated.
+async fn discard(st: &AppState, session: &Arc<sandboxd_core::sandbox::manager::Session>) {
+    let manager = st.backend.manager();
+    if manager.take_idle(session, Duration::ZERO) {
+        let _ = manager.remove_kept(session).await;
+    }
+}
+
+/// An admin's session, or 404 (to anyone else the route does not exist).
+async fn admins_row(st: &AppState, caller: &Caller, id: &str) -> Result<SessionRow, ApiError> {
+    if !caller.is_admin() {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            "no such route for this key (it is for admins)",
+        ));
+    }
+    let row = owned_row(st, caller, id).await?;
+    if row.kind != SessionKind::Api || row.state != SessionState::Running {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("session {id} is not a running API session"),
+        ));
+    }
+    Ok(row)
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/hibernate", tag = "sessions",
+    params(("id" = String, Path, description = "The session id")),
+    responses((status = 200, description = "The session is hibernated (admins only): its /workspace is saved on the host and its container removed; its next use resumes it. Refused (409) while it is in use or has a run in flight", body = SessionView), ErrorResponses),
+    security(("bearer" = [])))]
+pub async fn hibernate_session(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<SessionView>, ApiError> {
+    let row = admins_row(&st, &caller, &id).await?;
+    if !row.hibernated() {
+        let owner = Backend::owner_of(&row.owner)?;
+        let session = match row
+            .runtime_id
+            .as_deref()
+            .and_then(|rt| st.backend.manager().held(&owner, rt))
+        {
+            Some(s) => s,
+            None => resume_or_attach(&st, &row).await?.session().clone(),
+        };
+        let done = hibernate::hibernate(&st, &row, session)
+            .await
+            .map_err(|why| {
+                ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("session {id} cannot be hibernated: {why}"),
+                )
+            })?;
+        if !done {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("session {id} is in use or has a run in flight; it stays live"),
+            ));
+        }
+    }
+    let row = owned_row(&st, &caller, &id).await?;
+    Ok(Json(SessionView::of(&row, &st.config.runtime.backend)))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/resume", tag = "sessions",
+    params(("id" = String, Path, description = "The session id")),
+    responses((status = 200, description = "The session runs (admins only): a hibernated one is resumed now, with its /workspace restored; a live one is left as it is", body = SessionView), ErrorResponses),
+    security(("bearer" = [])))]
+pub async fn resume_session(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<SessionView>, ApiError> {
+    let row = admins_row(&st, &caller, &id).await?;
+    if row.hibernated() {
+        resume_or_attach(&st, &row).await?;
+    }
+    let row = owned_row(&st, &caller, &id).await?;
+    Ok(Json(SessionView::of(&row, &st.config.runtime.backend)))
+}
