@@ -422,8 +422,14 @@ pub async fn exec(
     // A command may run longer than the session's idle timeout.
     let _in_use = live.hold();
     if !body.env.is_empty() || body.cwd.is_some() {
-        let result = crate::processes::own_process(&st, &live, &body, opts, &guard).await?;
-        return Ok(([(TIMEOUT_HEADER, HeaderValue::from(applied))], Json(result)));
+        let mut result = crate::processes::own_process(&st, &live, &body, opts, &guard).await?;
+        if let Some(resumed) = &live.resumed {
+            result.note = Some(match result.note.take() {
+                Some(note) => format!("{resumed}; {note}"),
+                None => resumed.clone(),
+            });
+        }
+        return Ok((exec_headers(applied, &live), Json(result)));
     }
     let out = tokio::select! {
         out = live.sandbox.shell(&body.command, opts) => out,
@@ -456,6 +462,12 @@ pub async fn exec(
         },
         timeout: applied,
     };
+    Ok((exec_headers(applied, &live), Json(result)))
+}
+
+/// The exec's headers: the timeout applied and, when this request resumed a hibernated
+/// session, what survived.
+fn exec_headers(applied: u64, live: &Live) -> axum::http::HeaderMap {
     let mut headers = axum::http::HeaderMap::new();
     headers.insert(TIMEOUT_HEADER, HeaderValue::from(applied));
     if let Some(resumed) = live.resumed.as_deref()
@@ -463,7 +475,7 @@ pub async fn exec(
     {
         headers.insert(crate::resume::RESUMED_HEADER, v);
     }
-    Ok((headers, Json(result)))
+    headers
 }
 
 #[utoipa::path(get, path = "/v1/tools", tag = "tools",

@@ -287,7 +287,15 @@ impl LlmClient {
         };
         let started = std::time::Instant::now();
         let out = self
-            .chat_attempts(target, messages, tools, tool_choice, cancel, on_retry, on_text)
+            .chat_attempts(
+                target,
+                messages,
+                tools,
+                tool_choice,
+                cancel,
+                on_retry,
+                on_text,
+            )
             .await;
         if let Some(m) = crate::metrics::recorder() {
             let usage = out.as_ref().map(|c| c.usage).unwrap_or_default();

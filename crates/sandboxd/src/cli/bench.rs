@@ -178,8 +178,23 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
         hibernate(&ctx, args.iterations.min(5)).await?;
     }
     if ![
-        "all", "runtime", "tools", "agent", "flow", "browser", "mcp", "research", "egress",
-        "serve", "a2a", "pool", "ui", "stream", "metrics", "hibernate", "e2b",
+        "all",
+        "runtime",
+        "tools",
+        "agent",
+        "flow",
+        "browser",
+        "mcp",
+        "research",
+        "egress",
+        "serve",
+        "a2a",
+        "pool",
+        "ui",
+        "stream",
+        "metrics",
+        "hibernate",
+        "e2b",
     ]
     .contains(&args.group.as_str())
     {
