@@ -197,13 +197,7 @@ pub async fn run_in_session(
         mut system_notes,
     } = connect_mcp(request.mcp_servers.as_ref(), session, &mut registry).await?;
     notices.extend(connect_remote_agents(&ctx.config, session, &mut registry).await);
-    // A session resumed from hibernation: the user hears it first, the model too (its
-    // earlier processes and python variables are gone).
-    if let Some(resumed) = session
-        .slots
-        .get::<crate::sandbox::hibernate::ResumeNotice>()
-        .and_then(|n| n.take())
-    {
+    if let Some(resumed) = resume_notice(session) {
         system_notes.push(resumed.clone());
         notices.insert(0, resumed);
     }
@@ -303,6 +297,15 @@ async fn connect_mcp(
         notices,
         system_notes,
     })
+}
+
+/// The note of a session resumed from hibernation, once: the user hears it first and the
+/// model too (its earlier processes and python variables are gone).
+fn resume_notice(session: &Session) -> Option<String> {
+    session
+        .slots
+        .get::<crate::sandbox::hibernate::ResumeNotice>()
+        .and_then(|n| n.take())
 }
 
 /// Registers the tools of the remote A2A agents the session's owner may use; the notices say
