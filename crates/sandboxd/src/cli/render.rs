@@ -159,6 +159,38 @@ struct Live {
     streamed: Option<(String, usize)>,
     text: String,
     open_line: bool,
+    /// The tail of the pieces so far that may be the start of an escape sequence not yet
+    /// ended: held back until the next piece completes it, so a sequence cut between two
+    /// pieces is still dropped whole, its payload included (never printed if it never ends).
+    pending: String,
+}
+
+/// Most bytes held back as an unfinished sequence; past this it is dropped.
+const MAX_PENDING: usize = 4096;
+
+/// Where the unfinished escape sequence at the end of `text` starts (`text.len()` if none):
+/// an ESC (or a C1 CSI/OSC/DCS) with no final byte or string terminator after it.
+fn unfinished_from(text: &str) -> usize {
+    let Some((at, c)) = text
+        .char_indices()
+        .rev()
+        .find(|(_, c)| matches!(c, '\u{1b}' | '\u{9b}' | '\u{9d}' | '\u{90}'))
+    else {
+        return text.len();
+    };
+    let rest = &text[at + c.len_utf8()..];
+    let ended_string =
+        |r: &str| r.contains('\u{7}') || r.contains('\u{1b}') || r.contains('\u{9c}');
+    let ended_csi = |r: &str| r.chars().any(|c| ('@'..='~').contains(&c));
+    let done = match (c, rest.chars().next()) {
+        ('\u{1b}', None) => false,
+        ('\u{1b}', Some('[')) => ended_csi(&rest[1..]),
+        ('\u{1b}', Some(']' | 'P' | '_' | '^' | 'X')) => ended_string(&rest[1..]),
+        ('\u{1b}', Some(_)) => true,
+        ('\u{9b}', _) => ended_csi(rest),
+        _ => ended_string(rest),
+    };
+    if done { text.len() } else { at }
 }
 
 impl Live {
@@ -169,6 +201,7 @@ impl Live {
             .is_some_and(|(run, step)| *run == d.run_id && *step == d.step);
         if !same {
             self.text.clear();
+            self.pending.clear();
         }
         if !self.open_line || !same {
             if self.open_line {
@@ -176,10 +209,21 @@ impl Live {
             }
             say!("💭 ");
         }
-        say!("{}", live_text(&d.text));
+        say!("{}", self.printable(&d.text));
         self.text.push_str(&d.text);
         self.streamed = Some((d.run_id.clone(), d.step));
         self.open_line = true;
+    }
+
+    /// What of `piece` can be printed now: whole sequences stripped, an unfinished one held.
+    fn printable(&mut self, piece: &str) -> String {
+        let mut text = std::mem::take(&mut self.pending);
+        text.push_str(piece);
+        let from = unfinished_from(&text);
+        if text.len() - from <= MAX_PENDING {
+            self.pending = text[from..].to_string();
+        }
+        live_text(&text[..from])
     }
 
     /// Ends the open line before any event; true for the step's text when exactly that was
@@ -192,8 +236,10 @@ impl Live {
             // The answer starts again.
             self.streamed = None;
         }
+        // Text held back as an unfinished sequence was not all shown: the event prints it whole.
+        let held = !std::mem::take(&mut self.pending).is_empty();
         match (&ev.kind, &self.streamed) {
-            (EventKind::AssistantText { step, text }, Some((run, streamed))) => {
+            (EventKind::AssistantText { step, text }, Some((run, streamed))) if !held => {
                 *run == ev.run_id && step == streamed && text.trim() == self.text.trim()
             }
             _ => false,
@@ -388,5 +434,32 @@ mod tests {
         assert!(out.starts_with("abcred"), "{out:?}");
         assert!(!out.contains('\u{202e}'));
         assert_eq!(clean("plain text, ünïcode ✓"), "plain text, ünïcode ✓");
+    }
+
+    /// Streamed text arrives in pieces cut anywhere, also inside a sequence: the one parser
+    /// across a step's pieces still drops each sequence whole.
+    #[test]
+    fn a_sequence_cut_between_streamed_pieces_is_dropped_whole() {
+        let text = "Thinking \u{1b}]0;MODEL-TITLE\u{7} aloud \u{9b}2J end \u{1b}[31mred";
+        for cut in 1..text.len() {
+            if !text.is_char_boundary(cut) {
+                continue;
+            }
+            let mut live = super::Live::default();
+            let mut out = String::new();
+            for piece in [&text[..cut], &text[cut..]] {
+                out.push_str(&live.printable(piece));
+            }
+            // (A C1 CSI's parameters stay as plain text: the C1 character itself goes, so
+            // nothing is left that a terminal would act on.)
+            for gone in ["MODEL-TITLE", "[31m"] {
+                assert!(
+                    !out.contains(gone),
+                    "cut at {cut}: {gone:?} left in {out:?}"
+                );
+            }
+            assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+            assert!(out.ends_with("end red"), "cut at {cut}: {out:?}");
+        }
     }
 }
