@@ -88,9 +88,15 @@ pub struct ProcessTable {
 struct Procs {
     next_pid: u32,
     running: BTreeMap<u32, Arc<Proc>>,
+    /// The last processes that ended, newest last: a late reader still gets what they kept
+    /// and their exit (at most `KEPT_ENDED`, so ended processes never pile up).
+    ended: std::collections::VecDeque<Arc<Proc>>,
     /// Starts between their reservation and their entry (counted against the bound).
     starting: usize,
 }
+
+/// Ended processes kept for a late reader.
+const KEPT_ENDED: usize = 8;
 
 impl ProcessTable {
     /// The session's table (made on first use, kept in its slots).
@@ -106,6 +112,7 @@ impl ProcessTable {
             procs: Mutex::new(Procs {
                 next_pid: 1000,
                 running: BTreeMap::new(),
+                ended: std::collections::VecDeque::new(),
                 starting: 0,
             }),
         }
@@ -192,9 +199,16 @@ impl ProcessTable {
         }
     }
 
-    /// Takes an ended process out of the table.
+    /// Takes an ended process out of the running ones; it stays readable among the last
+    /// `KEPT_ENDED` that ended.
     pub(super) fn forget(&self, pid: u32) {
-        lock(&self.procs).running.remove(&pid);
+        let mut procs = lock(&self.procs);
+        if let Some(proc) = procs.running.remove(&pid) {
+            if procs.ended.len() >= KEPT_ENDED {
+                procs.ended.pop_front();
+            }
+            procs.ended.push_back(proc);
+        }
     }
 
     /// A running process's pid by its pid or tag.
@@ -214,9 +228,15 @@ impl ProcessTable {
             .collect()
     }
 
-    /// Follows a running process: what it kept, then what comes.
+    /// Follows a process: what it kept, then what comes (for one that ended lately, what it
+    /// kept and its exit).
     pub fn subscribe(&self, pid: u32) -> Option<Subscription> {
-        self.find(Some(pid), None).map(|p| p.subscribe())
+        self.find(Some(pid), None)
+            .or_else(|| {
+                let procs = lock(&self.procs);
+                procs.ended.iter().find(|p| p.pid == pid).cloned()
+            })
+            .map(|p| p.subscribe())
     }
 
     /// Writes to a running process's stdin. Err(Conflict) when it was started without
