@@ -236,6 +236,10 @@ pub async fn process_stdin(
     ApiJson(body): ApiJson<StdinBody>,
 ) -> Result<StatusCode, ApiError> {
     let table = table(&st, &caller, &id).await?;
+    // An empty write that closes nothing still names a process: an unknown one is a 404.
+    table
+        .resolve(Some(pid), None)
+        .ok_or_else(|| no_process(pid))?;
     if !body.data.is_empty() {
         table
             .send_stdin(pid, body.data.as_bytes())
