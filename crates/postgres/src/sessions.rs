@@ -331,6 +331,23 @@ pub(crate) async fn touch(c: &impl GenericClient, id: &str, now: i64) -> Result<
     Ok(())
 }
 
+pub(crate) async fn set_idle_timeout(
+    c: &impl GenericClient,
+    id: &str,
+    secs: u64,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let secs = secs.min(i64::MAX as u64) as i64;
+    let n = execute(
+        c,
+        "UPDATE sessions SET idle_timeout_secs = $2, last_used_at = GREATEST(last_used_at, $3)
+         WHERE id = $1 AND state = 'running'",
+        &[&id, &secs, &now],
+    )
+    .await?;
+    Ok(n > 0)
+}
+
 pub(crate) async fn end(
     c: &impl GenericClient,
     id: &str,

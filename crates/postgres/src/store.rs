@@ -145,6 +145,10 @@ impl Store for PgStore {
         sessions::touch(&self.client().await?, id, now).await
     }
 
+    async fn set_idle_timeout(&self, id: &str, secs: u64, now: i64) -> Result<bool, StoreError> {
+        sessions::set_idle_timeout(&self.client().await?, id, secs, now).await
+    }
+
     async fn end_session(&self, id: &str, reason: &str, now: i64) -> Result<bool, StoreError> {
         sessions::end(&self.client().await?, id, reason, now).await
     }

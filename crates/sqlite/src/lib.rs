@@ -377,6 +377,12 @@ impl Store for SqliteStore {
         self.write(move |tx| sessions::touch(tx, &id, now)).await
     }
 
+    async fn set_idle_timeout(&self, id: &str, secs: u64, now: i64) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.write(move |tx| sessions::set_idle_timeout(tx, &id, secs, now))
+            .await
+    }
+
     async fn end_session(&self, id: &str, reason: &str, now: i64) -> Result<bool, StoreError> {
         let (id, reason) = (id.to_string(), reason.to_string());
         self.write(move |tx| sessions::end(tx, &id, &reason, now))

@@ -309,6 +309,23 @@ pub(super) fn touch(tx: &Transaction<'_>, id: &str, now: i64) -> Result<(), Stor
     Ok(())
 }
 
+pub(super) fn set_idle_timeout(
+    tx: &Transaction<'_>,
+    id: &str,
+    secs: u64,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let secs = secs.min(i64::MAX as u64) as i64;
+    let n = tx
+        .execute(
+            "UPDATE sessions SET idle_timeout_secs = ?2, last_used_at = MAX(last_used_at, ?3)
+             WHERE id = ?1 AND state = 'running'",
+            params![id, secs, now],
+        )
+        .map_err(sql)?;
+    Ok(n > 0)
+}
+
 pub(super) fn end(
     tx: &Transaction<'_>,
     id: &str,

@@ -437,6 +437,10 @@ pub trait Store:
     /// Sessions that are creating or running, every owner.
     async fn active_sessions(&self) -> Result<Vec<SessionRow>, StoreError>;
     async fn touch_session(&self, id: &str, now: i64) -> Result<(), StoreError>;
+    /// Gives the running (or hibernated) session `id` the idle timeout `secs`, counted from
+    /// `now` (its last use becomes `now` unless later already); returns whether it did
+    /// (false: it does not exist, or is not running). Every replica's idle end reads it.
+    async fn set_idle_timeout(&self, id: &str, secs: u64, now: i64) -> Result<bool, StoreError>;
     /// Marks a session ended (idempotent); returns whether it was still active.
     async fn end_session(&self, id: &str, reason: &str, now: i64) -> Result<bool, StoreError>;
 

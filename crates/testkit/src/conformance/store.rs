@@ -101,6 +101,12 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     run_case(S, "case_idle_end_once", shared::case_idle_end_once(factory)).await?;
     run_case(
         S,
+        "case_set_idle_timeout",
+        shared::case_set_idle_timeout(factory),
+    )
+    .await?;
+    run_case(
+        S,
         "case_session_holders",
         shared::case_session_holders(factory),
     )

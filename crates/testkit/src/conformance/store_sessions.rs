@@ -1,7 +1,7 @@
 //! Store conformance cases of sessions shared by several replicas (issue 22): the global
 //! session cap counted with the per-owner one under concurrent writers, the conditional idle
-//! end that exactly one of several reapers wins, and the holders a replica records on the
-//! sessions it attaches.
+//! end that exactly one of several reapers wins, a new idle timeout it follows, and the
+//! holders a replica records on the sessions it attaches.
 
 use std::collections::BTreeMap;
 
@@ -163,6 +163,62 @@ pub(super) async fn case_idle_end_once(f: &dyn StoreFactory) -> Result<()> {
             .end_idle_session("rt-i0", "again", t0 + 90_000)
             .await?,
         "an ended session is not ended again"
+    );
+    Ok(())
+}
+
+/// A new idle timeout (E2B's set timeout): only for a running session; it counts from the
+/// time given (an earlier one never moves the last use back), longer or shorter than the
+/// one the session was made with, and the idle end follows it.
+pub(super) async fn case_set_idle_timeout(f: &dyn StoreFactory) -> Result<()> {
+    let store = fresh(f).await?;
+    let ann = add_user(&*store, "ann", 1).await?;
+    let t0 = now_ms();
+    store.reserve_session(row("t0", &ann, 10, t0), 10).await?;
+    ensure!(
+        !store.set_idle_timeout("t0", 60, t0).await?,
+        "a session still being created gets no new timeout"
+    );
+    ensure!(
+        !store.set_idle_timeout("no-such", 60, t0).await?,
+        "an unknown session gets no new timeout"
+    );
+    store.session_started("t0", "rt-t0", "c-t0").await?;
+    ensure!(
+        store.set_idle_timeout("t0", 60, t0 + 5_000).await?,
+        "a running session's timeout is set"
+    );
+    let r = store
+        .session("t0")
+        .await?
+        .ok_or_else(|| anyhow!("session t0 is missing"))?;
+    ensure!(
+        r.idle_timeout_secs == 60 && r.last_used_at == t0 + 5_000,
+        "a longer timeout, counted from the time given: {r:?}"
+    );
+    ensure!(
+        !store.end_idle_session("rt-t0", "idle", t0 + 30_000).await?,
+        "the longer timeout keeps the session past the one it was made with"
+    );
+    ensure!(
+        store.set_idle_timeout("t0", 2, t0 + 1_000).await?,
+        "a shorter one is set too"
+    );
+    let r = store
+        .session("t0")
+        .await?
+        .ok_or_else(|| anyhow!("session t0 is missing"))?;
+    ensure!(
+        r.idle_timeout_secs == 2 && r.last_used_at == t0 + 5_000,
+        "an earlier time does not move the last use back: {r:?}"
+    );
+    ensure!(
+        store.end_idle_session("rt-t0", "idle", t0 + 7_000).await?,
+        "the idle end follows the shorter timeout"
+    );
+    ensure!(
+        !store.set_idle_timeout("t0", 60, t0 + 8_000).await?,
+        "an ended session gets no new timeout"
     );
     Ok(())
 }
