@@ -224,6 +224,9 @@ pub struct Session {
     /// The backend's name for its sandbox (the Docker container id, the Kubernetes pod
     /// name); none before the sandbox is made.
     pub handle: Option<String>,
+    /// The template its sandbox is made from: `default` (the default image) or the name of
+    /// one of the admin's `[[templates]]`.
+    pub template: String,
 }
 
 pub fn time(ms: i64) -> DateTime<Utc> {
@@ -253,6 +256,10 @@ impl Session {
             backend: backend.trim().to_string(),
             // A hibernated session's container is gone.
             handle: r.container_id.clone().filter(|_| !r.hibernated()),
+            template: r
+                .template
+                .clone()
+                .unwrap_or_else(|| sandboxd_core::config::DEFAULT_TEMPLATE.into()),
         }
     }
 }
