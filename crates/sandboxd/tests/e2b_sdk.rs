@@ -5,7 +5,8 @@
 //! their own env and cwd, list, kill, stdin), files (text, bytes, several at once, list with
 //! depth, make_dir, rename, remove, exists), timeout, connect, kill (the container is gone);
 //! the code interpreter (state kept, a PNG figure, an error with its traceback); two users
-//! (404 across them, each lists only their own); no network; refused requests say why.
+//! (404 across them, each lists only their own); no network; refused requests say why;
+//! pause and resume (hibernation), set timeout up to the admin's cap, templates by name.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use crate::serve;
@@ -241,5 +242,138 @@ async fn e2b_sdk_chooses_a_template_by_name() {
         .await;
     assert_eq!(status, 200, "{s}");
     assert_eq!(s["metadata"]["e2b.template"], "jq", "{s}");
+    assert_eq!(
+        s["template"], "jq",
+        "the session view names its template: {s}"
+    );
     wait_gone(&env, id).await;
+
+    // Sessions made through /v1: the view names the template (`default` for the default
+    // image), and E2B's get names it too (E2B's `base` for the default image).
+    for (asked, view, e2b) in [
+        (serde_json::json!({"template": "jq"}), "jq", "jq"),
+        (serde_json::json!({}), "default", "base"),
+    ] {
+        let (status, v) = api
+            .json(reqwest::Method::POST, "/v1/sessions", Some(asked))
+            .await;
+        assert_eq!(status, 201, "{v}");
+        assert_eq!(v["template"], view, "{v}");
+        let sid = v["id"].as_str().unwrap();
+        let (status, got) = api
+            .json(reqwest::Method::GET, &format!("/v1/sessions/{sid}"), None)
+            .await;
+        assert_eq!((status, &got["template"]), (200, &serde_json::json!(view)));
+        let (status, e) = api
+            .json(reqwest::Method::GET, &format!("/e2b/sandboxes/{sid}"), None)
+            .await;
+        assert_eq!(status, 200, "{e}");
+        assert_eq!(e["templateID"], e2b, "{e}");
+        let (status, _) = api
+            .json(
+                reqwest::Method::DELETE,
+                &format!("/v1/sessions/{sid}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 204);
+    }
+}
+
+/// E2B's pause is sandboxd's hibernation: the owner pauses their sandbox, it shows
+/// `paused`, its container is gone; connecting resumes it with its /workspace (not /tmp),
+/// and an in-sandbox call to a paused sandbox resumes it too.
+#[tokio::test]
+async fn e2b_sdk_pause_and_resume() {
+    let env = Env::new("").await;
+    let key = env.add_user("paula", &[]);
+    let serve = env.start();
+    let p = sdk(&serve, &key, "pause", &[]).await;
+    let id = p["sandbox_id"].as_str().unwrap();
+    assert_eq!(p["paused"], true, "{p}");
+    assert_eq!(p["pause_again"], false, "{p}");
+    assert!(
+        p["full"].as_str().unwrap().contains("not its memory"),
+        "{p}"
+    );
+    assert_eq!(p["state"], "paused", "{p}");
+    assert_eq!(strs(&p["listed_paused"]), [id.to_string()], "{p}");
+    assert_eq!(p["listed_running"], serde_json::json!([]), "{p}");
+    assert_eq!(strs(&p["listed_any"]), [id.to_string()], "{p}");
+    assert_eq!(p["is_running"], false, "{p}");
+    assert_eq!(p["state_after_probe"], "paused", "{p}");
+    let runtime = env.runtime_id(id).await;
+    assert!(
+        !container_of(&runtime, false),
+        "a paused sandbox has no container"
+    );
+    let api = serve::Api::new(&serve, &key);
+    let (status, s) = api
+        .json(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["state"], "hibernated", "{s}");
+
+    let r = sdk(&serve, &key, "resume", &[("SANDBOX_ID", id)]).await;
+    assert_eq!(r["state"], "running", "{r}");
+    assert_eq!(r["file"], "kept across a pause", "{r}");
+    assert_eq!(r["tmp_kept"], false, "{r}");
+    assert_eq!(r["echo"], "back\n", "{r}");
+    assert_eq!(r["connect_running"], "running", "{r}");
+    assert_eq!(r["paused_again"], true, "{r}");
+    assert_eq!(r["auto_resumed"], "kept across a pause", "{r}");
+    assert_eq!(r["state_after"], "running", "{r}");
+    assert!(container_of(&runtime, true), "the resumed sandbox runs");
+
+    // Another user neither sees nor pauses it.
+    let bob = env.add_user("bob", &[]);
+    let b = sdk(&serve, &bob, "foreign", &[("SANDBOX_ID", id)]).await;
+    assert_eq!(b["connect"], "SandboxNotFoundException", "{b}");
+    let bob_api = serve::Api::new(&serve, &bob);
+    let (status, _) = bob_api
+        .json(
+            reqwest::Method::POST,
+            &format!("/e2b/sandboxes/{id}/pause"),
+            Some(serde_json::json!({})),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (_, s) = api
+        .json(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(s["state"], "running", "{s}");
+}
+
+/// set_timeout extends as well as shortens, never above the admin's cap (900 s here), and
+/// the end time the SDK reads says what was applied; a paused sandbox stays paused.
+#[tokio::test]
+async fn e2b_sdk_set_timeout_extends_up_to_the_cap() {
+    let env = Env::new("idle_timeout_secs = 900").await;
+    let key = env.add_user("tim", &[]);
+    let serve = env.start();
+    let o = sdk(&serve, &key, "timeout", &[]).await;
+    // [end - before the call, end - after it]: the timeout applied lies between them (a
+    // second either side for the clocks' rounding; the timeouts differ by far more).
+    let applied = |name: &str, secs: f64| {
+        let v = o[name].as_array().unwrap();
+        let (from_before, from_after) = (v[0].as_f64().unwrap(), v[1].as_f64().unwrap());
+        assert!(
+            from_before >= secs - 1.0 && from_after <= secs + 1.0,
+            "{name}: {secs} s applied? {o}"
+        );
+    };
+    applied("longer", 300.0);
+    applied("shorter", 30.0);
+    applied("above_cap", 900.0);
+    applied("paused", 120.0);
+    assert_eq!(o["paused_state"], "paused", "{o}");
+    assert_eq!(o["connect_longer"], "running", "{o}");
+    let id = o["sandbox_id"].as_str().unwrap();
+    let api = serve::Api::new(&serve, &key);
+    let (status, s) = api
+        .json(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["idle_timeout"], 200, "connect's longer timeout: {s}");
+    assert_eq!(s["state"], "running", "{s}");
 }

@@ -217,6 +217,41 @@ async fn admins_row(st: &AppState, caller: &Caller, id: &str) -> Result<SessionR
     Ok(row)
 }
 
+/// Hibernates the running API session of `row` now (whoever calls checked that the caller
+/// may: the admin route, an owner's E2B pause): one this replica holds at once, one it does
+/// not after attaching it here. Ok(false) when it was hibernated already; a 409 while it is
+/// in use or has a run in flight (it stays live).
+pub async fn hibernate_now(st: &AppState, row: &SessionRow) -> Result<bool, ApiError> {
+    if row.hibernated() {
+        return Ok(false);
+    }
+    let id = &row.id;
+    let owner = Backend::owner_of(&row.owner)?;
+    let session = match row
+        .runtime_id
+        .as_deref()
+        .and_then(|rt| st.backend.manager().held(&owner, rt))
+    {
+        Some(s) => s,
+        None => resume_or_attach(st, row).await?.session().clone(),
+    };
+    let done = hibernate::hibernate(st, row, session)
+        .await
+        .map_err(|why| {
+            ApiError::new(
+                ErrorCode::Conflict,
+                format!("session {id} cannot be hibernated: {why}"),
+            )
+        })?;
+    if !done {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("session {id} is in use or has a run in flight; it stays live"),
+        ));
+    }
+    Ok(true)
+}
+
 #[utoipa::path(post, path = "/v1/sessions/{id}/hibernate", tag = "sessions",
     params(("id" = String, Path, description = "The session id")),
     responses((status = 200, description = "The session is hibernated (admins only): its /workspace is saved on the host and its container removed; its next use resumes it. Refused (409) while it is in use or has a run in flight", body = SessionView), ErrorResponses),
@@ -227,31 +262,7 @@ pub async fn hibernate_session(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SessionView>, ApiError> {
     let row = admins_row(&st, &caller, &id).await?;
-    if !row.hibernated() {
-        let owner = Backend::owner_of(&row.owner)?;
-        let session = match row
-            .runtime_id
-            .as_deref()
-            .and_then(|rt| st.backend.manager().held(&owner, rt))
-        {
-            Some(s) => s,
-            None => resume_or_attach(&st, &row).await?.session().clone(),
-        };
-        let done = hibernate::hibernate(&st, &row, session)
-            .await
-            .map_err(|why| {
-                ApiError::new(
-                    ErrorCode::Conflict,
-                    format!("session {id} cannot be hibernated: {why}"),
-                )
-            })?;
-        if !done {
-            return Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!("session {id} is in use or has a run in flight; it stays live"),
-            ));
-        }
-    }
+    hibernate_now(&st, &row).await?;
     let row = owned_row(&st, &caller, &id).await?;
     Ok(Json(SessionView::of(&row, &st.config.runtime.backend)))
 }

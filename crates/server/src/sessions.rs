@@ -162,6 +162,12 @@ pub async fn audit_created(st: &AppState, caller: &Caller, row: &SessionRow) {
     crate::audit::record(st, &caller.who, "session.create", &row.id, details).await;
 }
 
+/// The longest idle timeout a session may have: the admin's `[sessions] idle_timeout_secs`
+/// (a request for more gets this; E2B's set timeout too).
+pub fn idle_timeout_cap(st: &AppState) -> u64 {
+    st.config.sessions.idle_timeout_secs.max(1)
+}
+
 /// Makes a session for the caller (within their quota and ceilings), running; also how
 /// POST /v1/runs makes a new session.
 pub async fn create(
@@ -180,7 +186,7 @@ pub async fn create(
         .templates()
         .resolve(body.template.as_deref())
         .map_err(|e| ApiError::new(ErrorCode::NotFound, format!("field `template`: {e}")))?;
-    let admin_idle = st.config.sessions.idle_timeout_secs.max(1);
+    let admin_idle = idle_timeout_cap(st);
     let idle = match body.idle_timeout {
         None => admin_idle,
         Some(0) => {

@@ -193,6 +193,76 @@ def template():
     return out
 
 
+def pause():
+    """A sandbox with a file, paused: the state E2B shows, and what a pause refuses."""
+    out = {}
+    sbx = Sandbox.create(metadata={"suite": "pause"})
+    out["sandbox_id"] = sbx.sandbox_id
+    sbx.files.write("/workspace/kept.txt", "kept across a pause")
+    sbx.commands.run("echo hi > /tmp/lost.txt")
+    out["paused"] = sbx.pause()
+    out["pause_again"] = Sandbox.pause(sbx.sandbox_id)
+    try:
+        Sandbox.pause(sbx.sandbox_id, mode="full")
+        out["full"] = None
+    except Exception as e:
+        out["full"] = f"{type(e).__name__}: {e}"
+    out["state"] = str(sbx.get_info().state)
+    by_state = lambda st: [
+        s.sandbox_id
+        for s in Sandbox.list(query=e2b.SandboxQuery(metadata={"suite": "pause"}, state=st)).next_items()
+    ]
+    out["listed_paused"] = by_state([e2b.SandboxState.PAUSED])
+    out["listed_running"] = by_state([e2b.SandboxState.RUNNING])
+    out["listed_any"] = by_state(None)
+    # Not running, and asking does not resume it.
+    out["is_running"] = sbx.is_running()
+    out["state_after_probe"] = str(sbx.get_info().state)
+    return out
+
+
+def resume():
+    """Connects to the paused sandbox SANDBOX_ID (resumed with its files), uses it, pauses
+    it again and uses it without connecting (resumed by the call, as E2B's auto-resume)."""
+    out = {}
+    sbx = Sandbox.connect(os.environ["SANDBOX_ID"])
+    out["state"] = str(sbx.get_info().state)
+    out["file"] = sbx.files.read("/workspace/kept.txt")
+    out["tmp_kept"] = sbx.files.exists("/tmp/lost.txt")
+    out["echo"] = sbx.commands.run("echo back").stdout
+    out["connect_running"] = str(Sandbox.connect(sbx.sandbox_id).get_info().state)
+    out["paused_again"] = sbx.pause()
+    out["auto_resumed"] = sbx.commands.run("cat /workspace/kept.txt").stdout
+    out["state_after"] = str(sbx.get_info().state)
+    return out
+
+
+def timeout():
+    """set_timeout longer and shorter than the sandbox was made with, above the admin's cap,
+    and on a paused sandbox: the end time get_info shows, in seconds from before and after
+    each call."""
+    from datetime import datetime, timezone
+
+    def end_after(set_to, sbx):
+        before = datetime.now(timezone.utc)
+        sbx.set_timeout(set_to)
+        info = sbx.get_info()
+        after = datetime.now(timezone.utc)
+        return [(info.end_at - before).total_seconds(), (info.end_at - after).total_seconds()]
+
+    out = {}
+    sbx = Sandbox.create(timeout=60)
+    out["sandbox_id"] = sbx.sandbox_id
+    out["longer"] = end_after(300, sbx)
+    out["shorter"] = end_after(30, sbx)
+    out["above_cap"] = end_after(10**6, sbx)
+    sbx.pause()
+    out["paused"] = end_after(120, sbx)
+    out["paused_state"] = str(sbx.get_info().state)
+    out["connect_longer"] = str(Sandbox.connect(sbx.sandbox_id, timeout=200).get_info().state)
+    return out
+
+
 def keep():
     """Creates a sandbox and leaves it running; prints its id."""
     sbx = Sandbox.create()
@@ -206,6 +276,9 @@ MODES = {
     "foreign": foreign,
     "keep": keep,
     "template": template,
+    "pause": pause,
+    "resume": resume,
+    "timeout": timeout,
 }
 
 if __name__ == "__main__":

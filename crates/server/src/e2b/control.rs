@@ -1,11 +1,12 @@
-//! E2B's control plane at `/e2b`: create, get, list, kill, set timeout, connect. Each is the
-//! /v1 handler of the same operation (`sessions::create`, `list_sessions`, `get_session`,
-//! `session_end::delete_session`) with E2B's names around it: a sandbox is an API session of
-//! the key's user, its id the session's id, E2B's `timeout` its idle timeout.
+//! E2B's control plane at `/e2b`: create, get, list, kill (pause, connect and set timeout are
+//! in lifecycle.rs). Each is the /v1 handler of the same operation (`sessions::create`,
+//! `list_sessions`, `get_session`, `session_end::delete_session`) with E2B's names around
+//! it: a sandbox is an API session of the key's user, its id the session's id, E2B's
+//! `timeout` its idle timeout, a hibernated session a paused sandbox.
 //!
-//! What sandboxd refuses by design (internet access, network rules, pausing, MCP gateways,
-//! volumes, templates it does not have) is answered as E2B answers a refused request:
-//! `{"code": 400, "message": ...}` saying why.
+//! What sandboxd refuses by design (internet access, network rules, auto-pause, MCP
+//! gateways, volumes, templates it does not have) is answered as E2B answers a refused
+//! request: `{"code": 400, "message": ...}` saying why.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,7 +46,7 @@ pub(super) struct NewSandbox {
     volume_mounts: Option<Vec<Value>>,
 }
 
-fn refused(why: &str) -> E2bError {
+pub(super) fn refused(why: &str) -> E2bError {
     E2bError::invalid(format!("sandboxd refuses this by design: {why}"))
 }
 
@@ -67,7 +68,7 @@ fn check_refused(body: &NewSandbox) -> Result<(), E2bError> {
     }
     if body.auto_pause == Some(true) {
         return Err(refused(
-            "sandboxes are not paused; one idles out after its timeout",
+            "a sandbox is not paused automatically; pause it (Sandbox.pause) and it is kept until its timeout, or the admin's hibernate_after_secs hibernates an idle one",
         ));
     }
     if body.mcp.as_ref().is_some_and(|m| !m.is_null()) {
@@ -109,7 +110,7 @@ fn sandboxd_template(st: &AppState, name: &str) -> Result<Option<String>, E2bErr
 
 /// The key the caller authenticated with, which the SDK sends back as envd's access token
 /// and as the traffic token (the code interpreter's context routes send only that one).
-fn access_token(headers: &HeaderMap) -> Option<String> {
+pub(super) fn access_token(headers: &HeaderMap) -> Option<String> {
     crate::auth::request_key(headers).map(str::to_string)
 }
 
@@ -151,13 +152,22 @@ pub(super) async fn create(
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
-/// A session as E2B's `ListedSandbox`/`SandboxDetail`.
-fn view(s: &Session, token: Option<&str>) -> Value {
+/// A session as E2B's `ListedSandbox`/`SandboxDetail`: a hibernated session is a paused
+/// sandbox; its template is the one it was made from (the E2B name asked for, for the
+/// default image).
+pub(super) fn view(s: &Session, token: Option<&str>) -> Value {
     let mut metadata = s.metadata.clone();
-    let template = metadata
-        .remove(TEMPLATE_KEY)
-        .unwrap_or_else(|| "base".into());
+    let asked = metadata.remove(TEMPLATE_KEY);
+    let template = if s.template == sandboxd_core::config::DEFAULT_TEMPLATE {
+        asked.unwrap_or_else(|| "base".into())
+    } else {
+        s.template.clone()
+    };
     let end_at = s.last_used_at + chrono::Duration::seconds(s.idle_timeout as i64);
+    let state = match s.state {
+        SessionStatus::Hibernated => "paused",
+        _ => "running",
+    };
     let mut v = json!({
         "templateID": template,
         "alias": template,
@@ -168,7 +178,7 @@ fn view(s: &Session, token: Option<&str>) -> Value {
         "cpuCount": s.limits.cpus.ceil().max(1.0) as u64,
         "memoryMB": s.limits.memory_mb,
         "diskSizeMB": s.limits.workspace_mb,
-        "state": "running",
+        "state": state,
         "envdVersion": ENVD_VERSION,
         "metadata": metadata,
     });
@@ -179,11 +189,20 @@ fn view(s: &Session, token: Option<&str>) -> Value {
     v
 }
 
+/// An API session that runs or is hibernated (paused); an MCP client's sandbox and an
+/// ended session are no E2B sandbox.
 fn is_e2b_visible(s: &Session) -> bool {
-    matches!(s.kind, SessionKindView::Api) && matches!(s.state, SessionStatus::Running)
+    matches!(s.kind, SessionKindView::Api)
+        && matches!(s.state, SessionStatus::Running | SessionStatus::Hibernated)
 }
 
-async fn running(st: &Arc<AppState>, caller: &Caller, id: &str) -> Result<Session, E2bError> {
+/// The caller's sandbox `id`, running or paused, as /v1 sees it (not a use of it: a paused
+/// one stays paused); E2B's not-found otherwise.
+pub(super) async fn sandbox(
+    st: &Arc<AppState>,
+    caller: &Caller,
+    id: &str,
+) -> Result<Session, E2bError> {
     let Json(s) = crate::sessions::get_session(
         State(st.clone()),
         Extension(caller.clone()),
@@ -202,7 +221,7 @@ pub(super) async fn get_one(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
-    let s = running(&st, &caller, &id).await?;
+    let s = sandbox(&st, &caller, &id).await?;
     Ok(Json(view(&s, access_token(&headers).as_deref())))
 }
 
@@ -220,12 +239,18 @@ pub(super) async fn list(
     Extension(caller): Extension<Caller>,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, E2bError> {
-    // Only running sandboxes exist here (none is ever paused).
-    if let Some(state) = q.state.as_deref()
-        && !state.split(',').any(|s| s == "running")
-    {
-        return Ok(Json(json!([])).into_response());
-    }
+    // Running and paused by default, as E2B lists; `state` narrows it.
+    let states: Vec<&str> = match q.state.as_deref() {
+        Some(state) => state.split(',').collect(),
+        None => vec!["running", "paused"],
+    };
+    let wanted = |s: &Session| {
+        let name = match s.state {
+            SessionStatus::Hibernated => "paused",
+            _ => "running",
+        };
+        states.contains(&name)
+    };
     // The SDK percent-encodes each key and value, then URL-encodes the pairs.
     let metadata = q.metadata.map(|m| {
         m.split('&')
@@ -251,7 +276,7 @@ pub(super) async fn list(
     let items: Vec<Value> = page
         .sessions
         .iter()
-        .filter(|s| is_e2b_visible(s))
+        .filter(|s| is_e2b_visible(s) && wanted(s))
         .map(|s| view(s, None))
         .collect();
     let mut r = Json(items).into_response();
@@ -292,49 +317,7 @@ pub(super) async fn kill(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
-    running(&st, &caller, &id).await?;
+    sandbox(&st, &caller, &id).await?;
     crate::session_end::delete_session(State(st), Extension(caller), ApiPath(id)).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-#[derive(Debug, Deserialize)]
-pub(super) struct TimeoutBody {
-    timeout: u64,
-}
-
-/// E2B's timeout is the sandbox's idle timeout here; a new one applies from now, at most the
-/// one it was created with (the row's, which every replica's reaper reads).
-pub(super) async fn set_timeout(
-    State(st): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<TimeoutBody>,
-) -> Result<StatusCode, E2bError> {
-    running(&st, &caller, &id).await?;
-    let live = crate::sessions::live_session(&st, &caller, &id).await?;
-    let row = crate::sessions::owned_row(&st, &caller, &id).await?;
-    let secs = body.timeout.clamp(1, row.idle_timeout_secs.max(1));
-    live.session()
-        .set_idle_timeout(std::time::Duration::from_secs(secs));
-    live.touch();
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// Connecting to a running sandbox: its details (a sandbox is never paused, so there is
-/// nothing to resume).
-pub(super) async fn connect(
-    State(st): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, E2bError> {
-    let s = running(&st, &caller, &id).await?;
-    crate::sessions::live_session(&st, &caller, &id)
-        .await?
-        .touch();
-    Ok(Json(view(&s, access_token(&headers).as_deref())))
-}
-
-pub(super) async fn pause(Path(_id): Path<String>) -> E2bError {
-    refused("sandboxes are not paused or snapshotted; one idles out after its timeout")
 }

@@ -4,7 +4,8 @@
 //! sandbox is an API session of the key's user (quotas, 404 across users, idle timeouts,
 //! /v1 and the web UI see it).
 //!
-//! - `control.rs`: the control plane (`/e2b/v2/sandboxes`, `/e2b/sandboxes/{id}`, ...).
+//! - `control.rs`: the control plane (`/e2b/v2/sandboxes`, `/e2b/sandboxes/{id}`, ...);
+//!   `lifecycle.rs` its pause (hibernation), connect (resume) and timeout.
 //! - `/e2b/sandbox/...`: every in-sandbox call, routed by the `E2b-Sandbox-Id` header
 //!   (`target`): envd's process service (`process.rs`), its filesystem service and `/files`
 //!   (`fs.rs`), and the code interpreter's `/execute` and `/contexts` (`interp.rs`).
@@ -18,6 +19,7 @@ mod connect;
 mod control;
 mod fs;
 mod interp;
+mod lifecycle;
 mod multipart;
 mod process;
 mod wire;
@@ -57,10 +59,10 @@ pub fn router(st: &AppState) -> Router<Arc<AppState>> {
             "/e2b/sandboxes/{id}",
             get(control::get_one).delete(control::kill),
         )
-        .route("/e2b/sandboxes/{id}/timeout", post(control::set_timeout))
-        .route("/e2b/v2/sandboxes/{id}/connect", post(control::connect))
-        .route("/e2b/sandboxes/{id}/connect", post(control::connect))
-        .route("/e2b/sandboxes/{id}/pause", post(control::pause))
+        .route("/e2b/sandboxes/{id}/timeout", post(lifecycle::set_timeout))
+        .route("/e2b/v2/sandboxes/{id}/connect", post(lifecycle::connect))
+        .route("/e2b/sandboxes/{id}/connect", post(lifecycle::connect))
+        .route("/e2b/sandboxes/{id}/pause", post(lifecycle::pause))
         .route("/e2b/sandbox/health", get(health))
         .route("/e2b/sandbox/process.Process/{method}", post(process::rpc))
         .route("/e2b/sandbox/filesystem.Filesystem/{method}", post(fs::rpc))
@@ -170,12 +172,24 @@ pub async fn target(
     Ok((live, port))
 }
 
-/// envd's health probe, which the SDK sends when a call fails at the connection level.
+/// envd's health probe, which the SDK sends when a call fails at the connection level and
+/// for `is_running`: a paused (hibernated) sandbox is not running, and probing it does not
+/// resume it (502, as E2B's proxy answers for a sandbox that does not run).
 async fn health(
     axum::extract::State(st): axum::extract::State<Arc<AppState>>,
     axum::Extension(caller): axum::Extension<Caller>,
     headers: HeaderMap,
 ) -> Response {
+    let id = headers
+        .get("e2b-sandbox-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if let Ok(row) = crate::sessions::owned_row(&st, &caller, id).await
+        && row.hibernated()
+    {
+        let paused = format!("The sandbox {id} is paused: connect to it to resume it");
+        return E2bError::new(StatusCode::BAD_GATEWAY, paused).into_response();
+    }
     match target(&st, &caller, &headers).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => e.into_response(),
