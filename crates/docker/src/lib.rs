@@ -96,6 +96,23 @@ impl DockerRuntime {
         }
     }
 
+    /// One reading of the container's stats (None: the engine sent none).
+    async fn stats_once(
+        &self,
+        handle: &str,
+        doing: &'static str,
+    ) -> Result<Option<bollard::models::ContainerStatsResponse>, SandboxError> {
+        let options = StatsOptionsBuilder::new()
+            .stream(false)
+            .one_shot(true)
+            .build();
+        let mut stream = self.docker.stats(handle, Some(options));
+        match stream.next().await {
+            None => Ok(None),
+            Some(stats) => stats.map(Some).map_err(|e| docker_err(doing, handle, e)),
+        }
+    }
+
     pub fn image(&self) -> &str {
         &self.image
     }
@@ -344,15 +361,12 @@ impl Runtime for DockerRuntime {
 
     /// The cgroup's memory use without the reclaimable page cache, as `docker stats` shows.
     async fn memory_usage(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
-        let options = StatsOptionsBuilder::new()
-            .stream(false)
-            .one_shot(true)
-            .build();
-        let mut stream = self.docker.stats(handle, Some(options));
-        let Some(stats) = stream.next().await else {
+        let Some(stats) = self
+            .stats_once(handle, "read the container's memory use")
+            .await?
+        else {
             return Ok(None);
         };
-        let stats = stats.map_err(|e| docker_err("read the container's memory use", handle, e))?;
         Ok(stats.memory_stats.and_then(|m| {
             // cgroup v2 names it inactive_file, v1 total_inactive_file.
             let inactive = m
@@ -366,6 +380,21 @@ impl Runtime for DockerRuntime {
                 .unwrap_or(0);
             m.usage.map(|u| u.saturating_sub(inactive))
         }))
+    }
+
+    /// The cgroup's CPU time (the engine counts nanoseconds; metering keeps microseconds).
+    async fn cpu_usage_usec(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
+        let Some(stats) = self
+            .stats_once(handle, "read the container's CPU use")
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(stats
+            .cpu_stats
+            .and_then(|c| c.cpu_usage)
+            .and_then(|u| u.total_usage)
+            .map(|ns| ns / 1000))
     }
 
     async fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {

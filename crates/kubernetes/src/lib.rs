@@ -323,6 +323,11 @@ impl Runtime for KubeRuntime {
         self.read_memory(handle).await
     }
 
+    /// Read in the pod through exec too (usage.rs).
+    async fn cpu_usage_usec(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
+        self.read_cpu(handle).await
+    }
+
     async fn list(&self) -> Result<Vec<FoundSandbox>, SandboxError> {
         self.list_selected(None).await
     }

@@ -5,6 +5,8 @@
 //! read with absolute paths from the read-only image, and /sys/fs/cgroup is read-only to
 //! the sandbox user, so a process in the pod cannot make the number up; what comes back is
 //! still parsed strictly and a reply that does not parse is "cannot tell", never a guess.
+//! CPU time is read the same way: `usage_usec` of `cpu.stat` (v2), or `cpuacct.usage` in
+//! nanoseconds (v1).
 
 use std::time::Duration;
 
@@ -32,18 +34,45 @@ pub(crate) fn parse(out: &str) -> Option<u64> {
     Some(usage.saturating_sub(inactive))
 }
 
+const READ_CPU: &str = "/bin/cat /sys/fs/cgroup/cpu.stat 2>/dev/null \
+    || { /bin/echo v1; /bin/cat /sys/fs/cgroup/cpuacct/cpuacct.usage; }";
+
+/// Microseconds of CPU: `usage_usec` of a v2 `cpu.stat`, or a v1 `cpuacct.usage` (ns) after
+/// the `v1` marker line.
+pub(crate) fn parse_cpu(out: &str) -> Option<u64> {
+    let mut lines = out.lines();
+    if lines.next()?.trim() == "v1" {
+        let ns: u64 = lines.next()?.trim().parse().ok()?;
+        return Some(ns / 1000);
+    }
+    out.lines()
+        .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())
+}
+
 impl KubeRuntime {
-    /// The pod's working set in bytes; None when the pod does not say (no cgroup files).
-    pub(crate) async fn read_memory(&self, pod: &str) -> Result<Option<u64>, SandboxError> {
+    /// The pod's CPU time in microseconds; None when the pod does not say.
+    pub(crate) async fn read_cpu(&self, pod: &str) -> Result<Option<u64>, SandboxError> {
+        let out = self.read_cgroup(pod, READ_CPU).await?;
+        Ok(out.as_deref().and_then(parse_cpu))
+    }
+
+    /// What `script` prints in the pod, None if it failed or said too much.
+    async fn read_cgroup(&self, pod: &str, script: &str) -> Result<Option<String>, SandboxError> {
         let sandbox = self.sandbox(pod.to_string(), pod, &Limits::default());
-        let req = ExecRequest::new(["/bin/sh", "-c", READ])
+        let req = ExecRequest::new(["/bin/sh", "-c", script])
             .timeout(Duration::from_secs(10))
             .output_cap(64 * 1024);
         let out = sandbox.exec(req).await?;
         if out.exit_code != Some(0) || out.stdout_truncated {
             return Ok(None);
         }
-        Ok(parse(&out.stdout_lossy()))
+        Ok(Some(out.stdout_lossy()))
+    }
+
+    /// The pod's working set in bytes; None when the pod does not say (no cgroup files).
+    pub(crate) async fn read_memory(&self, pod: &str) -> Result<Option<u64>, SandboxError> {
+        let out = self.read_cgroup(pod, READ).await?;
+        Ok(out.as_deref().and_then(parse))
     }
 }
 
@@ -63,5 +92,15 @@ mod tests {
         assert_eq!(parse(""), None);
         // A key that only starts like ours is not ours.
         assert_eq!(parse("900\ninactive_filex 100\n"), Some(900));
+    }
+
+    #[test]
+    fn cpu_time_from_v2_and_v1_and_nothing_from_garbage() {
+        let v2 = "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n";
+        assert_eq!(parse_cpu(v2), Some(2_500_000));
+        assert_eq!(parse_cpu("v1\n3000000000\n"), Some(3_000_000));
+        assert_eq!(parse_cpu("v1\nlots\n"), None);
+        assert_eq!(parse_cpu("user_usec 5\n"), None);
+        assert_eq!(parse_cpu(""), None);
     }
 }

@@ -37,6 +37,7 @@ mod edges;
 mod egress;
 mod events;
 mod logins;
+mod metering;
 mod migrate;
 mod records;
 mod replicas;

@@ -92,6 +92,7 @@ mod serve_runs_users;
 mod serve_stream;
 mod serve_templates;
 mod serve_transfer_memory;
+mod serve_usage;
 mod serve_v1files;
 mod session_across;
 mod session_hibernate;

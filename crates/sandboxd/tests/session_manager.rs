@@ -438,7 +438,8 @@ async fn a_session_idles_out_after_its_own_timeout_and_its_end_event_says_why() 
         ended,
         Ended {
             id: own.id.clone(),
-            reason: EndReason::Idle(Duration::from_secs(30))
+            reason: EndReason::Idle(Duration::from_secs(30)),
+            reading: None
         }
     );
     assert_eq!(ended.reason.to_string(), "idle for more than 30 s");
@@ -480,7 +481,8 @@ async fn a_session_idles_out_after_its_own_timeout_and_its_end_event_says_why() 
         ends.try_recv().unwrap(),
         Ended {
             id: closed.id.clone(),
-            reason: EndReason::Removed
+            reason: EndReason::Removed,
+            reading: None
         }
     );
 }

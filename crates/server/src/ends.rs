@@ -39,6 +39,7 @@ pub fn spawn_listener(st: Arc<AppState>) -> tokio::task::JoinHandle<()> {
             };
             match next {
                 Ok(ended) => {
+                    crate::metering::on_end(&st, &ended).await;
                     st.mcp.ledger().on_end(&ended.id).await;
                     api_ended(&st, &ended).await;
                 }

@@ -93,6 +93,7 @@ pub async fn download_file(
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
     };
     if size == head.len() as u64 {
+        crate::metering::bytes_out(&st, &live.id, size).await;
         return Ok(octets(Body::from(head), None, "application/octet-stream"));
     }
     drop(head);
@@ -104,6 +105,7 @@ pub async fn download_file(
         Ok(len) => len,
         Err(e) => return Err(sandbox_failed(&st, &live, e).await),
     };
+    crate::metering::bytes_out(&st, &live.id, len).await;
     let body = spool::file_body(file, len, permit, stream_deadline(&st));
     Ok(octets(body, Some(len), "application/octet-stream"))
 }
@@ -209,6 +211,9 @@ pub async fn upload_file(
         (Ok(()), Some(mode)) => set_mode(&*live.sandbox, &path, mode, timeout(&live)).await,
         (done, _) => done,
     };
+    if moded.is_ok() {
+        crate::metering::bytes_in(&st, &live.id, bytes).await;
+    }
     match moded {
         Ok(()) => Ok(Json(Written {
             path,
@@ -262,6 +267,7 @@ pub async fn download_archive(
             format!("the sandbox's archive of {path} is unsafe and was not sent: {e}"),
         )
     })?;
+    crate::metering::bytes_out(&st, &live.id, len).await;
     let body = spool::file_body(archive.file, len, permit, stream_deadline(&st));
     Ok(octets(body, Some(len), "application/x-tar"))
 }
@@ -308,6 +314,9 @@ pub async fn upload_archive(
             transfer::unpack_tar_from(&*live.sandbox, &path, file, *len, to).await
         }
     };
+    if unpacked.is_ok() {
+        crate::metering::bytes_in(&st, &live.id, body.size()).await;
+    }
     match unpacked {
         Ok(()) => Ok(Json(Written {
             path,

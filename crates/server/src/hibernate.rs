@@ -154,6 +154,9 @@ pub async fn hibernate(
             .collect();
         let _ = st.store.remove_session_holders(&row.id, &of).await;
     }
+    // Its last usage reading before its sandbox goes (a resumed one counts from zero).
+    let reading = manager.reading_of(&session.handle).await;
+    crate::metering::record(st.store.as_ref(), &session.id, reading).await;
     if let Err(e) = manager.remove_kept(&session).await {
         tracing::warn!(session = %row.id, error = %e, "could not remove a hibernated session's container; the sweep will");
     }

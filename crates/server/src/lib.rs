@@ -48,6 +48,7 @@ pub mod listen;
 pub mod mcp;
 pub mod mcp_http;
 pub mod mcp_quota;
+pub mod metering;
 pub mod metrics;
 pub mod openapi;
 pub mod processes;
@@ -64,6 +65,7 @@ pub mod streams;
 pub mod transfers;
 pub mod types;
 pub mod ui;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -254,6 +256,7 @@ pub fn routes(config: &Config) -> OpenApiRouter<Shared> {
         .routes(l(Short, routes!(admin::delete_user)))
         .routes(l(Short, routes!(admin::rotate_user)))
         .routes(l(Short, routes!(audit::list_audit)))
+        .routes(l(Short, routes!(usage::get_usage)))
 }
 
 fn health_routes() -> OpenApiRouter<Shared> {
@@ -522,6 +525,7 @@ impl Server {
         // Cancel requests and answers for this replica's runs, and dead replicas' runs.
         let control = state.runs.spawn_control(shutdown.clone());
         let upkeep = reconcile::spawn_upkeep(state.clone());
+        metering::spawn_sampler(state.clone()); // usage samples; ends itself on shutdown
         // Credentials revoked by another process (`sandboxd users rotate|rm`) end their streams.
         let recheck = state
             .streams

@@ -171,6 +171,8 @@ async fn api_upkeep(st: &AppState) {
                 st.runs
                     .cancel_runtime(&session.id, Duration::from_secs(10))
                     .await;
+                let reading = st.backend.manager().reading_of(&session.handle).await;
+                crate::metering::record(st.store.as_ref(), &session.id, reading).await;
                 if let Err(e) = st.backend.remove(user, Some(&session.id)).await {
                     tracing::warn!(session = %session.id, error = %e, "could not remove a session's container");
                 }

@@ -80,6 +80,8 @@ async fn end(st: &AppState, caller: &Caller, row: &SessionRow) -> Result<(), Api
         crate::audit::record(st, &caller.who, "session.end", &row.id, details).await;
     }
     st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
+    // Its last usage reading, so this answer already counts what it used.
+    crate::metering::sample_before_end(st, row).await;
     // The row read before it ended: a session still being created has no container yet,
     // and one made after this is removed by the upkeep (its row ended).
     st.backend

@@ -29,6 +29,7 @@ mod edges;
 mod egress;
 mod events;
 mod logins;
+mod metering;
 mod records;
 mod replicas;
 mod runs;
@@ -58,6 +59,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v12.sql"),
     include_str!("schema_v13.sql"),
     include_str!("schema_v14.sql"),
+    include_str!("schema_v15.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

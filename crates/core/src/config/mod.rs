@@ -257,6 +257,10 @@ pub struct SessionsConfig {
     /// survive). 0 = never (the default: hibernation ends processes, which a user must opt
     /// into). Only below `idle_timeout_secs` does it do anything.
     pub hibernate_after_secs: u64,
+    /// How often serve samples the CPU and memory of the sandboxes it holds for usage
+    /// metering (each session also gets a last reading when it ends); 0 = only that last
+    /// reading.
+    pub usage_sample_secs: u64,
 }
 
 impl Default for SessionsConfig {
@@ -269,6 +273,7 @@ impl Default for SessionsConfig {
             default_owner: "local".into(),
             memory_budget_mb: 0,
             hibernate_after_secs: 0,
+            usage_sample_secs: 60,
         }
     }
 }

@@ -39,11 +39,16 @@ impl fmt::Display for EndReason {
     }
 }
 
-/// One session's end: the manager's session id and why.
+/// One session's end: the manager's session id and why, and the last reading of its
+/// sandbox's cgroup taken just before the manager removed it on its own (idle, memory
+/// budget, orphan), which usage metering adds as the session's final sample. None: the
+/// backend could not tell, the sandbox was already gone, or a caller asked for the removal
+/// (`Removed`: that caller reads it first).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ended {
     pub id: String,
     pub reason: EndReason,
+    pub reading: Option<crate::store::Reading>,
 }
 
 #[cfg(test)]

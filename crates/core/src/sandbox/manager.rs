@@ -34,6 +34,7 @@ use super::runtime::{Runtime, SandboxSpec, SandboxState};
 use super::templates::Templates;
 use super::{Owner, Sandbox, SandboxError, Viewer};
 use crate::config::{LimitRequest, Limits, PoolConfig, SessionsConfig};
+use crate::store::Reading;
 
 pub struct Session {
     pub id: String,
@@ -382,15 +383,16 @@ impl SessionManager {
     /// they delete is gone when this returns (a one-shot command may exit right after, and
     /// the pool drops tasks not yet started).
     pub async fn session_ended(&self, session_id: &str) {
-        self.announce_end(session_id, EndReason::Gone).await;
+        self.announce_end(session_id, EndReason::Gone, None).await;
     }
 
     /// Tells the end events and the end hook that `session_id` ended, and why.
-    async fn announce_end(&self, session_id: &str, reason: EndReason) {
+    async fn announce_end(&self, session_id: &str, reason: EndReason, reading: Option<Reading>) {
         // No subscriber is not an error.
         let _ = self.ends.send(Ended {
             id: session_id.to_string(),
             reason,
+            reading,
         });
         self.forget_records(session_id).await;
         let Some(hook) = self.on_end.get().cloned() else {
@@ -421,9 +423,32 @@ impl SessionManager {
         handle: &str,
         reason: EndReason,
     ) -> Result<(), SandboxError> {
+        // The last reading for usage metering, of the sandboxes the manager itself decided
+        // to remove (idle, over the budget, orphaned); a caller that asked for a removal
+        // takes its own before (serve's DELETE does, so its answer already counts it).
+        let reading = if reason == EndReason::Removed {
+            None
+        } else {
+            Some(self.reading_of(handle).await).filter(|r| !r.is_empty())
+        };
         self.runtime.remove(handle).await?;
-        self.announce_end(session_id, reason).await;
+        self.announce_end(session_id, reason, reading).await;
         Ok(())
+    }
+
+    /// The sandbox's CPU time and memory now, as far as the backend tells (an error is
+    /// "cannot tell": metering must never stop a removal or a sample of the others).
+    pub async fn reading_of(&self, handle: &str) -> Reading {
+        let (cpu, memory) = tokio::join!(
+            self.runtime.cpu_usage_usec(handle),
+            self.runtime.memory_usage(handle)
+        );
+        Reading {
+            container: handle.to_string(),
+            at: crate::store::now_ms(),
+            cpu_usec: cpu.ok().flatten(),
+            memory_bytes: memory.ok().flatten(),
+        }
     }
 
     /// Creates a session for `owner`. The request can only lower the limits; the global

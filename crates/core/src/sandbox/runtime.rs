@@ -309,6 +309,12 @@ pub trait Runtime: Send + Sync {
         Ok(None)
     }
 
+    /// Microseconds of CPU the sandbox's processes have used since it was made (its cgroup's
+    /// `cpu.stat` `usage_usec`), if the backend can tell: usage metering samples it.
+    async fn cpu_usage_usec(&self, _handle: &str) -> Result<Option<u64>, SandboxError> {
+        Ok(None)
+    }
+
     /// What a readiness probe asks of the backend before it may create sandboxes: each check
     /// by name (Docker: "engine" and "image") with what is wrong, phrased for an operator,
     /// when it fails. No checks: always ready.

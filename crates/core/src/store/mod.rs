@@ -11,6 +11,7 @@ pub mod conversation;
 pub mod egress;
 pub mod egress_credentials;
 mod mcp_sessions;
+pub mod metering;
 mod replicas;
 mod runs;
 mod snapshots;
@@ -27,6 +28,7 @@ pub use audit::{Audit, AuditBound, AuditEntry, AuditQuery, NewAudit};
 pub use egress::{EgressCounters, EgressLog};
 pub use egress_credentials::{EgressCredentials, StoredCredential};
 pub use mcp_sessions::{McpSandbox, McpSessionRow, McpSessions};
+pub use metering::{Counted, DayUsage, Metering, Reading, SessionUsage, UsageQuery, UsageTotals};
 pub use replicas::{Replicas, new_replica_id};
 pub use runs::{
     Appended, RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoredEvent,
@@ -389,6 +391,7 @@ pub trait Store:
     + EgressLog
     + EgressCredentials
     + Audit
+    + Metering
     + SessionSnapshots
     + Send
     + Sync

@@ -42,6 +42,18 @@ pub(crate) enum UsersCommand {
         #[command(flatten)]
         quota: QuotaArgs,
     },
+    /// What users used, per UTC day (usage metering): CPU-seconds, memory GiB-seconds,
+    /// wall-clock seconds, bytes in and out, tool calls, tokens.
+    Usage {
+        /// Only this user (default: everyone).
+        name: Option<String>,
+        /// How many UTC days back, today included (1 to 400).
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=400))]
+        days: u32,
+        /// Print CSV (one row per user and day) instead of a table.
+        #[arg(long)]
+        csv: bool,
+    },
 }
 
 #[derive(clap::Args, Debug, Default)]
@@ -144,6 +156,9 @@ pub(crate) async fn main(ctx: Ctx, cmd: UsersCommand) -> anyhow::Result<ExitCode
         }
         UsersCommand::Quota { name, quota } => {
             set_quota(&ctx, store.as_ref(), &name, &quota).await?
+        }
+        UsersCommand::Usage { name, days, csv } => {
+            usage(store.as_ref(), name.as_deref(), days, csv).await?
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -260,6 +275,54 @@ async fn list(ctx: &Ctx, store: &dyn Store) -> anyhow::Result<()> {
             when(u.expires_at),
             usage.active_sessions,
             q.sessions
+        );
+    }
+    Ok(())
+}
+
+/// `users usage [NAME]`: the days of the report `GET /v1/usage` gives, as a table or CSV.
+async fn usage(store: &dyn Store, name: Option<&str>, days: u32, csv: bool) -> anyhow::Result<()> {
+    let owner = match name {
+        None => None,
+        Some(n) => match store.user_by_name(n).await? {
+            Some(u) => Some(u.id),
+            None => bail!("no user named {n:?} (see `sandboxd users list`)"),
+        },
+    };
+    let report = sandboxd_server::usage::report(store, owner, days, now_ms()).await?;
+    if csv {
+        print!("{}", sandboxd_server::usage::csv_text(&report.days));
+        return Ok(());
+    }
+    println!(
+        "{:<10} {:<20} {:>10} {:>12} {:>10} {:>12} {:>12} {:>6} {:>10} {:>10}",
+        "DAY",
+        "USER",
+        "CPU S",
+        "MEM GIB·S",
+        "WALL S",
+        "BYTES IN",
+        "BYTES OUT",
+        "TOOLS",
+        "TOK IN",
+        "TOK OUT"
+    );
+    for d in &report.days {
+        let u = &d.usage;
+        let tin: u64 = u.tokens.iter().map(|t| t.tokens_in).sum();
+        let tout: u64 = u.tokens.iter().map(|t| t.tokens_out).sum();
+        println!(
+            "{:<10} {:<20} {:>10.1} {:>12.1} {:>10.0} {:>12} {:>12} {:>6} {:>10} {:>10}",
+            d.day,
+            d.user,
+            u.cpu_seconds,
+            u.memory_gib_seconds,
+            u.wall_seconds,
+            u.bytes_in,
+            u.bytes_out,
+            u.tool_calls,
+            tin,
+            tout
         );
     }
     Ok(())

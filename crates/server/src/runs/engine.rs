@@ -33,7 +33,10 @@ impl RunService {
         if let Err(e) = live.set_state(RunState::Running).await {
             tracing::error!(run = %live.id, error = %e, "cannot record the running state");
         }
-        let sink = Arc::new(ServiceSink { run: live.clone() });
+        let sink = Arc::new(ServiceSink {
+            run: live.clone(),
+            model: ctx.config.llm.model.clone(),
+        });
         let asker = Arc::new(ServiceAsker {
             run: live.clone(),
             timeout: self.question_timeout,

@@ -2,7 +2,8 @@
 //!
 //! `ServiceSink` commits every event to the store (images first, so an event never points at
 //! bytes the store lacks), counts the user's input tokens of the day (in the `token_usage`
-//! event's own append) and stops the run when the daily quota is spent, and names the real
+//! event's own append) and stops the run when the daily quota is spent, counts the session's
+//! tokens per model and tool calls for usage metering (metering.rs), and names the real
 //! ending in `run_finished` when the service stopped the run (quota, shutdown). `ServiceAsker` puts the run in `waiting_for_human` with
 //! a question that expires, answered through POST /v1/runs/{id}/answer on any replica: the
 //! answer is left in the run's row and handed over by the control loop (control.rs).
@@ -15,7 +16,7 @@ use tokio::sync::oneshot;
 
 use super::{LiveRun, Stop, rfc3339};
 use sandboxd_core::agent::{Event, EventKind, EventSink, FinishReason, Image, TextDelta};
-use sandboxd_core::store::{Appended, RunPatch, RunState, StoredQuestion, now_ms};
+use sandboxd_core::store::{Appended, Counted, RunPatch, RunState, StoredQuestion, now_ms};
 use sandboxd_core::tools::ask_human::Asker;
 
 /// Longest question kept (the model's text; the rest is cut).
@@ -23,6 +24,31 @@ const MAX_QUESTION_CHARS: usize = 4000;
 
 pub struct ServiceSink {
     pub run: Arc<LiveRun>,
+    /// The model the run's tokens are spent with (usage metering counts them per model).
+    pub model: String,
+}
+
+impl ServiceSink {
+    /// What an event adds to the session's usage: a model answer's tokens, a tool call.
+    fn metered(&self, kind: &EventKind) -> Option<Counted> {
+        match kind {
+            EventKind::TokenUsage {
+                prompt_tokens,
+                completion_tokens,
+                ..
+            } => Some(Counted {
+                model: Some(self.model.clone()),
+                tokens_in: *prompt_tokens,
+                tokens_out: *completion_tokens,
+                ..Counted::default()
+            }),
+            EventKind::ToolCall { .. } => Some(Counted {
+                tool_calls: 1,
+                ..Counted::default()
+            }),
+            _ => None,
+        }
+    }
 }
 
 #[async_trait]
@@ -31,6 +57,9 @@ impl EventSink for ServiceSink {
         let run = &self.run;
         let mut event = event.clone();
         let mut patch = RunPatch::default();
+        if let Some(counted) = self.metered(&event.kind) {
+            crate::metering::count(run.store.as_ref(), &run.session_id, counted).await;
+        }
         match &mut event.kind {
             EventKind::TokenUsage {
                 prompt_tokens,

@@ -14,6 +14,7 @@ mod store_audit;
 mod store_credentials;
 mod store_edges;
 mod store_egress;
+mod store_metering;
 mod store_records;
 mod store_replicas;
 mod store_runs;

@@ -13,7 +13,8 @@
 //! (`RunControl`: turns, fencing, takeover, cancel requests and answers) in store_runs.rs,
 //! the owner's daily tokens counted in an event's append in store_tokens.rs,
 //! the sign-in throttle (`AuthFailures`) and MCP sessions (`McpSessions`) in store_edges.rs,
-//! the audit log (`Audit`) in store_audit.rs.
+//! the audit log (`Audit`) in store_audit.rs, usage metering (`Metering`) in
+//! store_metering.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
 //! see each other's rows), and a way to open the same database again for the restart case.
@@ -180,6 +181,12 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
         S,
         "case_audit_log",
         super::store_audit::case_audit_log(factory),
+    )
+    .await?;
+    run_case(
+        S,
+        "case_usage_metering",
+        super::store_metering::case_usage_metering(factory),
     )
     .await?;
     Ok(())

@@ -287,7 +287,62 @@ UI.views.admin = async function () {
     $('#audit').replaceChildren(...rows);
   }
 
+  // Usage metering over the last 30 days: each user's totals and a chart of their
+  // CPU-seconds per day, an inline SVG drawn here (no library, no CDN); every value is set
+  // as text or as a number attribute.
+  async function usage() {
+    const r = await api('GET', '/v1/usage?days=30');
+    if (r.status !== 200) { toast(UI.errorText(r), true); return; }
+    const start = Date.parse(r.data.from + 'T00:00:00Z');
+    const days = Array.from({ length: 30 }, (_, i) => new Date(start + i * 86400000).toISOString().slice(0, 10));
+    const byUser = new Map();
+    for (const d of r.data.days) {
+      if (!byUser.has(d.user)) byUser.set(d.user, new Map());
+      byUser.get(d.user).set(d.day, d.usage);
+    }
+    const sum = (m, f) => Array.from(m.values()).reduce((a, u) => a + f(u), 0);
+    const tokens = (u, k) => u.tokens.reduce((a, t) => a + t[k], 0);
+    const num = (n, digits) => n.toLocaleString(undefined, { maximumFractionDigits: digits });
+    const rows = Array.from(byUser.entries()).sort((a, b) => (a[0] < b[0] ? -1 : 1)).map(([user, m]) =>
+      el('tr', { 'data-user': user },
+        el('td', { text: user }),
+        el('td', { text: num(sum(m, (u) => u.cpu_seconds), 1) }),
+        el('td', { text: num(sum(m, (u) => u.memory_gib_seconds), 1) }),
+        el('td', { text: num(sum(m, (u) => u.wall_seconds), 0) }),
+        el('td', { text: num(sum(m, (u) => u.bytes_in), 0) + ' / ' + num(sum(m, (u) => u.bytes_out), 0) }),
+        el('td', { text: num(sum(m, (u) => u.tool_calls), 0) }),
+        el('td', { text: num(sum(m, (u) => tokens(u, 'tokens_in')), 0) + ' / ' + num(sum(m, (u) => tokens(u, 'tokens_out')), 0) }),
+        el('td', {}, chart(days.map((day) => [day, m.has(day) ? m.get(day).cpu_seconds : 0])))));
+    if (!rows.length) rows.push(el('tr', {}, el('td', { colspan: 8, class: 'hint', text: 'Nothing used yet.' })));
+    $('#usage').replaceChildren(...rows);
+  }
+
+  // One bar per day, scaled to the busiest; each bar's title says its day and value.
+  function chart(points) {
+    const ns = 'http://www.w3.org/2000/svg';
+    const node = (tag, attrs) => {
+      const n = document.createElementNS(ns, tag);
+      for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, String(v));
+      return n;
+    };
+    const w = 4, h = 32, max = Math.max(...points.map((p) => p[1]), 0);
+    const svg = node('svg', { class: 'spark', width: points.length * w, height: h, viewBox: '0 0 ' + points.length * w + ' ' + h, role: 'img' });
+    const label = node('title', {});
+    label.textContent = 'CPU-seconds per day, the last ' + points.length + ' days';
+    svg.append(label);
+    points.forEach(([day, v], i) => {
+      const bh = max > 0 ? Math.max(v > 0 ? 1 : 0, Math.round((v / max) * h)) : 0;
+      const bar = node('rect', { x: i * w, y: h - bh, width: w - 1, height: bh, 'data-day': day });
+      const t = node('title', {});
+      t.textContent = day + ': ' + v.toFixed(1) + ' CPU s';
+      bar.append(t);
+      svg.append(bar);
+    });
+    return svg;
+  }
+
   await users();
   await sessions();
+  await usage();
   await audit();
 };
