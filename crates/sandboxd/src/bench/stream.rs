@@ -165,6 +165,8 @@ async fn first_tokens(
             _ => anyhow::bail!("run {id}: no delta reached the follower"),
         }
     }
+    // Its container goes now: the server's stop keeps the sessions (they outlive a serve).
+    server.delete_session(key, &session).await;
     Ok(samples)
 }
 

@@ -131,5 +131,7 @@ async fn measure(
             _ => anyhow::bail!("run {id}: the delta reached no follower"),
         }
     }
+    // Its container goes now: the server's stop keeps the sessions (they outlive a serve).
+    server.delete_session(key, &session).await;
     Ok(out)
 }
