@@ -71,6 +71,26 @@ done
 install -D -o root -g root -m 0644 "$recipe_dir/matplotlibrc" \
     "$root/usr/local/share/sandboxd/matplotlibrc"
 
+# plotly's templates (Debian keeps them in /usr/share/python3-plotly/templates, read when a figure
+# is made) name no font, so a chart's text fell to whatever the viewer's browser picks for CJK.
+# Every template now lists the installed CJK face after plotly's own Latin faces (a browser
+# draws each glyph with the first face that has it), then the common CJK faces of the machines
+# the HTML is opened on. An explicit font.family in a script still wins.
+echo "I: sandboxd: naming the CJK font in plotly's templates" >&2
+chroot "$root" python3 - >&2 <<'PY'
+import glob, json
+FAMILY = ('"Open Sans", verdana, arial, "WenQuanYi Micro Hei", "Noto Sans CJK SC", '
+          '"Microsoft YaHei", "PingFang SC", sans-serif')
+paths = sorted(glob.glob("/usr/share/python3-plotly/templates/*.json"))
+assert paths, "no plotly templates where Debian keeps them"
+for path in paths:
+    with open(path, encoding="utf-8") as f:
+        template = json.load(f)
+    template.setdefault("layout", {}).setdefault("font", {})["family"] = FAMILY
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(template, f, separators=(",", ":"))
+PY
+
 # matplotlib scans the fonts on first use (~1 s); do it once here. Its cache must live in a
 # writable MPLCONFIGDIR at run time (/tmp/matplotlib on tmpfs), so init.sh copies this one there
 # when a container starts.

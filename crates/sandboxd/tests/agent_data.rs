@@ -2,7 +2,8 @@
 //! binary, engine and image, the LLM scripted at the HTTP boundary. The model's python reads
 //! the sheet with pandas, computes with scipy, saves a seaborn PNG and a plotly HTML, and all
 //! three come out; the HTML draws its SVG in the host's Chromium with no network (plotly.js
-//! is embedded). And Chinese text in a plot is drawn with the CJK font, not as tofu.
+//! is embedded). And Chinese text is drawn with the CJK font, not as tofu: in a matplotlib
+//! plot, and in a plotly chart shot by the image's Chromium (its templates name the font).
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use crate::support;
@@ -202,6 +203,75 @@ fn chinese_plot_text_is_drawn_with_the_cjk_font_not_tofu() {
     assert_eq!(v["has_glyph"], true, "{v}");
     // Tofu draws every missing character as the same box, so two different strings look
     // alike; the real glyphs differ from each other and from the boxes.
+    assert_eq!(v["tofu_alike"], true, "the tofu reference is not tofu: {v}");
+    assert_eq!(v["glyphs_differ"], true, "{v}");
+    assert_eq!(v["differs_from_tofu"], true, "{v}");
+    assert!(v["inked"].as_u64().unwrap() > 100, "nothing drawn: {v}");
+}
+
+/// Four plotly charts as self-contained HTML (two Chinese titles, two of codepoints no font
+/// has), shot by the image's own Chromium (the host has no CJK font), and their title strips
+/// compared. Prints the family a new figure's template resolves to, and what the pixels show.
+const PLOTLY_CJK: &str = r#"set -eu
+cd /workspace
+python3 - <<'PY'
+import json
+import plotly.graph_objects as go
+def page(name, title):
+    fig = go.Figure(go.Bar(x=[1, 2, 3], y=[3, 1, 2]))
+    fig.update_layout(title_text=title, title_font_size=28, width=600, height=300)
+    fig.write_html(name + ".html", include_plotlyjs=True, full_html=True)
+for name, title in [("a", "销售额趋势"), ("b", "年度汇总表"),
+                    ("ta", "\u0378\u0379\u0380\u0381\u0382"), ("tb", "\u0383\u038b\u038d\u03a2\u0530")]:
+    page(name, title)
+print(json.dumps({"family": go.Figure().layout.template.layout.font.family}))
+PY
+for n in a b ta tb; do
+    chromium --headless=new --no-sandbox --disable-dev-shm-usage --disable-gpu --hide-scrollbars \
+        --no-first-run --user-data-dir="/tmp/chromium-$n" --window-size=600,300 \
+        --virtual-time-budget=10000 --screenshot="/workspace/$n.png" "file:///workspace/$n.html" \
+        >/dev/null 2>&1
+done
+python3 - <<'PY'
+import json
+import matplotlib.image as mpimg
+def strip(name):
+    # The title's band: plotly puts it in the top margin, above the plot area.
+    return (mpimg.imread(name + ".png")[:70, :, :3] * 255).round()
+a, b, ta, tb = (strip(n) for n in ("a", "b", "ta", "tb"))
+print(json.dumps({
+    "differs_from_tofu": bool((a != ta).any()),
+    "glyphs_differ": bool((a != b).any()),
+    "tofu_alike": bool((ta == tb).all()),
+    "inked": int((a < 128).any(axis=-1).sum()),
+    "tofu_inked": int((ta < 128).any(axis=-1).sum()),
+}))
+PY
+"#;
+
+#[test]
+fn chinese_text_in_a_plotly_chart_names_the_cjk_font_and_is_not_tofu_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sandboxd(dir.path())
+        .args(["exec", "--", "bash", "-c", PLOTLY_CJK])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exec failed: {stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {stdout}")))
+        .collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    // A new figure's default template names the installed CJK face.
+    let family = lines[0]["family"].as_str().unwrap_or_default();
+    assert!(family.contains("\"WenQuanYi Micro Hei\""), "{stdout}");
+    let v = &lines[1];
+    // As with matplotlib: tofu draws every missing character as the same box, so the two
+    // references look alike; real glyphs differ from each other and from the boxes.
+    assert!(v["tofu_inked"].as_u64().unwrap() > 50, "no tofu drawn: {v}");
     assert_eq!(v["tofu_alike"], true, "the tofu reference is not tofu: {v}");
     assert_eq!(v["glyphs_differ"], true, "{v}");
     assert_eq!(v["differs_from_tofu"], true, "{v}");

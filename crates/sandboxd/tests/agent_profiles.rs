@@ -72,7 +72,7 @@ const MARKERS: &[&str] = &[
 ];
 
 /// A config with one user-defined profile whose prompt file is in `dir`.
-fn profile_config(dir: &Path) -> String {
+pub(crate) fn profile_config(dir: &Path) -> String {
     let prompt = dir.join("mine.md");
     std::fs::write(&prompt, "MINE-PROMPT-MARKER: only bash here.\n").unwrap();
     format!(
@@ -100,7 +100,7 @@ fn system_prompt(request: &Value) -> String {
 }
 
 /// The first request of a run shows exactly the profile's tools, its prompt and no other's.
-fn assert_shows(request: &Value, name: &str) {
+pub(crate) fn assert_shows(request: &Value, name: &str) {
     let (_, tools, marker, steps) = PROFILES.iter().find(|p| p.0 == name).unwrap();
     let mut want: Vec<String> = tools.iter().map(|s| s.to_string()).collect();
     want.sort();

@@ -105,4 +105,5 @@ mod tool_registry;
 mod web_sign_in;
 mod web_ui;
 mod web_ui_hardening;
+mod web_ui_live;
 mod web_ui_runs;

@@ -22,7 +22,7 @@ use support::web_browser::{
 
 const WAIT: Duration = Duration::from_secs(60);
 
-async fn sign_in(page: &chromiumoxide::Page, serve: &Serve, key: &str) {
+pub(crate) async fn sign_in(page: &chromiumoxide::Page, serve: &Serve, key: &str) {
     goto(page, &serve.url("/login")).await;
     type_into(page, "#key", key).await;
     click(page, "form button[type=submit]").await;
@@ -35,7 +35,7 @@ async fn sign_in(page: &chromiumoxide::Page, serve: &Serve, key: &str) {
     .await;
 }
 
-fn llm_config(llm: &FakeLlm) -> String {
+pub(crate) fn llm_config(llm: &FakeLlm) -> String {
     format!(
         "[llm]\nbase_url = {:?}\nmodel = \"fake-model\"\napi_key = \"fake\"\n",
         llm.base_url()

@@ -386,7 +386,8 @@ fn whole(pieces: Vec<Piece>) -> Reply {
                 }
                 calls[index].1.push_str(&arguments);
             }
-            Piece::Wait(_) => {}
+            // Answered whole: nothing to wait for, and no stream to break.
+            Piece::Wait(_) | Piece::Break => {}
         }
     }
     Reply::Assistant {

@@ -8,7 +8,6 @@
 //! for exactly as long as it looks at what arrived so far.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 
 use axum::body::Body;
 use axum::http::{StatusCode, header};
@@ -32,6 +31,9 @@ pub enum Piece {
     },
     /// Nothing more is sent until the gate is opened.
     Wait(Gate),
+    /// The connection breaks here (the body ends in an error, as when a proxy drops it):
+    /// the client sees a broken stream and retries (the next scripted reply answers).
+    Break,
 }
 
 impl Piece {
@@ -88,7 +90,8 @@ pub fn response(pieces: Vec<Piece>, n: u64, prompt_chars: u64) -> Response {
         json!({"id": format!("chatcmpl-fake-{n}"), "object": "chat.completion.chunk", "created": 1_700_000_000u64,
             "model": "fake-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
     };
-    let mut frames: VecDeque<Result<Value, Gate>> = VecDeque::new();
+    // Ok: a chunk to send; Err(Some): a gate to wait for; Err(None): the break.
+    let mut frames: VecDeque<Result<Value, Option<Gate>>> = VecDeque::new();
     frames.push_back(Ok(chunk(json!({"role": "assistant", "content": ""}), None)));
     for piece in pieces {
         frames.push_back(match piece {
@@ -106,7 +109,8 @@ pub fn response(pieces: Vec<Piece>, n: u64, prompt_chars: u64) -> Response {
                 }
                 Ok(chunk(json!({"tool_calls": [call]}), None))
             }
-            Piece::Wait(gate) => Err(gate),
+            Piece::Wait(gate) => Err(Some(gate)),
+            Piece::Break => Err(None),
         });
     }
     frames.push_back(Ok(chunk(json!({}), Some(finish))));
@@ -118,9 +122,13 @@ pub fn response(pieces: Vec<Piece>, n: u64, prompt_chars: u64) -> Response {
             match frames.pop_front() {
                 Some(Ok(v)) => {
                     let bytes = Bytes::from(format!("data: {v}\n\n"));
-                    return Some((Ok::<_, Infallible>(bytes), (frames, done)));
+                    return Some((Ok::<_, std::io::Error>(bytes), (frames, done)));
                 }
-                Some(Err(gate)) => gate.wait().await,
+                Some(Err(Some(gate))) => gate.wait().await,
+                Some(Err(None)) => {
+                    let broke = std::io::Error::other("the fake model's stream breaks here");
+                    return Some((Err(broke), (VecDeque::new(), true)));
+                }
                 None if !done => {
                     return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), (frames, true)));
                 }

@@ -21,4 +21,5 @@ pub mod stats;
 pub mod stream;
 pub mod support;
 pub mod ui;
+pub mod ui_stream;
 pub mod web;

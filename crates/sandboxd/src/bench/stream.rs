@@ -28,9 +28,9 @@ use sandboxd_core::sandbox::SessionManager;
 /// The streaming model: each answer waits for `go`, then streams "Hello" (noting when) and
 /// a terminate call.
 #[derive(Default)]
-struct Model {
-    go: Notify,
-    sent: Mutex<Option<Instant>>,
+pub(super) struct Model {
+    pub(super) go: Notify,
+    pub(super) sent: Mutex<Option<Instant>>,
 }
 
 fn chunk(delta: Value, finish: Option<&str>) -> String {
@@ -85,9 +85,21 @@ async fn answer(State(model): State<Arc<Model>>, body: String) -> Response {
 /// handed over → the SSE client has its `delta`.
 pub async fn bench_first_token(
     manager: Arc<SessionManager>,
-    mut config: Config,
+    config: Config,
     n: usize,
 ) -> anyhow::Result<Vec<Duration>> {
+    let (server, model, responder) = streaming_server(manager, config).await?;
+    let result = first_tokens(&server, &model, n).await;
+    server.stop().await;
+    responder.abort();
+    result
+}
+
+/// A server on loopback whose model is the streaming `Model` (answering on its own port).
+pub(super) async fn streaming_server(
+    manager: Arc<SessionManager>,
+    mut config: Config,
+) -> anyhow::Result<(BenchServer, Arc<Model>, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let model = Arc::new(Model::default());
@@ -104,10 +116,7 @@ pub async fn bench_first_token(
     config.llm.max_retries = 0;
     config.llm.stream = true;
     let server = BenchServer::start(manager, config, 1).await?;
-    let result = first_tokens(&server, &model, n).await;
-    server.stop().await;
-    responder.abort();
-    result
+    Ok((server, model, responder))
 }
 
 async fn first_tokens(
@@ -156,6 +165,8 @@ async fn first_tokens(
             _ => anyhow::bail!("run {id}: no delta reached the follower"),
         }
     }
+    // Its container goes now: the server's stop keeps the sessions (they outlive a serve).
+    server.delete_session(key, &session).await;
     Ok(samples)
 }
 

@@ -60,9 +60,9 @@ async fn responder(delay: Delay) -> anyhow::Result<String> {
 }
 
 /// The host's chromium, headless, and the driver connected to it.
-struct Chromium {
+pub(super) struct Chromium {
     child: std::process::Child,
-    browser: Browser,
+    pub(super) browser: Browser,
     _profile: tempfile::TempDir,
 }
 
@@ -73,7 +73,7 @@ impl Drop for Chromium {
     }
 }
 
-async fn chromium(path: &str) -> anyhow::Result<Chromium> {
+pub(super) async fn chromium(path: &str) -> anyhow::Result<Chromium> {
     use std::io::BufRead as _;
     let profile = tempfile::tempdir()?;
     let mut child = std::process::Command::new(path)
@@ -114,7 +114,7 @@ async fn chromium(path: &str) -> anyhow::Result<Chromium> {
     })
 }
 
-async fn eval(page: &Page, js: &str) -> anyhow::Result<Value> {
+pub(super) async fn eval(page: &Page, js: &str) -> anyhow::Result<Value> {
     Ok(page
         .evaluate(js)
         .await?
@@ -123,7 +123,7 @@ async fn eval(page: &Page, js: &str) -> anyhow::Result<Value> {
         .unwrap_or(Value::Null))
 }
 
-async fn wait_for(page: &Page, js: &str, limit: Duration) -> anyhow::Result<()> {
+pub(super) async fn wait_for(page: &Page, js: &str, limit: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
     while start.elapsed() < limit {
         if let Ok(v) = eval(page, js).await

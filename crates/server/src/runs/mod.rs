@@ -105,7 +105,7 @@ pub struct LiveRun {
     inserted: AtomicBool,
     tokens_per_day: u64,
     /// The answer's text while it is written, for this replica's followers (live only).
-    deltas: tokio::sync::broadcast::Sender<sandboxd_core::agent::TextDelta>,
+    deltas: sse::LiveText,
 }
 
 /// Answer pieces a slow follower may lag behind by before it misses some (the whole answer
@@ -113,8 +113,14 @@ pub struct LiveRun {
 const DELTA_QUEUE: usize = 256;
 
 impl LiveRun {
-    /// The answer's pieces from now on, while the run lasts.
-    pub fn deltas(&self) -> tokio::sync::broadcast::Receiver<sandboxd_core::agent::TextDelta> {
+    /// The answer's pieces from now on, while the run lasts, and the text so far of the
+    /// answer being written.
+    pub fn deltas(
+        &self,
+    ) -> (
+        tokio::sync::broadcast::Receiver<sandboxd_core::agent::TextDelta>,
+        Option<sandboxd_core::agent::TextDelta>,
+    ) {
         self.deltas.subscribe()
     }
     /// Stops the run at once (the engine drops the LLM request and kills the command in
@@ -332,7 +338,7 @@ impl RunService {
             reply: Mutex::new(None),
             inserted: AtomicBool::new(false),
             tokens_per_day: req.tokens_per_day,
-            deltas: tokio::sync::broadcast::channel(DELTA_QUEUE).0,
+            deltas: sse::LiveText::new(DELTA_QUEUE),
         });
         // Registered before the row exists, so a cancel that finds the row finds it live
         // and the control loop never takes a row of ours for an orphan.

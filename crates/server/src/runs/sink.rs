@@ -91,6 +91,9 @@ impl EventSink for ServiceSink {
         {
             tracing::error!(run = %run.id, error = %e, "cannot store an image of the run");
         }
+        // The answer so far is in this event or void (a retry): a late follower gets none of
+        // it, even while the commit is under way.
+        run.deltas.forget_answer();
         match run.commit(event, patch).await {
             Ok(Appended {
                 owner_tokens_today: Some(total),
@@ -114,12 +117,9 @@ impl EventSink for ServiceSink {
     /// `assistant_text` event is the record). No follower, nothing to do. Placed after the
     /// run's last committed event: the journal renumbers the engine's events.
     async fn delta(&self, delta: &TextDelta) {
-        if self.run.deltas.receiver_count() == 0 {
-            return;
-        }
         let mut delta = delta.clone();
         delta.after_seq = self.run.journal.last().await;
-        let _ = self.run.deltas.send(delta);
+        self.run.deltas.send(delta);
     }
 }
 
@@ -237,7 +237,7 @@ mod tests {
             reply: Mutex::new(None),
             inserted: AtomicBool::new(true),
             tokens_per_day: 0,
-            deltas: tokio::sync::broadcast::channel(4).0,
+            deltas: crate::runs::sse::LiveText::new(4),
         });
         let asker = ServiceAsker {
             run: run.clone(),

@@ -11,9 +11,14 @@
 //! that event the piece is already queued (`drain`). A follower that falls behind the
 //! queue misses pieces, not events. A follower on another replica gets no deltas, only the
 //! events (docs/events.md).
+//!
+//! A follower that comes in while an answer is being written (a reload, a reconnect) gets
+//! the text so far as its first delta (`LiveText`), so what it shows is the answer's start,
+//! not a tail cut mid-sentence.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Mutex;
 
 use axum::response::sse::Event as SseEvent;
 use futures::Stream;
@@ -25,6 +30,70 @@ use super::stream::Follower;
 use crate::streams::StreamGuard;
 use sandboxd_core::agent::TextDelta;
 use sandboxd_core::store::StoredEvent;
+
+/// The longest answer so far a late follower is given; past it, it gets the pieces from
+/// then on only (the whole text still comes in `assistant_text`).
+const SO_FAR_MAX: usize = 256 * 1024;
+
+/// A run's answer pieces for this replica's followers, and the text so far of the answer
+/// being written.
+pub(crate) struct LiveText {
+    tx: broadcast::Sender<TextDelta>,
+    so_far: Mutex<SoFar>,
+}
+
+/// The pieces since the run's last event, joined.
+#[derive(Default)]
+struct SoFar {
+    text: Option<TextDelta>,
+    /// Past `SO_FAR_MAX`: a late follower gets no beginning, only the pieces that come.
+    cut: bool,
+}
+
+impl LiveText {
+    pub(crate) fn new(queue: usize) -> LiveText {
+        LiveText {
+            tx: broadcast::channel(queue).0,
+            so_far: Mutex::new(SoFar::default()),
+        }
+    }
+
+    /// Hands a piece to the followers and adds it to the text so far. One lock around both,
+    /// so a follower that subscribes gets each piece once: in its text so far or queued.
+    pub(crate) fn send(&self, delta: TextDelta) {
+        let Ok(mut so_far) = self.so_far.lock() else {
+            return;
+        };
+        let len = so_far.text.as_ref().map_or(0, |t| t.text.len()) + delta.text.len();
+        if so_far.cut || len > SO_FAR_MAX {
+            so_far.text = None;
+            so_far.cut = true;
+        } else if let Some(t) = so_far.text.as_mut() {
+            t.text.push_str(&delta.text);
+        } else {
+            so_far.text = Some(delta.clone());
+        }
+        if self.tx.receiver_count() > 0 {
+            let _ = self.tx.send(delta);
+        }
+    }
+
+    /// An event of the engine is being committed: the answer so far is in it, or void (a
+    /// retry). Called before the commit, so a follower that has the event never gets the
+    /// text again. (The service's own events, a state change, do not end an answer.)
+    pub(crate) fn forget_answer(&self) {
+        if let Ok(mut so_far) = self.so_far.lock() {
+            *so_far = SoFar::default();
+        }
+    }
+
+    /// The pieces from now on, and the text so far of the answer being written.
+    pub(crate) fn subscribe(&self) -> (broadcast::Receiver<TextDelta>, Option<TextDelta>) {
+        let so_far = self.so_far.lock().ok();
+        let text = so_far.as_ref().and_then(|s| s.text.clone());
+        (self.tx.subscribe(), text)
+    }
+}
 
 /// Pieces held for a follower still reading older events; past it the newest are dropped
 /// (the text still comes whole in its `assistant_text`).
@@ -50,18 +119,29 @@ enum Next {
 }
 
 /// The stream of SSE events for `follower`, which starts after seq `after`, with the run's
-/// deltas when `deltas` is given.
+/// deltas when `deltas` is given (`LiveText::subscribe`: the text so far goes first).
 pub(super) fn events(
     follower: Follower,
     after: u64,
     guard: StreamGuard,
-    deltas: Option<broadcast::Receiver<TextDelta>>,
+    deltas: Option<(broadcast::Receiver<TextDelta>, Option<TextDelta>)>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let (deltas, so_far) = deltas.unzip();
     let state = State {
         follower,
         guard,
         deltas,
-        held: VecDeque::new(),
+        // The answer is not in the store yet (`forget_answer` runs first), so its text
+        // goes no earlier than where the follower starts: a service event (a state change)
+        // may have come since the answer began.
+        held: so_far
+            .flatten()
+            .map(|mut d| {
+                d.after_seq = d.after_seq.max(after);
+                d
+            })
+            .into_iter()
+            .collect(),
         ready: VecDeque::new(),
         sent: after,
     };
@@ -160,4 +240,54 @@ async fn next(st: &mut State) -> Next {
         Err(broadcast::error::RecvError::Closed) => st.deltas = None,
     }
     Next::Held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(after_seq: u64, text: &str) -> TextDelta {
+        TextDelta {
+            run_id: "run-1".into(),
+            step: 1,
+            after_seq,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn a_late_follower_gets_the_text_so_far_then_each_piece_once() {
+        let live = LiveText::new(8);
+        assert!(live.subscribe().1.is_none(), "no answer yet");
+        live.send(piece(3, "Looking "));
+        live.send(piece(3, "around "));
+        let (mut rx, so_far) = live.subscribe();
+        let so_far = so_far.unwrap();
+        assert_eq!(
+            (so_far.after_seq, so_far.text.as_str()),
+            (3, "Looking around ")
+        );
+        live.send(piece(3, "here."));
+        assert_eq!(rx.try_recv().unwrap().text, "here.");
+        assert!(rx.try_recv().is_err(), "nothing twice");
+        // The step's event: the answer is in the store, a later follower gets no text.
+        live.forget_answer();
+        assert!(live.subscribe().1.is_none());
+        live.send(piece(5, "Next."));
+        assert_eq!(live.subscribe().1.unwrap().text, "Next.");
+    }
+
+    #[test]
+    fn an_answer_past_the_bound_gives_no_beginning() {
+        let live = LiveText::new(8);
+        live.send(piece(1, &"x".repeat(SO_FAR_MAX)));
+        assert_eq!(live.subscribe().1.unwrap().text.len(), SO_FAR_MAX);
+        live.send(piece(1, "y"));
+        assert!(live.subscribe().1.is_none(), "a cut text is not offered");
+        live.send(piece(1, "z"));
+        assert!(live.subscribe().1.is_none(), "nor its later pieces alone");
+        live.forget_answer();
+        live.send(piece(2, "fresh"));
+        assert_eq!(live.subscribe().1.unwrap().text, "fresh");
+    }
 }

@@ -4,7 +4,9 @@
 // into timeline fragments (POST /ui/render), and keeps the header (state, tokens, steps)
 // current. Stop, the answer to ask_human and the follow-up use the runs API. While the run
 // is live, `delta` events (no id, never replayed) show the model's text as it is written in
-// one live box, replaced by the step's own events when they arrive.
+// one live box, replaced by the step's own events when they are drawn (never before: the
+// text is on the page throughout). A (re)connected stream starts with the text so far of the
+// answer being written, so the box starts again on every connection; a retry voids it.
 'use strict';
 
 UI.views.run = async function () {
@@ -19,6 +21,9 @@ UI.views.run = async function () {
   let run = null;
   let state = 'queued';
   let liveBox = null; // the text of the answer being written
+  let endSeq = 0; // the seq of the last event received that ends or voids an answer
+  // The events that draw an answer's text, or end or void it: its live box goes then.
+  const ENDS = ['assistant_text', 'tool_call', 'retry', 'nudge', 'error', 'run_finished'];
   const TYPES = ['run_started', 'notice', 'thinking', 'context_trimmed', 'context_condensed', 'retry', 'token_usage',
     'assistant_text', 'tool_call', 'tool_result', 'tool_image', 'nudge', 'error', 'run_finished', 'run_state',
     'question_asked', 'question_answered', 'plan_created', 'step_started', 'step_finished',
@@ -75,7 +80,12 @@ UI.views.run = async function () {
 
   function connect() {
     source = new EventSource('/v1/runs/' + enc(id) + '/events' + (lastSeq ? '?after=' + lastSeq : ''));
-    source.onopen = () => { $('#live').textContent = 'live'; };
+    source.onopen = () => {
+      $('#live').textContent = 'live';
+      // The server sends the answer's text so far first: what the box held (perhaps with
+      // pieces lost while disconnected) goes.
+      dropLive(Infinity);
+    };
     source.onerror = (e) => {
       if (!source) return;
       // The server's last event when the key or sign-in was revoked: reconnecting is futile.
@@ -96,8 +106,9 @@ UI.views.run = async function () {
     let d;
     try { d = JSON.parse(e.data); } catch (err) { return; }
     if (typeof d.text !== 'string' || typeof d.after_seq !== 'number') return;
-    if (!liveBox || liveBox.dataset.step !== String(d.step)) {
-      if (liveBox) liveBox.remove();
+    // Another step's answer, or the same step's after a retry (the answer starts again).
+    // An ended answer's box stays until its events are drawn (a retry's went at once).
+    if (!liveBox || liveBox.dataset.step !== String(d.step) || endSeq > Number(liveBox.dataset.after)) {
       // `after` is the event the answer follows: the step's own events come after it.
       liveBox = el('div', { class: 'item ev live-text', 'data-step': String(d.step), 'data-after': String(d.after_seq) });
       timeline.append(liveBox);
@@ -108,11 +119,18 @@ UI.views.run = async function () {
     if (stick) window.scrollTo(0, document.body.scrollHeight);
   }
 
-  // The live text of an answer that came before event `seq` (its step's answer is drawn).
+  // The live text of the answers that came before event `seq` (drawn now, or void).
   function dropLive(seq) {
-    if (!liveBox || Number(liveBox.dataset.after) >= seq) return;
-    liveBox.remove();
-    liveBox = null;
+    for (const box of timeline.querySelectorAll(':scope > .live-text')) {
+      if (Number(box.dataset.after) < seq) box.remove();
+    }
+    if (liveBox && !liveBox.isConnected) liveBox = null;
+  }
+
+  // An event's item goes before the live text of an answer written after it.
+  function append(node, seq) {
+    const later = [...timeline.querySelectorAll(':scope > .live-text')].find((b) => Number(b.dataset.after) >= seq);
+    timeline.insertBefore(node, later || null);
   }
 
   function onEvent(e) {
@@ -122,6 +140,12 @@ UI.views.run = async function () {
     if (!(seq > lastSeq)) return; // already seen: a replay after a reconnect
     lastSeq = seq;
     run.last_seq = Math.max(run.last_seq || 0, seq);
+    if (ENDS.includes(ev.type)) endSeq = seq;
+    // A retry starts the answer again: its text so far is void.
+    if (ev.type === 'retry' && liveBox && Number(liveBox.dataset.after) < seq) {
+      liveBox.remove();
+      liveBox = null;
+    }
     switch (ev.type) {
       case 'token_usage':
         setUsage(ev.total_prompt_tokens, ev.total_completion_tokens);
@@ -167,10 +191,10 @@ UI.views.run = async function () {
       }
       queue = queue.slice(n);
       const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
-      // The step's answer is drawn now: its live text goes (not a next step's, already live).
+      // The step's answer is drawn now: its live text goes in the same turn, so one of the
+      // two is always shown (not a next step's text, already live).
       for (const ev of batch) {
-        // A retry starts the answer again.
-        if (['token_usage', 'retry', 'run_finished'].includes(ev.type)) dropLive(ev.seq || 0);
+        if (ENDS.includes(ev.type)) dropLive(ev.seq || 0);
       }
       for (const f of r.data.fragments) place(f);
       document.body.dataset.rendered = String(batch[batch.length - 1].seq || 0);
@@ -186,7 +210,7 @@ UI.views.run = async function () {
     wrap.append(nodes);
     if (f.kind === 'tool_call') {
       cards.set(f.call_id, wrap);
-      timeline.append(wrap);
+      append(wrap, f.seq);
       return;
     }
     if (f.kind === 'tool_result' && cards.has(f.call_id)) {
@@ -203,7 +227,7 @@ UI.views.run = async function () {
       cards.get(f.call_id).querySelector('.result').append(wrap);
       return;
     }
-    timeline.append(wrap);
+    append(wrap, f.seq);
   }
 
   $('#stop').addEventListener('click', async () => {
