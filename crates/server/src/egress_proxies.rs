@@ -292,10 +292,24 @@ pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
             None
         }
     };
-    if let (Some(_), Some(i)) = (&started, &injector) {
+    let written = match (&started, &injector) {
+        (Some(_), Some(i)) => {
+            let generation = i.ca_generation();
+            install_trust(sandbox.as_ref(), i, &row.id).await;
+            Some(generation)
+        }
+        _ => None,
+    };
+    proxies.settle(&row.id, started).await;
+    // A credential attached while this start was under way found no running proxy and left
+    // the trust files to it: once the proxy is in the map, a CA made since is written here
+    // (a later change finds the proxy running and writes its own).
+    if let (Some(generation), Some(i)) = (written, &injector)
+        && i.ca_generation() != generation
+        && proxies.runs(&row.id).await
+    {
         install_trust(sandbox.as_ref(), i, &row.id).await;
     }
-    proxies.settle(&row.id, started).await;
 }
 
 /// Writes the session CA's files into the sandbox (nothing while no host has a credential).

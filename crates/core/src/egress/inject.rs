@@ -39,6 +39,9 @@ pub enum InjectError {
 struct State {
     credentials: Vec<EgressCredential>,
     ca: Option<Arc<SessionCa>>,
+    /// Counts the CAs made: a start that wrote the trust files compares it afterwards, so a
+    /// CA made again meanwhile (a credential attached while the proxy started) is written too.
+    generation: u64,
 }
 
 /// One session's credential injection.
@@ -91,6 +94,7 @@ impl Injector {
             state: RwLock::new(Arc::new(State {
                 credentials: Vec::new(),
                 ca: None,
+                generation: 0,
             })),
         };
         injector.set_credentials(credentials)?;
@@ -123,9 +127,18 @@ impl Injector {
                 self.leaf.clone(),
             )?)),
         };
-        *self.state.write().unwrap_or_else(|p| p.into_inner()) =
-            Arc::new(State { credentials, ca });
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(State {
+            credentials,
+            ca,
+            generation: old.generation + u64::from(changed),
+        });
         Ok(changed && !hosts.is_empty())
+    }
+
+    /// Which CA this is (it grows each time one is made again): what `install` wrote can be
+    /// compared with what the sandbox must trust now.
+    pub fn ca_generation(&self) -> u64 {
+        self.state().generation
     }
 
     /// What the sandbox needs to trust this session's CA (public material only); None while

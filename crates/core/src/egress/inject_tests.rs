@@ -68,6 +68,33 @@ fn plain_http_to_a_credential_host_is_refused_unless_the_credential_allows_it() 
     assert_eq!(lax.plain("api.inject.test", 80), Plain::Inject);
 }
 
+/// The CA's generation grows exactly when the set of credential hosts changes (what a proxy
+/// start compares after writing the trust files, so a credential attached meanwhile is not
+/// missed), and never when the same hosts come again.
+#[test]
+fn the_ca_generation_counts_the_cas_made() {
+    let i = Injector::for_config("s1", &config(false)).unwrap().unwrap();
+    let first = i.ca_generation();
+    assert_eq!(first, 1, "the first CA");
+    assert!(!i.set_credentials(config(false).credentials).unwrap());
+    assert_eq!(i.ca_generation(), first, "same hosts, same CA");
+    let mut two = config(false).credentials;
+    let mut other = two[0].clone();
+    other.host = "api.other.test".into();
+    two.push(other);
+    assert!(i.set_credentials(two).unwrap());
+    assert_eq!(i.ca_generation(), first + 1, "a new host, a new CA");
+    assert!(
+        !i.set_credentials(Vec::new()).unwrap(),
+        "no host: no CA to trust"
+    );
+    assert_eq!(
+        i.ca_generation(),
+        first + 2,
+        "the CA is gone: trust changes too"
+    );
+}
+
 /// A server that answers every request with its head echoed in the body.
 async fn echo_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<String>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
