@@ -461,8 +461,12 @@ impl Config {
             let Some(rest) = var.strip_prefix("SANDBOXD_") else {
                 continue;
             };
-            // IMAGE_KEEP_OLD is read by the image build (docker_image::KEEP_OLD_ENV), not config.
-            if matches!(rest, "CONFIG" | "LOG" | "IMAGE_KEEP_OLD") || rest.starts_with("TEST_") {
+            // IMAGE_KEEP_OLD is read by the image build (docker_image::KEEP_OLD_ENV), not config;
+            // TEST_* by the tests and BENCH_* by `sandboxd bench` (its SDK venv, its Postgres).
+            if matches!(rest, "CONFIG" | "LOG" | "IMAGE_KEEP_OLD")
+                || rest.starts_with("TEST_")
+                || rest.starts_with("BENCH_")
+            {
                 continue;
             }
             apply_env(&mut tree, var, rest, value)?;
@@ -608,6 +612,23 @@ mod tests {
         .unwrap();
         assert_eq!(c.limits.memory_mb, 512);
         assert_eq!(c.llm.model, "gpt-4o");
+    }
+
+    /// The variables the tests and `sandboxd bench` read for themselves are not config: a
+    /// bench run with SANDBOXD_BENCH_E2B_PYTHON set was refused as an unknown section.
+    #[test]
+    fn test_and_bench_variables_are_not_config() {
+        let c = Config::load_with_env(
+            None,
+            &env(&[
+                ("SANDBOXD_BENCH_E2B_PYTHON", "/venv/bin/python"),
+                ("SANDBOXD_BENCH_PG_URL", "postgres://x"),
+                ("SANDBOXD_TEST_RUNSC", "1"),
+            ]),
+        );
+        assert!(c.is_ok(), "{:?}", c.err());
+        let e = Config::load_with_env(None, &env(&[("SANDBOXD_BENCHX", "1")])).unwrap_err();
+        assert!(e.to_string().contains("SANDBOXD_BENCHX"), "{e}");
     }
 
     #[test]
