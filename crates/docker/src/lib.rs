@@ -14,8 +14,8 @@ use bollard::models::{
     HostConfigLogConfig, ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    StartContainerOptions, StatsOptionsBuilder,
+    CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder, StartContainerOptions, StatsOptionsBuilder,
 };
 use futures::StreamExt;
 
@@ -289,8 +289,43 @@ impl DockerRuntime {
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 409,
                 message,
-            }) if message.contains("already in progress") => Ok(()),
+            }) if message.contains("already in progress") => self.wait_removed(container_id).await,
             Err(e) => Err(docker_err("remove the container", container_id, e)),
+        }
+    }
+
+    /// Waits (bounded) until another caller's removal of the container has finished: a
+    /// removal that answered at "already in progress" would let its caller say the
+    /// container is gone while it is still there (serve's DELETE racing the upkeep, which
+    /// removes a session whose row ended).
+    async fn wait_removed(&self, container_id: &str) -> Result<(), SandboxError> {
+        let deadline = tokio::time::Instant::now() + REMOVAL_WAIT;
+        loop {
+            match self
+                .docker
+                .inspect_container(container_id, None::<InspectContainerOptions>)
+                .await
+            {
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404, ..
+                }) => return Ok(()),
+                Err(e) => {
+                    return Err(docker_err(
+                        "wait for the container's removal",
+                        container_id,
+                        e,
+                    ));
+                }
+                Ok(_) if tokio::time::Instant::now() >= deadline => {
+                    return Err(SandboxError::Timeout {
+                        what: format!(
+                            "the removal of container {container_id} (begun by another caller)"
+                        ),
+                        after: REMOVAL_WAIT,
+                    });
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
         }
     }
 }
@@ -544,6 +579,9 @@ fn container_body(
         ..Default::default()
     }
 }
+
+/// How long a removal waits for another caller's removal of the same container to finish.
+const REMOVAL_WAIT: Duration = Duration::from_secs(30);
 
 const ENGINE: &str = "the Docker engine";
 const ENGINE_FIX: &str = "start it (systemctl start docker) or point DOCKER_HOST at it, then retry";

@@ -74,14 +74,16 @@ async fn end(st: &AppState, caller: &Caller, row: &SessionRow) -> Result<(), Api
         st.mcp.end_session(row, reason).await;
         return Ok(());
     }
+    // Its last usage reading, so this answer already counts what it used: taken while the
+    // row is still running, because once it has ended the upkeep may take the container
+    // (the longer the gap, the likelier this answer came before the container went).
+    crate::metering::sample_before_end(st, row).await;
     if st.store.end_session(&row.id, reason, now_ms()).await? {
         let details =
             serde_json::json!({"owner": row.owner, "reason": reason, "handle": row.container_id});
         crate::audit::record(st, &caller.who, "session.end", &row.id, details).await;
     }
     st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
-    // Its last usage reading, so this answer already counts what it used.
-    crate::metering::sample_before_end(st, row).await;
     // The row read before it ended: a session still being created has no container yet,
     // and one made after this is removed by the upkeep (its row ended).
     st.backend
