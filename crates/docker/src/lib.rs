@@ -21,11 +21,12 @@ use futures::StreamExt;
 
 use sandboxd_core::config::Limits;
 use sandboxd_core::sandbox::runtime::{FoundSandbox, Runtime, SandboxSpec, meta_key};
-use sandboxd_core::sandbox::{Sandbox, SandboxError, SandboxState, host};
+use sandboxd_core::sandbox::{Sandbox, SandboxError, SandboxState, Usage, host};
 
 mod exec;
 pub mod image;
 mod labels;
+mod usage;
 
 pub use exec::{DockerExec, DockerSandbox};
 
@@ -396,40 +397,24 @@ impl Runtime for DockerRuntime {
 
     /// The cgroup's memory use without the reclaimable page cache, as `docker stats` shows.
     async fn memory_usage(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
-        let Some(stats) = self
-            .stats_once(handle, "read the container's memory use")
-            .await?
-        else {
-            return Ok(None);
-        };
-        Ok(stats.memory_stats.and_then(|m| {
-            // cgroup v2 names it inactive_file, v1 total_inactive_file.
-            let inactive = m
-                .stats
-                .as_ref()
-                .and_then(|s| {
-                    s.get("inactive_file")
-                        .or_else(|| s.get("total_inactive_file"))
-                })
-                .copied()
-                .unwrap_or(0);
-            m.usage.map(|u| u.saturating_sub(inactive))
-        }))
+        let stats = self.stats_once(handle, "read the container's memory use");
+        Ok(stats.await?.as_ref().and_then(usage::memory_of))
     }
 
     /// The cgroup's CPU time (the engine counts nanoseconds; metering keeps microseconds).
     async fn cpu_usage_usec(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
-        let Some(stats) = self
-            .stats_once(handle, "read the container's CPU use")
-            .await?
-        else {
-            return Ok(None);
-        };
+        let stats = self.stats_once(handle, "read the container's CPU use");
+        Ok(stats.await?.as_ref().and_then(usage::cpu_of))
+    }
+
+    /// Both from one stats call.
+    async fn usage(&self, handle: &str) -> Result<Usage, SandboxError> {
+        let stats = self.stats_once(handle, "read the container's CPU and memory use");
         Ok(stats
-            .cpu_stats
-            .and_then(|c| c.cpu_usage)
-            .and_then(|u| u.total_usage)
-            .map(|ns| ns / 1000))
+            .await?
+            .as_ref()
+            .map(usage::usage_of)
+            .unwrap_or_default())
     }
 
     async fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {

@@ -18,7 +18,7 @@ use tokio::sync::{Mutex, OnceCell};
 
 use sandboxd_core::config::Limits;
 use sandboxd_core::sandbox::runtime::{FoundSandbox, Runtime, SandboxSpec};
-use sandboxd_core::sandbox::{Owner, Sandbox, SandboxError, SandboxState, host};
+use sandboxd_core::sandbox::{Owner, Sandbox, SandboxError, SandboxState, Usage, host};
 
 use state::{start_failure, state_of};
 
@@ -326,6 +326,11 @@ impl Runtime for KubeRuntime {
     /// Read in the pod through exec too (usage.rs).
     async fn cpu_usage_usec(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
         self.read_cpu(handle).await
+    }
+
+    /// Both in one exec (usage.rs).
+    async fn usage(&self, handle: &str) -> Result<Usage, SandboxError> {
+        self.read_usage(handle).await
     }
 
     async fn list(&self) -> Result<Vec<FoundSandbox>, SandboxError> {

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use sandboxd_core::config::Limits;
-use sandboxd_core::sandbox::{ExecRequest, Sandbox, SandboxError};
+use sandboxd_core::sandbox::{ExecRequest, Sandbox, SandboxError, Usage};
 
 use crate::KubeRuntime;
 
@@ -49,7 +49,33 @@ pub(crate) fn parse_cpu(out: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())
 }
 
+/// The line between the CPU and the memory halves of `READ_BOTH`'s answer.
+const SPLIT: &str = "@sandboxd-usage-split@";
+
+/// The CPU reading, the split line, the memory reading: one exec for a usage reading.
+fn read_both() -> String {
+    format!("{{ {READ_CPU}; }}; /bin/echo {SPLIT}; {{ {READ}; }}")
+}
+
+/// Both halves of `read_both`'s answer, each parsed as alone (a half that does not parse is
+/// "cannot tell" for that measure only).
+pub(crate) fn parse_both(out: &str) -> Usage {
+    let Some((cpu, memory)) = out.split_once(&format!("{SPLIT}\n")) else {
+        return Usage::default();
+    };
+    Usage {
+        cpu_usec: parse_cpu(cpu),
+        memory_bytes: parse(memory),
+    }
+}
+
 impl KubeRuntime {
+    /// The pod's CPU time and working set from one exec.
+    pub(crate) async fn read_usage(&self, pod: &str) -> Result<Usage, SandboxError> {
+        let out = self.read_cgroup(pod, &read_both()).await?;
+        Ok(out.as_deref().map(parse_both).unwrap_or_default())
+    }
+
     /// The pod's CPU time in microseconds; None when the pod does not say.
     pub(crate) async fn read_cpu(&self, pod: &str) -> Result<Option<u64>, SandboxError> {
         let out = self.read_cgroup(pod, READ_CPU).await?;
@@ -92,6 +118,24 @@ mod tests {
         assert_eq!(parse(""), None);
         // A key that only starts like ours is not ours.
         assert_eq!(parse("900\ninactive_filex 100\n"), Some(900));
+    }
+
+    #[test]
+    fn one_reading_holds_both_halves_each_parsed_alone() {
+        let both = format!("usage_usec 2500000\nuser_usec 1\n{SPLIT}\n900\ninactive_file 100\n");
+        let u = parse_both(&both);
+        assert_eq!((u.cpu_usec, u.memory_bytes), (Some(2_500_000), Some(800)));
+        // A CPU half that failed (nothing printed) leaves the memory half.
+        let u = parse_both(&format!("{SPLIT}\n900\n"));
+        assert_eq!((u.cpu_usec, u.memory_bytes), (None, Some(900)));
+        assert_eq!(parse_both("usage_usec 5\n900\n"), Usage::default());
+        // The script runs both halves in one shell, the split line between them.
+        let script = read_both();
+        assert!(
+            script.contains(READ_CPU) && script.contains(READ),
+            "{script}"
+        );
+        assert!(script.find(READ_CPU) < script.find(SPLIT), "{script}");
     }
 
     #[test]

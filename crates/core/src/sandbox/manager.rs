@@ -439,15 +439,12 @@ impl SessionManager {
     /// The sandbox's CPU time and memory now, as far as the backend tells (an error is
     /// "cannot tell": metering must never stop a removal or a sample of the others).
     pub async fn reading_of(&self, handle: &str) -> Reading {
-        let (cpu, memory) = tokio::join!(
-            self.runtime.cpu_usage_usec(handle),
-            self.runtime.memory_usage(handle)
-        );
+        let usage = self.runtime.usage(handle).await.unwrap_or_default();
         Reading {
             container: handle.to_string(),
             at: crate::store::now_ms(),
-            cpu_usec: cpu.ok().flatten(),
-            memory_bytes: memory.ok().flatten(),
+            cpu_usec: usage.cpu_usec,
+            memory_bytes: usage.memory_bytes,
         }
     }
 

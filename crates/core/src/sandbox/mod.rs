@@ -48,7 +48,7 @@ mod types;
 pub use error::SandboxError;
 pub use manager::{CreateOptions, SessionInfo, SessionManager};
 pub use owner::{Owner, Viewer};
-pub use runtime::{Runtime, SandboxState};
+pub use runtime::{Runtime, SandboxState, Usage};
 pub use types::*;
 
 use async_trait::async_trait;

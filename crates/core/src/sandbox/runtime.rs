@@ -190,6 +190,15 @@ impl fmt::Display for SandboxState {
     }
 }
 
+/// A sandbox's CPU time and memory now, as far as its backend tells (None: cannot tell).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Microseconds of CPU its processes used since it was made.
+    pub cpu_usec: Option<u64>,
+    /// Bytes of memory in use now (processes and tmpfs files, without reclaimable cache).
+    pub memory_bytes: Option<u64>,
+}
+
 /// A managed sandbox as a listing found it.
 #[derive(Debug, Clone)]
 pub struct FoundSandbox {
@@ -313,6 +322,17 @@ pub trait Runtime: Send + Sync {
     /// `cpu.stat` `usage_usec`), if the backend can tell: usage metering samples it.
     async fn cpu_usage_usec(&self, _handle: &str) -> Result<Option<u64>, SandboxError> {
         Ok(None)
+    }
+
+    /// `cpu_usage_usec` and `memory_usage` together, as a usage reading needs them (every
+    /// end, hibernation and sample takes one). The default asks for each; a backend that
+    /// learns both from one call (Docker's stats, one exec into a pod) answers at once.
+    async fn usage(&self, handle: &str) -> Result<Usage, SandboxError> {
+        let (cpu, memory) = tokio::join!(self.cpu_usage_usec(handle), self.memory_usage(handle));
+        Ok(Usage {
+            cpu_usec: cpu?,
+            memory_bytes: memory?,
+        })
     }
 
     /// What a readiness probe asks of the backend before it may create sandboxes: each check

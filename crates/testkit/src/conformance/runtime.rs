@@ -593,6 +593,19 @@ async fn case_liveness_and_remove(cx: &Cx, made: Made) -> Result<()> {
         .memory_usage(&handle)
         .await
         .context("memory_usage of a live sandbox is not an error")?;
+    // One reading of both agrees with the separate ones on what the backend can tell.
+    let usage = cx
+        .rt
+        .usage(&handle)
+        .await
+        .context("usage of a live sandbox is not an error")?;
+    let memory = cx.rt.memory_usage(&handle).await?;
+    let cpu = cx.rt.cpu_usage_usec(&handle).await?;
+    ensure!(
+        usage.memory_bytes.is_some() == memory.is_some()
+            && usage.cpu_usec.is_some() == cpu.is_some(),
+        "usage tells what memory_usage and cpu_usage_usec tell: {usage:?} vs {memory:?}, {cpu:?}"
+    );
     cx.rt.remove(&handle).await.context("remove")?;
     ensure!(!sb.is_alive().await, "a removed sandbox is not alive");
     ensure!(
