@@ -159,18 +159,15 @@ pub(crate) async fn end_idle(
     runtime_id: &str,
     reason: &str,
     now: i64,
-) -> Result<bool, StoreError> {
-    let n = execute(
-        c,
+) -> Result<Option<String>, StoreError> {
+    let sql = format!(
         "UPDATE sessions SET state = 'ended', ended_at = $2, end_reason = $3
          WHERE runtime_id = $1 AND state = 'running' AND snapshot IS NULL
-           AND last_used_at + idle_timeout_secs * 1000 <= $2
-           AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.session_id = sessions.id
-               AND runs.state IN ('queued', 'running', 'waiting_for_human'))",
-        &[&runtime_id, &now, &reason],
-    )
-    .await?;
-    Ok(n > 0)
+           AND last_used_at + idle_timeout_secs * 1000 <= $2 AND NOT {RUN_IN_FLIGHT}
+         RETURNING id"
+    );
+    let rows = query(c, &sql, &[&runtime_id, &now, &reason]).await?;
+    rows.first().map(|r| col(r, 0)).transpose()
 }
 
 /// The runs that keep a session from idling out or hibernating.

@@ -95,7 +95,7 @@ impl Store for PgStore {
         runtime_id: &str,
         reason: &str,
         now: i64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<String>, StoreError> {
         sessions::end_idle(&self.client().await?, runtime_id, reason, now).await
     }
 

@@ -167,3 +167,111 @@ async fn a_scripted_sequence_gives_exactly_the_expected_entries() {
         .collect();
     assert_eq!(&lines, entries);
 }
+
+/// The `session.*` entries of the log, as (actor, action, target), oldest first.
+async fn session_entries(root: &Api) -> Vec<(String, String, String)> {
+    let all = page(root, "?limit=1000").await;
+    all["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"].as_str().unwrap().starts_with("session."))
+        .map(|e| {
+            let f = |k: &str| e[k].as_str().unwrap().to_string();
+            (f("actor"), f("action"), f("target"))
+        })
+        .collect()
+}
+
+/// The ids of the caller's sessions of `kind`, ended ones too, oldest first.
+async fn ids_of_kind(api: &Api, kind: &str) -> Vec<String> {
+    let (s, v) = api
+        .json(Method::GET, "/v1/sessions?include_ended=true", None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let mut rows: Vec<&Value> = v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"] == kind)
+        .collect();
+    rows.sort_by_key(|s| s["created_at"].as_str().unwrap().to_string());
+    rows.iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Sessions are audited whichever front end made them and whoever ended them: an MCP
+/// sandbox is created by its user, the idle reaper's ends (API and MCP) are the service's,
+/// and a session whose serve was killed is ended by the next start, once each.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_of_every_front_end_and_every_end_are_audited_once() {
+    use crate::serve_mcp_quota::client::{Cleanup, Mcp, gone, mcp_containers, me, wait_until};
+    use std::time::Duration;
+
+    let env = Env::new("idle_timeout_secs = 2").await;
+    let root_key = env.add_user("root", &["--admin"]);
+    let key = env.add_user("hal", &["--sessions", "2"]);
+    let mut serve = env.start();
+    let api = Api::new(&serve, &key);
+    let mut cleanup = Cleanup(Vec::new());
+
+    let m = Mcp::open(&serve, &key).await;
+    m.bash("true", None).await;
+    cleanup.0.extend(mcp_containers(&env, &api).await);
+    let id = api.session().await;
+    // The reaper takes both idle sessions; their rows end with them.
+    wait_until("both idle rows end", Duration::from_secs(60), async || {
+        me(&api).await["usage"]["active_sessions"] == 0
+    })
+    .await;
+    let first = ids_of_kind(&api, "mcp").await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    // A new MCP sandbox, whose serve dies: the next start ends its row.
+    m.bash("true", None).await;
+    let containers = mcp_containers(&env, &api).await;
+    cleanup.0.extend(containers.clone());
+    serve.kill9();
+    let serve = env.start();
+    let root = Api::new(&serve, &root_key);
+    let api = Api::new(&serve, &key);
+    wait_until(
+        "the killed serve's row ends",
+        Duration::from_secs(30),
+        async || me(&api).await["usage"]["active_sessions"] == 0,
+    )
+    .await;
+    wait_until("its container goes", Duration::from_secs(30), async || {
+        gone(&containers).await
+    })
+    .await;
+    let mcp = ids_of_kind(&api, "mcp").await;
+    assert_eq!(mcp.len(), 2, "{mcp:?}");
+
+    let got = session_entries(&root).await;
+    let t = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+    assert_eq!(
+        got[..2],
+        [
+            t("hal", "session.create", &mcp[0]),
+            t("hal", "session.create", &id)
+        ]
+    );
+    // The reaper's two ends, in the order it found them.
+    let mut ends = got[2..4].to_vec();
+    ends.sort();
+    let mut want = vec![
+        t("system", "session.end", &mcp[0]),
+        t("system", "session.end", &id),
+    ];
+    want.sort();
+    assert_eq!(ends, want, "{got:?}");
+    assert_eq!(
+        got[4..],
+        [
+            t("hal", "session.create", &mcp[1]),
+            t("system", "session.end", &mcp[1])
+        ],
+        "{got:?}"
+    );
+}

@@ -30,6 +30,7 @@
 //! replica that made it is dead (a live replica's containers are its own business: its
 //! creates in flight, its warm pool).
 
+use sandboxd_core::config::{AuditConfig, Config};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -52,6 +53,8 @@ const USE_WRITE_EVERY: Duration = Duration::from_secs(1);
 /// The store's books as the manager's `SharedSessions`.
 pub struct Books {
     pub store: Arc<dyn Store>,
+    /// Where an idle end is recorded (`[audit]`).
+    pub audit: AuditConfig,
 }
 
 #[async_trait]
@@ -64,8 +67,15 @@ impl SharedSessions for Books {
         let reason = EndReason::Idle(timeout).to_string();
         let now = now_ms();
         match self.store.end_idle_session(&session.id, &reason, now).await {
-            Ok(true) => return ReapVerdict::Reap,
-            Ok(false) => {}
+            Ok(Some(row_id)) => {
+                let row = self.store.session(&row_id).await.ok().flatten();
+                let store = self.store.as_ref();
+                let who = crate::audit::Who::system();
+                crate::audit::record_end(store, &self.audit, &who, &row_id, &reason, row.as_ref())
+                    .await;
+                return ReapVerdict::Reap;
+            }
+            Ok(None) => {}
             Err(e) => {
                 tracing::warn!(session = %session.id, error = %e, "the store failed while reaping");
                 return ReapVerdict::Unknown;
@@ -212,7 +222,7 @@ async fn end_and_remove(st: &AppState, row: &SessionRow, reason: &str) {
     st.runs
         .cancel_session(&row.id, Duration::from_secs(10))
         .await;
-    if let Err(e) = st.store.end_session(&row.id, reason, now_ms()).await {
+    if let Err(e) = crate::audit::end(st, &crate::audit::Who::system(), &row.id, reason).await {
         tracing::warn!(session = %row.id, error = %e, "could not end a session's row");
     }
     if let Err(e) = st
@@ -404,7 +414,7 @@ async fn end_row(st: &AppState, row: &SessionRow, why: &str, out: &mut Swept) {
     st.runs
         .cancel_session(&row.id, Duration::from_secs(10))
         .await;
-    match st.store.end_session(&row.id, why, now_ms()).await {
+    match crate::audit::end(st, &crate::audit::Who::system(), &row.id, why).await {
         Ok(true) => out.ended.push((row.id.clone(), why.to_string())),
         Ok(false) => {}
         Err(e) => tracing::warn!(session = %row.id, error = %e, "could not end a session's row"),
@@ -460,12 +470,13 @@ async fn remove_strays(
 pub async fn join(
     store: &Arc<dyn Store>,
     manager: &Arc<sandboxd_core::sandbox::SessionManager>,
-    data_dir: &Path,
+    config: &Config,
     me: &str,
 ) {
-    bury_local_dead(store.as_ref(), data_dir, me).await;
+    bury_local_dead(store.as_ref(), &config.data_dir(), me).await;
     let books = Arc::new(Books {
         store: store.clone(),
+        audit: config.audit.clone(),
     });
     manager.share(me, books);
     sandboxd_core::sandbox::shell::tag_shells(shell_tag_of(me));

@@ -6,7 +6,9 @@
 //! What is recorded, and where: key use after an hour without one (`auth.rs`), web sign-in
 //! and failure (`ui/login.rs`), user creation, key rotation and user removal (`admin.rs`;
 //! `sandboxd users` on the host records as `cli`), session creation (with its limits and
-//! backend handle) and end (`sessions.rs`, `session_end.rs`), an admin's action on another
+//! backend handle: `sessions::create` for /v1, runs and E2B, `mcp_quota.rs` for /mcp
+//! sandboxes) and end (whoever ends a row goes through `end_session` here: a request by its
+//! actor, the reaper, upkeep and sweeps as `system`), an admin's action on another
 //! user's session (`sessions::owned_row`), egress policy and credential changes
 //! (`egress.rs`, `egress_credentials.rs`). Details never hold a key, a token, a credential's
 //! value or a command.
@@ -32,7 +34,9 @@ use crate::proxies::ClientAddr;
 use crate::types::time;
 use sandboxd_core::config::AuditConfig;
 use sandboxd_core::store::audit::MAX_AUDIT_PAGE;
-use sandboxd_core::store::{AuditBound, AuditEntry, AuditQuery, NewAudit, Store, now_ms};
+use sandboxd_core::store::{
+    AuditBound, AuditEntry, AuditQuery, NewAudit, SessionRow, Store, StoreError, now_ms,
+};
 
 /// The request id the access log gave a request (also its `x-request-id` answer header).
 #[derive(Debug, Clone)]
@@ -148,6 +152,49 @@ pub async fn record(
         details,
     )
     .await;
+}
+
+/// Ends a session's row for `reason`, and when this call is the one that ended it (not an
+/// earlier end), records `session.end` by `who`. Every path that ends a row (a request, the
+/// idle reaper, the upkeep, a sweep of gone replicas, an MCP sandbox's close) comes through
+/// here, so the log holds each end exactly once. The row is read back for its details.
+pub async fn end_session(
+    store: &dyn Store,
+    cfg: &AuditConfig,
+    who: &Who,
+    row_id: &str,
+    reason: &str,
+) -> Result<bool, StoreError> {
+    if !store.end_session(row_id, reason, now_ms()).await? {
+        return Ok(false);
+    }
+    let row = store.session(row_id).await.ok().flatten();
+    record_end(store, cfg, who, row_id, reason, row.as_ref()).await;
+    Ok(true)
+}
+
+/// The `session.end` entry of a row that has just ended (`row`: as read after its end, for
+/// the details; None if it could not be read). For a store call that ends rows by itself.
+pub async fn record_end(
+    store: &dyn Store,
+    cfg: &AuditConfig,
+    who: &Who,
+    row_id: &str,
+    reason: &str,
+    row: Option<&SessionRow>,
+) {
+    let details = serde_json::json!({
+        "owner": row.map(|r| r.owner.as_str()),
+        "kind": row.map(|r| r.kind),
+        "reason": reason,
+        "handle": row.and_then(|r| r.container_id.as_deref()),
+    });
+    record_in(store, cfg, who, "session.end", row_id, details).await;
+}
+
+/// `end_session` with the service's store and config.
+pub async fn end(st: &AppState, who: &Who, row_id: &str, reason: &str) -> Result<bool, StoreError> {
+    end_session(st.store.as_ref(), &st.config.audit, who, row_id, reason).await
 }
 
 /// One audit entry.

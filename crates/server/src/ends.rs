@@ -21,8 +21,9 @@ use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::AppState;
+use crate::audit::Who;
 use sandboxd_core::sandbox::ends::Ended;
-use sandboxd_core::store::{SessionKind, SessionRow, SessionState, now_ms};
+use sandboxd_core::store::{SessionKind, SessionRow, SessionState};
 
 /// How long ending a session waits for each of its runs to stop.
 const RUN_STOP_WAIT: Duration = Duration::from_secs(10);
@@ -109,13 +110,7 @@ async fn api_sweep(st: &AppState) {
 async fn end_row(st: &AppState, row: &SessionRow, reason: &str) {
     tracing::info!(session = %row.id, %reason, "the session ended");
     st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
-    match st.store.end_session(&row.id, reason, now_ms()).await {
-        Ok(true) => {
-            let details = serde_json::json!({"owner": row.owner, "reason": reason, "handle": row.container_id});
-            let who = crate::audit::Who::system();
-            crate::audit::record(st, &who, "session.end", &row.id, details).await;
-        }
-        Ok(false) => {}
-        Err(e) => tracing::warn!(session = %row.id, error = %e, "could not end a session's row"),
+    if let Err(e) = crate::audit::end(st, &Who::system(), &row.id, reason).await {
+        tracing::warn!(session = %row.id, error = %e, "could not end a session's row");
     }
 }

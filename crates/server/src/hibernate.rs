@@ -186,9 +186,11 @@ pub async fn upkeep(st: &AppState) {
             for (id, name) in ended {
                 tracing::info!(session = %id, "a hibernated session idled out");
                 snapshot::delete(&snapshot_dir(st), &name);
-                if let Ok(Some(row)) = st.store.session(&id).await
-                    && let Some(rt) = &row.runtime_id
-                {
+                let row = st.store.session(&id).await.ok().flatten();
+                let (store, who) = (st.store.as_ref(), crate::audit::Who::system());
+                crate::audit::record_end(store, &st.config.audit, &who, &id, reason, row.as_ref())
+                    .await;
+                if let Some(rt) = row.as_ref().and_then(|r| r.runtime_id.as_ref()) {
                     st.backend.manager().forget_records(rt).await;
                 }
             }

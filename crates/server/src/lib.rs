@@ -431,7 +431,7 @@ impl Server {
         // Sessions shared with the other replicas (attach.rs): gone neighbours on this host
         // buried, the manager's reaper and reconciler on the store's books, this process's
         // shells tagged with its replica id.
-        attach::join(&store, &manager, &config.data_dir(), replica.id()).await;
+        attach::join(&store, &manager, &config, replica.id()).await;
         // Only dead replicas' runs: a live replica's are its own (the sweep gets the rest
         // once their replica's lease runs out).
         let interrupted = runs::RunService::interrupt_orphans(&store, replica.id()).await?;

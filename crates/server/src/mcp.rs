@@ -171,8 +171,8 @@ impl McpUsers {
     /// Removes the sandbox of one of a user's `mcp` session rows (DELETE /v1/sessions/{id}):
     /// a stateless client's `sandbox_id` then answers "no sandbox", a session's next tool
     /// call gets a new sandbox, admitted anew.
-    pub async fn end_session(&self, row: &SessionRow, reason: &str) {
-        self.ledger.end(row, reason).await;
+    pub async fn end_session(&self, row: &SessionRow, reason: &str, who: &crate::audit::Who) {
+        self.ledger.end(row, reason, who).await;
         let Some(rt) = &row.runtime_id else { return };
         match self.manager.remove(&Self::owner_of(&row.owner), rt).await {
             Ok(()) | Err(SandboxError::SessionNotFound { .. }) => {}
@@ -273,7 +273,7 @@ pub async fn handle(
         return user.service.handle(req).await.into_response();
     };
     if req.method() == Method::DELETE {
-        return close(&st, &user, &caller.user.id, &id, req).await;
+        return close(&st, &user, &caller, &id, req).await;
     }
     // The session's last use, for the replica whose keep-alive of it runs out meanwhile
     // (mcp_quota's `release`); not awaited, and only a session of this user is touched.
@@ -298,10 +298,11 @@ pub async fn handle(
 async fn close(
     st: &AppState,
     user: &UserMcp,
-    user_id: &str,
+    caller: &Caller,
     id: &str,
     req: Request<Body>,
 ) -> Response {
+    let user_id = caller.user.id.as_str();
     let held = user.sessions.has_session(&id.into()).await.unwrap_or(false);
     let stored = match st.store.mcp_session(id).await {
         Ok(row) => row.filter(|r| r.owner == user_id),
@@ -322,7 +323,7 @@ async fn close(
         && let Ok(Some(sandbox_row)) = st.store.session(&sandbox.row).await
     {
         st.mcp
-            .end_session(&sandbox_row, "its MCP session was closed")
+            .end_session(&sandbox_row, "its MCP session was closed", &caller.who)
             .await;
     }
     StatusCode::ACCEPTED.into_response()

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::audit::Who;
 use crate::quota::Quota;
 use sandboxd_core::config::{Config, LimitRequest};
 use sandboxd_core::mcp::admission::{Admission, Recorded, Ticket};
@@ -63,8 +64,15 @@ impl McpLedger {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Ends a row (audited: `audit::end_session`) by the service itself.
     async fn end_row(&self, row_id: &str, reason: &str) {
-        if let Err(e) = self.store.end_session(row_id, reason, now_ms()).await {
+        self.end_row_by(row_id, reason, &Who::system()).await;
+    }
+
+    async fn end_row_by(&self, row_id: &str, reason: &str, who: &Who) {
+        let audit = &self.config.audit;
+        let ended = crate::audit::end_session(self.store.as_ref(), audit, who, row_id, reason);
+        if let Err(e) = ended.await {
             tracing::warn!(session = %row_id, error = %e, "could not end an MCP sandbox's row");
         }
     }
@@ -159,9 +167,9 @@ impl McpLedger {
     }
 
     /// Ends the row of one sandbox now (its sandbox is being removed).
-    pub async fn end(&self, row: &SessionRow, reason: &str) {
+    pub async fn end(&self, row: &SessionRow, reason: &str, who: &Who) {
         self.open().retain(|_, r| *r != row.id);
-        self.end_row(&row.id, reason).await;
+        self.end_row_by(&row.id, reason, who).await;
     }
 
     /// Ends every row this process still holds open (shutdown, after the sandboxes went).
@@ -195,6 +203,35 @@ impl UserAdmission {
 
     fn user(&self) -> Arc<User> {
         self.user.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The `session.create` entry of an MCP sandbox, as `POST /v1/sessions` records one.
+    async fn audit_created(&self, row_id: &str, session: &Session) {
+        let (user, config) = (self.user(), &self.ledger.config);
+        let row = self.ledger.store.session(row_id).await.ok().flatten();
+        let details = serde_json::json!({
+            "owner": user.id,
+            "kind": SessionKind::Mcp,
+            "limits": row.as_ref().map(|r| &r.limits),
+            "backend": config.runtime.backend,
+            "handle": session.handle,
+            "runtime_id": session.id,
+            "egress": row.as_ref().map(|r| r.egress.to_string()),
+        });
+        let who = Who {
+            actor: user.name.clone(),
+            ..Who::default()
+        };
+        let store = self.ledger.store.as_ref();
+        crate::audit::record_in(
+            store,
+            &config.audit,
+            &who,
+            "session.create",
+            row_id,
+            details,
+        )
+        .await;
     }
 }
 
@@ -261,6 +298,7 @@ impl Admission for UserAdmission {
         {
             tracing::warn!(session = %row, error = %e, "could not record an MCP sandbox as running");
         }
+        self.audit_created(row, session).await;
     }
 
     async fn failed(&self, ticket: &Ticket) {

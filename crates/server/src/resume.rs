@@ -176,7 +176,7 @@ async fn not_restored(
     st.runs
         .cancel_session(&row.id, Duration::from_secs(10))
         .await;
-    let _ = st.store.end_session(&row.id, &why, now_ms()).await;
+    let _ = crate::audit::end(st, &crate::audit::Who::system(), &row.id, &why).await;
     hibernate::forget(st, row).await;
     let _ = st
         .backend

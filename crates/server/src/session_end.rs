@@ -23,7 +23,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiPath, ErrorResponses};
 use crate::sessions::owned_row;
-use sandboxd_core::store::{SessionKind, SessionRow, now_ms};
+use sandboxd_core::store::{SessionKind, SessionRow};
 
 /// How long ending a session waits for each of its runs to stop.
 const RUN_STOP_WAIT: Duration = Duration::from_secs(10);
@@ -71,18 +71,14 @@ async fn end(st: &AppState, caller: &Caller, row: &SessionRow) -> Result<(), Api
     if row.kind == SessionKind::Mcp {
         // An MCP client's sandbox: no runs and no kept container; the ledger ends the row
         // and the sandbox goes.
-        st.mcp.end_session(row, reason).await;
+        st.mcp.end_session(row, reason, &caller.who).await;
         return Ok(());
     }
     // Its last usage reading, so this answer already counts what it used: taken while the
     // row is still running, because once it has ended the upkeep may take the container
     // (the longer the gap, the likelier this answer came before the container went).
     crate::metering::sample_before_end(st, row).await;
-    if st.store.end_session(&row.id, reason, now_ms()).await? {
-        let details =
-            serde_json::json!({"owner": row.owner, "reason": reason, "handle": row.container_id});
-        crate::audit::record(st, &caller.who, "session.end", &row.id, details).await;
-    }
+    crate::audit::end(st, &caller.who, &row.id, reason).await?;
     st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
     // The row read before it ended: a session still being created has no container yet,
     // and one made after this is removed by the upkeep (its row ended).

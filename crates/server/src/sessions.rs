@@ -126,10 +126,8 @@ fn ended(row: &SessionRow) -> ApiError {
 /// Maps a sandbox failure; a lost container ends the session for good.
 pub async fn sandbox_failed(st: &AppState, live: &Live, e: SandboxError) -> ApiError {
     if matches!(e, SandboxError::SandboxGone { .. }) {
-        let _ = st
-            .store
-            .end_session(&live.id, "its container is gone", now_ms())
-            .await;
+        let who = crate::audit::Who::system();
+        let _ = crate::audit::end(st, &who, &live.id, "its container is gone").await;
         let _ = st.backend.remove(&live.owner, Some(&live.runtime_id)).await;
     }
     e.into()
@@ -144,13 +142,12 @@ pub async fn create_session(
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     let row = create(&st, &caller, body).await?;
-    audit_created(&st, &caller, &row).await;
     let view = Session::of(&row, &st.config.runtime.backend);
     Ok((StatusCode::CREATED, Json(view)))
 }
 
 /// The `session.create` entry: who, the limits, the backend and its handle.
-pub async fn audit_created(st: &AppState, caller: &Caller, row: &SessionRow) {
+async fn audit_created(st: &AppState, caller: &Caller, row: &SessionRow) {
     let details = serde_json::json!({
         "owner": row.owner,
         "limits": row.limits,
@@ -261,6 +258,7 @@ pub async fn create(
         .session(&row.id)
         .await?
         .ok_or_else(|| ApiError::internal("the new session vanished"))?;
+    audit_created(st, caller, &row).await;
     Ok(row)
 }
 

@@ -311,7 +311,7 @@ impl Store for SqliteStore {
         runtime_id: &str,
         reason: &str,
         now: i64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<String>, StoreError> {
         let (runtime_id, reason) = (runtime_id.to_string(), reason.to_string());
         self.write(move |tx| sessions::end_idle(tx, &runtime_id, &reason, now))
             .await

@@ -1,7 +1,7 @@
 //! The `sessions` table: one row-mapping helper (`select`) and the statements of the
 //! session methods.
 
-use rusqlite::{Connection, Params, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Params, Transaction, params};
 
 use crate::{page, sql, to_json};
 use sandboxd_core::config::egress::EgressPolicy;
@@ -139,18 +139,19 @@ pub(super) fn end_idle(
     runtime_id: &str,
     reason: &str,
     now: i64,
-) -> Result<bool, StoreError> {
-    let n = tx
-        .execute(
-            &format!(
-                "UPDATE sessions SET state = 'ended', ended_at = ?2, end_reason = ?3
-                 WHERE runtime_id = ?1 AND state = 'running' AND snapshot IS NULL
-                   AND last_used_at + idle_timeout_secs * 1000 <= ?2 AND NOT {RUN_IN_FLIGHT}"
-            ),
-            params![runtime_id, now, reason],
-        )
-        .map_err(sql)?;
-    Ok(n > 0)
+) -> Result<Option<String>, StoreError> {
+    tx.query_row(
+        &format!(
+            "UPDATE sessions SET state = 'ended', ended_at = ?2, end_reason = ?3
+             WHERE runtime_id = ?1 AND state = 'running' AND snapshot IS NULL
+               AND last_used_at + idle_timeout_secs * 1000 <= ?2 AND NOT {RUN_IN_FLIGHT}
+             RETURNING id"
+        ),
+        params![runtime_id, now, reason],
+        |r| r.get::<_, String>(0),
+    )
+    .optional()
+    .map_err(sql)
 }
 
 /// Hibernates the running session `id` (see `SessionSnapshots::hibernate_session`).

@@ -449,14 +449,15 @@ pub trait Store:
 
     /// Ends the running session whose runtime id is `runtime_id` as idle, only if its
     /// `last_used_at` is at least its `idle_timeout_secs` before `now` and none of its runs is
-    /// in flight; returns whether this call ended it. One conditional update: of replicas
+    /// in flight; returns the id of the row this call ended (None: it did not end one). One
+    /// conditional update: of replicas
     /// reaping at once exactly one ends it, and a use recorded meanwhile keeps it.
     async fn end_idle_session(
         &self,
         runtime_id: &str,
         reason: &str,
         now: i64,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<Option<String>, StoreError>;
     /// Records that replica `replica_id` attached session `session_id` (idempotent): its
     /// persistent shell there carries the replica's tag, which whoever finds the replica dead
     /// kills. A missing session is not an error (nothing is recorded).

@@ -135,7 +135,6 @@ pub async fn start_run(
         }
         None => {
             let row = sessions::create(st, caller, body.session.unwrap_or_default()).await?;
-            sessions::audit_created(st, caller, &row).await;
             let live = st
                 .backend
                 .get(&row)

@@ -110,22 +110,34 @@ pub(super) async fn case_idle_end_once(f: &dyn StoreFactory) -> Result<()> {
     let t0 = now_ms();
     store.reserve_session(row("i0", &ann, 10, t0), 10).await?;
     ensure!(
-        !store.end_idle_session("rt-i0", "idle", t0 + 60_000).await?,
+        store
+            .end_idle_session("rt-i0", "idle", t0 + 60_000)
+            .await?
+            .is_none(),
         "a session still being created (no runtime id yet) is not ended idle"
     );
     store.session_started("i0", "rt-i0", "c-i0").await?;
     ensure!(
-        !store.end_idle_session("rt-i0", "idle", t0 + 9_999).await?,
+        store
+            .end_idle_session("rt-i0", "idle", t0 + 9_999)
+            .await?
+            .is_none(),
         "a session used less than its timeout ago is not ended"
     );
     store.touch_session("i0", t0 + 5_000).await?;
     ensure!(
-        !store.end_idle_session("rt-i0", "idle", t0 + 14_999).await?,
+        store
+            .end_idle_session("rt-i0", "idle", t0 + 14_999)
+            .await?
+            .is_none(),
         "a use recorded meanwhile keeps the session"
     );
     store.insert_run(run_row("ri0", "i0", &ann), 5).await?;
     ensure!(
-        !store.end_idle_session("rt-i0", "idle", t0 + 60_000).await?,
+        store
+            .end_idle_session("rt-i0", "idle", t0 + 60_000)
+            .await?
+            .is_none(),
         "a session with a run in flight is not ended idle"
     );
     let done = RunPatch {
@@ -144,11 +156,14 @@ pub(super) async fn case_idle_end_once(f: &dyn StoreFactory) -> Result<()> {
             })
         })
         .collect();
-    let mut won = 0;
+    let mut won = Vec::new();
     for t in tasks {
-        won += usize::from(t.await??);
+        won.extend(t.await??);
     }
-    ensure!(won == 1, "{won} of 8 concurrent reapers ended the session");
+    ensure!(
+        won == ["i0"],
+        "exactly one of 8 concurrent reapers ended the session, naming its row: {won:?}"
+    );
     let ended = store
         .session("i0")
         .await?
@@ -159,9 +174,10 @@ pub(super) async fn case_idle_end_once(f: &dyn StoreFactory) -> Result<()> {
         "the idle end records its reason: {ended:?}"
     );
     ensure!(
-        !store
+        store
             .end_idle_session("rt-i0", "again", t0 + 90_000)
-            .await?,
+            .await?
+            .is_none(),
         "an ended session is not ended again"
     );
     Ok(())
@@ -197,7 +213,10 @@ pub(super) async fn case_set_idle_timeout(f: &dyn StoreFactory) -> Result<()> {
         "a longer timeout, counted from the time given: {r:?}"
     );
     ensure!(
-        !store.end_idle_session("rt-t0", "idle", t0 + 30_000).await?,
+        store
+            .end_idle_session("rt-t0", "idle", t0 + 30_000)
+            .await?
+            .is_none(),
         "the longer timeout keeps the session past the one it was made with"
     );
     ensure!(
@@ -213,8 +232,8 @@ pub(super) async fn case_set_idle_timeout(f: &dyn StoreFactory) -> Result<()> {
         "an earlier time does not move the last use back: {r:?}"
     );
     ensure!(
-        store.end_idle_session("rt-t0", "idle", t0 + 7_000).await?,
-        "the idle end follows the shorter timeout"
+        store.end_idle_session("rt-t0", "idle", t0 + 7_000).await? == Some("t0".to_string()),
+        "the idle end follows the shorter timeout, and names the row it ended"
     );
     ensure!(
         !store.set_idle_timeout("t0", 60, t0 + 8_000).await?,

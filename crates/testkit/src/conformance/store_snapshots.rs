@@ -92,7 +92,10 @@ pub(super) async fn case_hibernation(f: &dyn StoreFactory) -> Result<()> {
         }
     }
     ensure!(
-        !store.end_idle_session("rt-z0", "idle", t0 + 60_000).await?,
+        store
+            .end_idle_session("rt-z0", "idle", t0 + 60_000)
+            .await?
+            .is_none(),
         "the runtime-id idle end never ends a hibernated session (its sandbox is gone)"
     );
     ensure!(
