@@ -83,6 +83,15 @@ async fn a_sessions_cpu_tokens_and_bytes_are_metered_and_private() {
         .await
         .unwrap();
     assert_eq!(r.bytes().await.unwrap().as_ref(), &data[..]);
+    // A tool called directly counts as one, as a run's do.
+    let (s, v) = ann
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{id}/tools/bash"),
+            Some(json!({"command": "true"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
     let run = start_run(&ann, json!({"task": "say hi", "session_id": id})).await;
     let run_id = run["id"].as_str().unwrap().to_string();
     let run = ended_run(&ann, &run_id).await;
@@ -122,7 +131,11 @@ async fn a_sessions_cpu_tokens_and_bytes_are_metered_and_private() {
         (Some(1000), Some(1000)),
         "{u}"
     );
-    assert_eq!(u["tool_calls"].as_u64(), Some(2), "{u}");
+    assert_eq!(
+        u["tool_calls"].as_u64(),
+        Some(3),
+        "the run's two and the direct one: {u}"
+    );
     let spent = &run["usage"];
     assert!(spent["prompt_tokens"].as_u64().unwrap() > 0, "{run}");
     assert_eq!(
@@ -315,4 +328,29 @@ async fn the_admin_page_shows_each_users_usage_and_a_chart_of_30_days() {
         .unwrap(),
         "root used nothing, so has no row"
     );
+}
+
+/// Tools called over /mcp count in the usage of the MCP sandbox's session (its row).
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_calls_over_mcp_count_in_their_sessions_usage() {
+    use crate::serve_mcp_quota::client::{Cleanup, Mcp, mcp_containers};
+
+    let env = Env::new("").await;
+    let key = env.add_user("cal", &[]);
+    let serve = env.start();
+    let api = Api::new(&serve, &key);
+    let mut cleanup = Cleanup(Vec::new());
+    let m = Mcp::open(&serve, &key).await;
+    m.bash("true", None).await;
+    m.bash("echo two", None).await;
+    cleanup.0.extend(mcp_containers(&env, &api).await);
+    assert_eq!(m.delete(None).await, 202);
+
+    let (s, mine) = usage(&api, "").await;
+    assert_eq!(s, 200, "{mine}");
+    let sessions = mine["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{mine:#}");
+    let u = &sessions[0]["usage"];
+    assert_eq!(u["tool_calls"].as_u64(), Some(2), "{mine:#}");
+    assert_eq!(total(&mine["days"], "tool_calls"), 2.0, "{mine:#}");
 }

@@ -301,6 +301,13 @@ impl Admission for UserAdmission {
         self.audit_created(row, session).await;
     }
 
+    async fn tool_called(&self, session: &Session) {
+        let row = self.ledger.open().get(&session.id).cloned();
+        if let Some(row) = row {
+            crate::metering::tool_call(self.ledger.store.as_ref(), &row).await;
+        }
+    }
+
     async fn failed(&self, ticket: &Ticket) {
         if let Some(row) = &ticket.record
             && let Err(e) = self.ledger.store.delete_session(row).await

@@ -90,6 +90,16 @@ pub async fn count(store: &dyn Store, session_id: &str, counted: Counted) {
     }
 }
 
+/// One tool call in a session outside a run (a run's are counted from its events): the
+/// tools route, and /mcp.
+pub async fn tool_call(store: &dyn Store, session_id: &str) {
+    let counted = Counted {
+        tool_calls: 1,
+        ..Counted::default()
+    };
+    count(store, session_id, counted).await;
+}
+
 /// Bytes written into a session through the file or archive routes.
 pub async fn bytes_in(st: &AppState, session_id: &str, bytes: u64) {
     let counted = Counted {

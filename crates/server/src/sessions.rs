@@ -529,6 +529,7 @@ pub async fn call_tool(
         let _in_use = live.hold();
         registry.execute(&name, &args.to_string(), &ctx).await
     };
+    crate::metering::tool_call(st.store.as_ref(), &live.id).await;
     if let Some(why) = guard.revoked() {
         return Err(why.error());
     }

@@ -37,6 +37,8 @@ pub trait Admission: Send + Sync {
     async fn admit(&self) -> Result<Ticket, SandboxError>;
     /// The sandbox exists, as `session`.
     async fn started(&self, ticket: &Ticket, session: &Session);
+    /// A tool ran in `session`, one of this admission's (usage metering counts it).
+    async fn tool_called(&self, _session: &Session) {}
     /// The sandbox could not be made: the ticket is given back as if never issued.
     async fn failed(&self, ticket: &Ticket);
     /// The sandbox is gone (closed, idled out, its user removed). Idempotent.

@@ -298,7 +298,9 @@ impl ServerHandler for SandboxServer {
                     let registry = SessionTools::server_registry(&session, &self.state.config);
                     // Not idle while the call lasts (it may outlast the idle timeout).
                     let _in_use = session.hold();
-                    run(&registry, &name, args, &ctx).await
+                    let result = run(&registry, &name, args, &ctx).await;
+                    self.state.admission.tool_called(&session).await;
+                    result
                 }
                 Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
             });
@@ -351,7 +353,9 @@ impl ServerHandler for SandboxServer {
         {
             Some((session, registry)) => {
                 let _in_use = session.hold();
-                Ok(run(&registry, &name, args, &ctx).await)
+                let result = run(&registry, &name, args, &ctx).await;
+                admission.tool_called(&session).await;
+                Ok(result)
             }
             None => Ok(error_result(format!(
                 "no sandbox {id:?} (it was closed, idled out, or belongs to another token); call sandbox_create"
