@@ -5,13 +5,12 @@
 //! claim, not an admin; the admin group makes an admin and leaving it unmakes one; a replayed
 //! callback (the same state again) is refused; a callback without the browser's state cookie
 //! is refused; every success and failure is
-//! in the audit log with `via: "sso"` and the reason. In headless Chromium: the sign-in page's
-//! single sign-on button, the provider's own authorization form, and the runs page signed in.
-//! A tampered and an expired ID token: web_ui_sso_refused.rs.
+//! in the audit log with `via: "sso"` and the reason. A tampered and an expired ID token, and an
+//! unknown user without `create_users`: web_ui_sso_refused.rs; headless Chromium:
+//! web_ui_sso_browser.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use crate::serve;
-use crate::support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -21,7 +20,6 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use serve::{Api, Env, Serve};
-use support::web_browser::{WebBrowser, click, eval, goto, type_into, wait_for};
 
 const CLIENT: &str = "sandboxd-test";
 const SECRET_VAR: &str = "SANDBOXD_TEST_SSO_CLIENT_SECRET";
@@ -398,84 +396,4 @@ async fn sign_in_creates_the_user_the_admin_group_makes_an_admin_and_a_state_wor
         !serve.log.lock().unwrap().contains("a-client-secret"),
         "nor logged"
     );
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn without_create_users_an_unknown_user_is_refused_and_a_known_one_signs_in() {
-    let provider = Provider::start(3600).await;
-    let env = Env::new(&sso_config(&provider.base, "create_users = false\n")).await;
-    env.add_user("dave", &[]);
-    let serve = start_serve(&env);
-    provider
-        .set_user("sub-dave", json!({"preferred_username": "dave"}))
-        .await;
-    provider
-        .set_user("sub-zed", json!({"preferred_username": "zed"}))
-        .await;
-    let http = no_redirects();
-    let (s, session, body) = sign_in(&http, &serve, "sub-zed").await;
-    assert_eq!(s, 403, "{body}");
-    assert!(session.is_none());
-    assert!(body.contains("create_users is off"), "{body}");
-    let (s, session, body) = sign_in(&http, &serve, "sub-dave").await;
-    assert_eq!(s, 200, "{body}");
-    let (s, html) = page(&http, &serve, "/runs", &session.unwrap()).await;
-    assert_eq!(s, 200);
-    assert!(html.contains("<span class=\"who\">dave</span>"), "{html}");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_real_browser_signs_in_through_the_providers_form() {
-    let provider = Provider::start(3600).await;
-    let env = Env::new(&sso_config(&provider.base, "")).await;
-    let serve = start_serve(&env);
-    provider
-        .set_user(
-            "sub-fay",
-            json!({"preferred_username": "fay", "groups": ["sandboxd-admins"]}),
-        )
-        .await;
-    let browser = WebBrowser::start().await;
-    let page = browser.page().await;
-    goto(&page, &serve.url("/login")).await;
-    click(&page, "#sso").await;
-    wait_for(
-        &page,
-        "document.querySelector('input[name=sub]') !== null",
-        Duration::from_secs(20),
-        "the provider's authorization form",
-    )
-    .await;
-    type_into(&page, "input[name=sub]", "sub-fay").await;
-    click(&page, "form button[type=submit]").await;
-    wait_for(
-        &page,
-        "location.pathname === '/runs' && document.querySelector('.who')?.textContent === 'fay'",
-        Duration::from_secs(20),
-        "the runs page, signed in as fay",
-    )
-    .await;
-    let admin_link = eval(
-        &page,
-        "document.querySelector('nav a[href=\"/admin\"]') !== null",
-    )
-    .await;
-    assert_eq!(admin_link, true, "fay is an admin by the group claim");
-    // Sign-out ends the cookie session: the runs page sends the browser to sign in.
-    click(&page, "form.signout button").await;
-    wait_for(
-        &page,
-        "location.pathname === '/login'",
-        Duration::from_secs(20),
-        "the sign-in page after signing out",
-    )
-    .await;
-    goto(&page, &serve.url("/runs")).await;
-    wait_for(
-        &page,
-        "location.pathname === '/login'",
-        Duration::from_secs(20),
-        "signed out: /runs sends to /login",
-    )
-    .await;
 }

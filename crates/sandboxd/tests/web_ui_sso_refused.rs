@@ -2,7 +2,8 @@
 //! of `oidc-provider-mock` (see web_ui_sso.rs) rewrites the ID token's payload to name another
 //! user, its signature kept, and the sign-in is refused ("Signature verification failed"); the
 //! mock made to issue tokens that expired two minutes ago gets "Expired". Neither makes a user
-//! or a cookie; both are audited with the reason. (A token for another audience cannot be had
+//! or a cookie; both are audited with the reason. Without `create_users` an unknown user is
+//! refused and a known one signs in. (A token for another audience cannot be had
 //! from the mock: crates/server/src/sso_tests.rs refuses one signed there.)
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
@@ -10,7 +11,9 @@ use crate::serve;
 
 use serde_json::{Value, json};
 
-use crate::web_ui_sso::{Provider, no_redirects, sign_in, sign_ins, sso_config, start_serve, user};
+use crate::web_ui_sso::{
+    Provider, no_redirects, page, sign_in, sign_ins, sso_config, start_serve, user,
+};
 use serve::{Api, Env};
 
 /// What the relay in front of the provider changes in its token answers.
@@ -119,4 +122,28 @@ async fn a_tampered_id_token_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_expired_id_token_is_refused() {
     refused(-120, Twist::AccessTokenLifetime, "Expired").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_create_users_an_unknown_user_is_refused_and_a_known_one_signs_in() {
+    let provider = Provider::start(3600).await;
+    let env = Env::new(&sso_config(&provider.base, "create_users = false\n")).await;
+    env.add_user("dave", &[]);
+    let serve = start_serve(&env);
+    provider
+        .set_user("sub-dave", json!({"preferred_username": "dave"}))
+        .await;
+    provider
+        .set_user("sub-zed", json!({"preferred_username": "zed"}))
+        .await;
+    let http = no_redirects();
+    let (s, session, body) = sign_in(&http, &serve, "sub-zed").await;
+    assert_eq!(s, 403, "{body}");
+    assert!(session.is_none());
+    assert!(body.contains("create_users is off"), "{body}");
+    let (s, session, body) = sign_in(&http, &serve, "sub-dave").await;
+    assert_eq!(s, 200, "{body}");
+    let (s, html) = page(&http, &serve, "/runs", &session.unwrap()).await;
+    assert_eq!(s, 200);
+    assert!(html.contains("<span class=\"who\">dave</span>"), "{html}");
 }
