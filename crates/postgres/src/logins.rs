@@ -1,10 +1,11 @@
 //! The `web_logins` table: the web UI's sign-ins, each bound to the key it was made with, so
-//! a rotated or removed key ends it.
+//! a rotated or removed key ends it; and `sso_states` (schema_v15.sql), single sign-on
+//! attempts, each taken once (`DELETE … RETURNING`, so of two replicas one gets it).
 
 use async_trait::async_trait;
 
 use crate::{PgStore, execute, query_opt, sql, users};
-use sandboxd_core::store::{Login, Logins, NewLogin, StoreError};
+use sandboxd_core::store::{Login, Logins, NewLogin, SsoState, StoreError};
 
 #[async_trait]
 impl Logins for PgStore {
@@ -68,5 +69,56 @@ impl Logins for PgStore {
         )
         .await?;
         Ok(())
+    }
+
+    async fn add_sso_state(&self, state: SsoState) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(sql)?;
+        execute(
+            &tx,
+            "DELETE FROM sso_states WHERE expires_at <= $1",
+            &[&state.created_at],
+        )
+        .await?;
+        execute(
+            &tx,
+            "INSERT INTO sso_states (state_hash, pkce_verifier, nonce, created_at, expires_at)
+             VALUES ($1, $2, $3, $4, $5)",
+            &[
+                &state.state_hash.as_slice(),
+                &state.pkce_verifier,
+                &state.nonce,
+                &state.created_at,
+                &state.expires_at,
+            ],
+        )
+        .await?;
+        tx.commit().await.map_err(sql)
+    }
+
+    async fn take_sso_state(
+        &self,
+        state_hash: [u8; 32],
+        now: i64,
+    ) -> Result<Option<SsoState>, StoreError> {
+        let client = self.client().await?;
+        let row = query_opt(
+            &client,
+            "DELETE FROM sso_states WHERE state_hash = $1
+             RETURNING pkce_verifier, nonce, created_at, expires_at",
+            &[&state_hash.as_slice()],
+        )
+        .await?;
+        let Some(r) = row else {
+            return Ok(None);
+        };
+        let state = SsoState {
+            state_hash,
+            pkce_verifier: crate::col(&r, 0)?,
+            nonce: crate::col(&r, 1)?,
+            created_at: crate::col(&r, 2)?,
+            expires_at: crate::col(&r, 3)?,
+        };
+        Ok((state.expires_at > now).then_some(state))
     }
 }

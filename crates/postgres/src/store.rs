@@ -78,6 +78,16 @@ impl Store for PgStore {
         users::set_quota(&self.client().await?, name, &quota).await
     }
 
+    async fn set_admin(&self, name: &str, admin: bool) -> Result<bool, StoreError> {
+        let n = crate::execute(
+            &self.client().await?,
+            "UPDATE users SET admin = $2 WHERE name = $1",
+            &[&name, &admin],
+        )
+        .await?;
+        Ok(n > 0)
+    }
+
     async fn touch_user(&self, id: &str, now: i64) -> Result<(), StoreError> {
         users::touch(&self.client().await?, id, now).await
     }

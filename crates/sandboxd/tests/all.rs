@@ -107,3 +107,6 @@ mod web_ui;
 mod web_ui_hardening;
 mod web_ui_live;
 mod web_ui_runs;
+mod web_ui_sso;
+mod web_ui_sso_browser;
+mod web_ui_sso_refused;

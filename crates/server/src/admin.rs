@@ -30,6 +30,7 @@ async fn view(st: &AppState, u: &User) -> Result<UserView, ApiError> {
         name: u.name.clone(),
         admin: u.admin,
         key_prefix: u.key_prefix.clone(),
+        key_created_at: time(u.key_created_at),
         created_at: time(u.created_at),
         last_used_at: u.last_used_at.map(time),
         expires_at: u.expires_at.map(time),

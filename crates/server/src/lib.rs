@@ -61,6 +61,7 @@ pub mod runs;
 pub mod session_end;
 pub mod sessions;
 pub mod spool;
+pub mod sso;
 pub mod streams;
 pub mod transfers;
 pub mod types;
@@ -142,6 +143,8 @@ pub struct AppState {
     pub egress_proxies: egress_proxies::Proxies,
     /// This process's metrics (`/metrics`).
     pub metrics: Arc<metrics::Metrics>,
+    /// `[sso]`: the web UI's OpenID Connect provider, when configured.
+    pub sso: Option<Arc<sso::Provider>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -468,7 +471,9 @@ impl Server {
         let throttle = auth::Throttle::new(config.server.auth_failures_per_minute, store.clone());
         let metrics = metrics::install(&config.runtime.backend, config.pool.size);
         let metrics_listener = bind_metrics(&config.server.metrics_listen).await?;
+        let sso = sso::Provider::from_config(&config.sso)?;
         let state = Arc::new(AppState {
+            sso,
             replica,
             transfers,
             runs,

@@ -524,6 +524,8 @@ pub struct UserView {
     pub admin: bool,
     /// The first characters of the user's key.
     pub key_prefix: String,
+    /// When the user's key was made (at creation or its last rotation).
+    pub key_created_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
     pub last_used_at: Option<DateTime<Utc>>,
     pub expires_at: Option<DateTime<Utc>>,

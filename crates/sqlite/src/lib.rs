@@ -60,6 +60,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v13.sql"),
     include_str!("schema_v14.sql"),
     include_str!("schema_v15.sql"),
+    include_str!("schema_v16.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.
@@ -288,6 +289,20 @@ impl Store for SqliteStore {
         let name = name.to_string();
         self.write(move |tx| users::set_quota(tx, &name, &quota))
             .await
+    }
+
+    async fn set_admin(&self, name: &str, admin: bool) -> Result<bool, StoreError> {
+        let name = name.to_string();
+        self.write(move |tx| {
+            let n = tx
+                .execute(
+                    "UPDATE users SET admin = ?2 WHERE name = ?1",
+                    rusqlite::params![name, admin],
+                )
+                .map_err(sql)?;
+            Ok(n > 0)
+        })
+        .await
     }
 
     async fn touch_user(&self, id: &str, now: i64) -> Result<(), StoreError> {

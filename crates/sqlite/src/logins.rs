@@ -1,11 +1,12 @@
 //! The `web_logins` table (schema_v3.sql): the web UI's sign-ins, each bound to the key it
-//! was made with, so a rotated or removed key ends it.
+//! was made with, so a rotated or removed key ends it; and `sso_states` (schema_v16.sql),
+//! single sign-on attempts, each taken once.
 
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
 
 use crate::{SqliteStore, sql, users};
-use sandboxd_core::store::{Login, Logins, NewLogin, StoreError};
+use sandboxd_core::store::{Login, Logins, NewLogin, SsoState, StoreError};
 
 #[async_trait]
 impl Logins for SqliteStore {
@@ -79,6 +80,58 @@ impl Logins for SqliteStore {
             )
             .map_err(sql)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn add_sso_state(&self, state: SsoState) -> Result<(), StoreError> {
+        self.write(move |tx| {
+            tx.execute(
+                "DELETE FROM sso_states WHERE expires_at <= ?1",
+                [state.created_at],
+            )
+            .map_err(sql)?;
+            tx.execute(
+                "INSERT INTO sso_states (state_hash, pkce_verifier, nonce, created_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    state.state_hash.to_vec(),
+                    state.pkce_verifier,
+                    state.nonce,
+                    state.created_at,
+                    state.expires_at
+                ],
+            )
+            .map_err(sql)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn take_sso_state(
+        &self,
+        state_hash: [u8; 32],
+        now: i64,
+    ) -> Result<Option<SsoState>, StoreError> {
+        self.write(move |tx| {
+            let row = tx
+                .query_row(
+                    "DELETE FROM sso_states WHERE state_hash = ?1
+                     RETURNING pkce_verifier, nonce, created_at, expires_at",
+                    [state_hash.to_vec()],
+                    |r| {
+                        Ok(SsoState {
+                            state_hash,
+                            pkce_verifier: r.get(0)?,
+                            nonce: r.get(1)?,
+                            created_at: r.get(2)?,
+                            expires_at: r.get(3)?,
+                        })
+                    },
+                )
+                .optional()
+                .map_err(sql)?;
+            Ok(row.filter(|s| s.expires_at > now))
         })
         .await
     }

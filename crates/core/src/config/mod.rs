@@ -18,6 +18,7 @@ pub mod remote_agents;
 pub mod runtime;
 
 pub mod server;
+pub mod sso;
 pub mod store;
 pub mod templates;
 pub mod vision;
@@ -29,6 +30,7 @@ pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
 pub use remote_agents::RemoteAgentConfig;
 pub use runtime::{BackendKind, KubernetesConfig, RuntimeConfig};
 pub use server::{AuditConfig, QuotasConfig, ServerConfig};
+pub use sso::SsoConfig;
 pub use store::{StoreConfig, StoreKind};
 pub use templates::{DEFAULT_TEMPLATE, TemplateConfig, TemplateFile};
 
@@ -83,6 +85,8 @@ pub struct Config {
     pub egress: EgressConfig,
     /// `sandboxd serve`'s audit log: how long and how much it keeps.
     pub audit: server::AuditConfig,
+    /// `[sso]`: the web UI's single sign-on through an OpenID Connect provider (sso.rs).
+    pub sso: SsoConfig,
     /// Where run transcripts and other state are kept.
     pub data_dir: Option<PathBuf>,
     /// Named sandbox images beyond the default (`[[templates]]`, see templates.rs).
@@ -489,6 +493,7 @@ impl Config {
         })?;
         config.server.validate()?;
         config.audit.validate()?;
+        config.sso.validate()?;
         config.store.validate()?;
         config.runtime.validate()?;
         templates::validate(&config.templates)?;
@@ -539,6 +544,7 @@ const SECTIONS: &[&str] = &[
     "store",
     "egress",
     "audit",
+    "sso",
 ];
 
 fn apply_env(

@@ -377,6 +377,27 @@ pub trait Logins: Send + Sync {
     /// The sign-in with this token hash, unless it expired or its key changed.
     async fn login(&self, token_hash: [u8; 32], now: i64) -> Result<Option<Login>, StoreError>;
     async fn remove_login(&self, token_hash: [u8; 32]) -> Result<(), StoreError>;
+    /// Keeps a single sign-on attempt until `expires_at` (expired ones go with each new one).
+    async fn add_sso_state(&self, state: SsoState) -> Result<(), StoreError>;
+    /// The attempt whose state has this hash, removed in the same step, so it is found once;
+    /// none when unknown, already taken or expired at `now`.
+    async fn take_sso_state(
+        &self,
+        state_hash: [u8; 32],
+        now: i64,
+    ) -> Result<Option<SsoState>, StoreError>;
+}
+
+/// A single sign-on attempt between the redirect to the provider and its callback: the
+/// SHA-256 of the `state` sent (never the state), the PKCE verifier and the nonce. Kept in the
+/// store, not in memory, so the callback may reach another replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SsoState {
+    pub state_hash: [u8; 32],
+    pub pkce_verifier: String,
+    pub nonce: String,
+    pub created_at: i64,
+    pub expires_at: i64,
 }
 
 /// The store boundary. Every method is one short transaction.
@@ -409,6 +430,8 @@ pub trait Store:
     /// Replaces the user's key; the old one stops working at once.
     async fn replace_key(&self, name: &str, key: StoredKey) -> Result<bool, StoreError>;
     async fn set_quota(&self, name: &str, quota: QuotaOverride) -> Result<bool, StoreError>;
+    /// Makes the user an admin or not (single sign-on's group claim); false if none is named so.
+    async fn set_admin(&self, name: &str, admin: bool) -> Result<bool, StoreError>;
     async fn touch_user(&self, id: &str, now: i64) -> Result<(), StoreError>;
 
     /// Inserts a `creating` session unless its owner already has `max_active` that have not

@@ -30,12 +30,12 @@ use sandboxd_core::store::{Login, NewLogin, now_ms};
 pub const COOKIE: &str = "sandboxd_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 
-fn random_token() -> String {
+pub(super) fn random_token() -> String {
     let raw: [u8; 32] = rand::random();
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
 }
 
-fn token_hash(token: &str) -> [u8; 32] {
+pub(super) fn token_hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
@@ -71,7 +71,7 @@ pub fn changes_state(method: &Method) -> bool {
 }
 
 /// Equal-time comparison: the token is a secret.
-fn same(a: &str, b: &str) -> bool {
+pub(super) fn same(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes()
             .zip(b.bytes())
@@ -112,7 +112,7 @@ pub fn check_csrf(headers: &HeaderMap, login: &Login) -> Result<(), ApiError> {
     }
 }
 
-fn is_https(headers: &HeaderMap) -> bool {
+pub(super) fn is_https(headers: &HeaderMap) -> bool {
     headers
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())
@@ -144,9 +144,10 @@ pub async fn login(
 ) -> Response {
     let ip = client.map_or_else(|| peer.ip().to_canonical(), |Extension(c)| c.0);
     if check_origin(&headers).is_err() {
-        return pages::login_page(
+        return pages::login_page_with(
             Some("This sign-in came from another site and was refused."),
             StatusCode::FORBIDDEN,
+            st.sso.is_some(),
         );
     }
     let user = match authenticate(&st, form.key.trim()).await {
@@ -155,38 +156,27 @@ pub async fn login(
             let details = serde_json::json!({"reason": "not a valid key"});
             crate::audit::record(&st, &who, "sign_in.failed", "-", details).await;
             return match st.throttle.failed(ip).await {
-                Ok(Some(_)) => pages::login_page(
+                Ok(Some(_)) => pages::login_page_with(
                     Some("Too many failed sign-ins from your address; wait a minute."),
                     StatusCode::TOO_MANY_REQUESTS,
+                    st.sso.is_some(),
                 ),
-                Ok(None) => pages::login_page(
+                Ok(None) => pages::login_page_with(
                     Some(
                         "That key is not valid. Keys start with sbx_; an admin makes one with `sandboxd users add`.",
                     ),
                     StatusCode::UNAUTHORIZED,
+                    st.sso.is_some(),
                 ),
                 Err(e) => ApiError::from(e).into_response(),
             };
         }
         Err(e) => return e.into_response(),
     };
-    let token = random_token();
-    let now = now_ms();
-    let lasts_until = now.saturating_add(st.config.server.sign_in_ms());
-    let expires_at = user.expires_at.map_or(lasts_until, |e| e.min(lasts_until));
-    let made = st
-        .store
-        .add_login(NewLogin {
-            token_hash: token_hash(&token),
-            user_id: user.id.clone(),
-            csrf: random_token(),
-            created_at: now,
-            expires_at,
-        })
-        .await;
-    if let Err(e) = made {
-        return ApiError::from(e).into_response();
-    }
+    let (cookie, expires_at) = match open_sign_in(&st, &user, &headers).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
     let details = serde_json::json!({"expires_at": expires_at});
     crate::audit::record(
         &st,
@@ -197,10 +187,33 @@ pub async fn login(
     )
     .await;
     let mut resp = Redirect::to("/runs").into_response();
-    if let Some(c) = set_cookie(&token, (expires_at - now) / 1000, is_https(&headers)) {
+    if let Some(c) = cookie {
         resp.headers_mut().insert(header::SET_COOKIE, c);
     }
     resp
+}
+
+/// Makes a sign-in for `user` (a key's or single sign-on's): its cookie and its expiry.
+pub(super) async fn open_sign_in(
+    st: &AppState,
+    user: &sandboxd_core::store::User,
+    headers: &HeaderMap,
+) -> Result<(Option<HeaderValue>, i64), ApiError> {
+    let token = random_token();
+    let now = now_ms();
+    let lasts_until = now.saturating_add(st.config.server.sign_in_ms());
+    let expires_at = user.expires_at.map_or(lasts_until, |e| e.min(lasts_until));
+    st.store
+        .add_login(NewLogin {
+            token_hash: token_hash(&token),
+            user_id: user.id.clone(),
+            csrf: random_token(),
+            created_at: now,
+            expires_at,
+        })
+        .await?;
+    let cookie = set_cookie(&token, (expires_at - now) / 1000, is_https(headers));
+    Ok((cookie, expires_at))
 }
 
 #[derive(Deserialize)]

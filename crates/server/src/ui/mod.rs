@@ -1,6 +1,7 @@
 //! The web UI, served by `sandboxd serve` at `/`: server-rendered page skeletons
 //! (`pages`), three small plain-JS files and a stylesheet embedded in the binary
-//! (`assets/`), sign-in by API key into a session cookie with CSRF protection (`login`),
+//! (`assets/`), sign-in by API key or single sign-on (`sso`) into a session cookie with CSRF
+//! protection (`login`),
 //! and the server-side rendering the page's script asks for: run events to HTML fragments
 //! (`render`, with `markdown` and `ansi`) and sandboxed previews of HTML files (a download
 //! unless loaded into a frame: `frame_or_attachment`).
@@ -16,6 +17,7 @@ pub mod login;
 pub mod markdown;
 pub mod pages;
 pub mod render;
+pub mod sso;
 
 use std::sync::Arc;
 
@@ -82,6 +84,8 @@ pub fn router() -> Router<Shared> {
         .route("/", get(home))
         .route("/login", get(login_form).post(login::login))
         .route("/logout", post(login::logout))
+        .route("/login/sso", get(sso::start))
+        .route("/login/sso/callback", get(sso::callback))
         .route("/runs", get(runs_page))
         .route("/runs/{id}", get(run_page))
         .route("/sessions/{id}/files", get(files_page))
@@ -105,8 +109,8 @@ async fn home(State(st): State<Shared>, headers: HeaderMap) -> Response {
     }
 }
 
-async fn login_form() -> Response {
-    pages::login_page(None, StatusCode::OK)
+async fn login_form(State(st): State<Shared>) -> Response {
+    pages::login_page_with(None, StatusCode::OK, st.sso.is_some())
 }
 
 async fn runs_page(user: PageUser) -> Response {

@@ -57,17 +57,40 @@ fn shell(
     )
 }
 
+/// The sign-in page: the key form, and a single sign-on link when `[sso]` is configured.
 pub fn login_page(error: Option<&str>, status: StatusCode) -> Response {
+    login_page_with(error, status, false)
+}
+
+pub fn login_page_with(error: Option<&str>, status: StatusCode, sso: bool) -> Response {
     let error = error
         .map(|e| format!("<p class=\"error\" role=\"alert\">{}</p>", esc(e)))
         .unwrap_or_default();
+    let sso = if sso {
+        "<p class=\"sso\"><a class=\"button\" id=\"sso\" href=\"/login/sso\">Sign in with single sign-on</a></p>"
+    } else {
+        ""
+    };
     html(
         status,
         format!(
             "{}</head><body class=\"login\"><main><h1>sandboxd</h1><form method=\"post\" action=\"/login\"><label for=\"key\">API key</label>\
-<input id=\"key\" name=\"key\" type=\"password\" autocomplete=\"current-password\" placeholder=\"sbx_…\" required autofocus>{error}<button type=\"submit\">Sign in</button></form>\
+<input id=\"key\" name=\"key\" type=\"password\" autocomplete=\"current-password\" placeholder=\"sbx_…\" required autofocus>{error}<button type=\"submit\">Sign in</button></form>{sso}\
 <p class=\"hint\">An admin creates keys with <code>sandboxd users add NAME</code> or on the admin page.</p></main></body></html>",
             head("Sign in")
+        ),
+    )
+}
+
+/// The page that ends a single sign-on: the browser goes on to `to` by itself (the page's own
+/// navigation, so the SameSite=Strict sign-in cookie goes with it).
+pub fn continue_page(to: &str) -> Response {
+    html(
+        StatusCode::OK,
+        format!(
+            "{}<meta http-equiv=\"refresh\" content=\"0;url={to}\"></head><body class=\"login\"><main><h1>sandboxd</h1><p>Signed in. <a id=\"continue\" href=\"{to}\">Continue</a></p></main></body></html>",
+            head("Signed in"),
+            to = esc(to)
         ),
     )
 }

@@ -20,6 +20,7 @@ mod store_replicas;
 mod store_runs;
 mod store_sessions;
 mod store_snapshots;
+mod store_sso;
 mod store_tokens;
 mod store_wakes;
 

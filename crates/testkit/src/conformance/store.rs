@@ -57,6 +57,12 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     run_case(S, "case_ping", case_ping(factory)).await?;
     run_case(S, "case_users_and_keys", case_users_and_keys(factory)).await?;
     run_case(S, "case_logins", case_logins(factory)).await?;
+    run_case(
+        S,
+        "case_sso_states",
+        super::store_sso::case_sso_states(factory),
+    )
+    .await?;
     run_case(S, "case_session_lifecycle", case_session_lifecycle(factory)).await?;
     run_case(
         S,

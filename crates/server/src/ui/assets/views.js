@@ -196,7 +196,9 @@ UI.views.admin = async function () {
       const tokens = u.quota.input_tokens_per_day ? ' / ' + u.quota.input_tokens_per_day.toLocaleString() : '';
       return el('tr', { 'data-user': u.name },
         el('td', { text: u.name }), el('td', { text: u.admin ? 'yes' : 'no' }),
-        el('td', {}, el('code', { text: u.key_prefix + '…' })),
+        el('td', { class: 'key' }, el('code', { text: u.key_prefix + '…' }),
+          el('small', { text: ' made ' + u.key_created_at.slice(0, 10) +
+            (u.expires_at ? ', expires ' + u.expires_at.slice(0, 10) : ', no expiry') })),
         el('td', { text: u.usage.active_sessions + ' / ' + u.quota.sessions +
           (u.usage.active_mcp_sessions ? ' (' + u.usage.active_mcp_sessions + ' MCP)' : '') }),
         el('td', { text: u.usage.active_runs + ' / ' + u.quota.runs }),
