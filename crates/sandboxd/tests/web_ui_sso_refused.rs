@@ -3,8 +3,8 @@
 //! user, its signature kept, and the sign-in is refused ("Signature verification failed"); the
 //! mock made to issue tokens that expired two minutes ago gets "Expired". Neither makes a user
 //! or a cookie; both are audited with the reason. Without `create_users` an unknown user is
-//! refused and a known one signs in. (A token for another audience cannot be had
-//! from the mock: crates/server/src/sso_tests.rs refuses one signed there.)
+//! refused and a known one signs in. Starts from one address are bounded. (A token for another
+//! audience cannot be had from the mock: crates/server/src/sso_tests.rs refuses one signed there.)
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use crate::serve;
@@ -12,7 +12,7 @@ use crate::serve;
 use serde_json::{Value, json};
 
 use crate::web_ui_sso::{
-    Provider, no_redirects, page, sign_in, sign_ins, sso_config, start_serve, user,
+    Provider, cookie_of, no_redirects, page, sign_in, sign_ins, sso_config, start_serve, user,
 };
 use serve::{Api, Env};
 
@@ -146,4 +146,31 @@ async fn without_create_users_an_unknown_user_is_refused_and_a_known_one_signs_i
     let (s, html) = page(&http, &serve, "/runs", &session.unwrap()).await;
     assert_eq!(s, 200);
     assert!(html.contains("<span class=\"who\">dave</span>"), "{html}");
+}
+
+/// Starts are bounded per address (each keeps a row in the store for ten minutes): past
+/// `[server] auth_failures_per_minute` the address gets 429, and a valid key still signs in.
+#[tokio::test(flavor = "multi_thread")]
+async fn sign_in_starts_from_one_address_are_bounded() {
+    let provider = Provider::start(3600).await;
+    let config = sso_config(&provider.base, "");
+    let env = Env::new(&format!("{config}[server]\nauth_failures_per_minute = 3\n")).await;
+    let key = env.add_user("erin", &[]);
+    let serve = start_serve(&env);
+    let http = no_redirects();
+    for i in 0..3 {
+        let r = http.get(serve.url("/login/sso")).send().await.unwrap();
+        assert_eq!(r.status(), 303, "start {i}");
+    }
+    let r = http.get(serve.url("/login/sso")).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(cookie_of(&r, "sandboxd_sso").is_none(), "no attempt is kept");
+    assert!(r.text().await.unwrap().contains("Too many sign-in attempts"));
+    let r = http
+        .post(serve.url("/login"))
+        .form(&[("key", key.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303, "a valid key is never refused");
 }

@@ -77,6 +77,9 @@ pub async fn start(State(st): State<Arc<AppState>>, who: Who, headers: HeaderMap
             StatusCode::NOT_FOUND,
         );
     };
+    if let Some(refused) = over_limit(&st, &who).await {
+        return refused;
+    }
     let begun = match p.start(&redirect_url(p, &headers)).await {
         Ok(b) => b,
         Err(e) => return failed(&st, &who, &e.to_string(), StatusCode::BAD_GATEWAY).await,
@@ -125,7 +128,10 @@ pub async fn callback(
     };
     match identify(&st, p, &headers, q).await {
         Ok(id) => signed_in(&st, &who, &headers, id).await,
-        Err(reason) => failed(&st, &who, &reason, StatusCode::UNAUTHORIZED).await,
+        Err(reason) => match over_limit(&st, &who).await {
+            Some(refused) => refused,
+            None => failed(&st, &who, &reason, StatusCode::UNAUTHORIZED).await,
+        },
     }
 }
 
@@ -256,7 +262,31 @@ async fn signed_in(st: &AppState, who: &Who, headers: &HeaderMap, id: Identity) 
     resp
 }
 
+/// Counts an unauthenticated attempt from the caller's address in the window failed keys use
+/// (`[server] auth_failures_per_minute`): each start keeps a row in the store for ten minutes,
+/// and each failed callback may be a guessed state, so both are bounded per address. The
+/// refusal page when the address is over; a valid key still signs in from it.
+async fn over_limit(st: &AppState, who: &Who) -> Option<Response> {
+    let ip: std::net::IpAddr = who.client.parse().ok()?;
+    match st.throttle.failed(ip).await {
+        Ok(None) => None,
+        Ok(Some(_)) => Some(pages::login_page_with(
+            Some("Too many sign-in attempts from your address; wait a minute."),
+            StatusCode::TOO_MANY_REQUESTS,
+            true,
+        )),
+        Err(e) => Some(crate::error::ApiError::from(e).into_response()),
+    }
+}
+
+/// The longest reason kept: part of it (the provider's `error_description`) is the caller's.
+const MAX_REASON: usize = 500;
+
 async fn failed(st: &AppState, who: &Who, reason: &str, status: StatusCode) -> Response {
+    let reason = match reason.char_indices().nth(MAX_REASON) {
+        Some((cut, _)) => &reason[..cut],
+        None => reason,
+    };
     let details = serde_json::json!({"via": "sso", "reason": reason});
     crate::audit::record(st, who, "sign_in.failed", "-", details).await;
     tracing::warn!(reason, "single sign-on failed");
