@@ -33,6 +33,7 @@ mod browser_lifecycle;
 mod browser_live_web;
 mod cli_config;
 mod cli_copy_out;
+mod cli_egress_credentials;
 mod cli_exec;
 mod cli_lifecycle;
 mod e2b_sdk;
