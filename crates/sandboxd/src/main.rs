@@ -50,6 +50,9 @@ enum Command {
     /// Add, list, remove users of `serve`; rotate their keys; set their quotas.
     #[command(subcommand)]
     Users(cli::users::UsersCommand),
+    /// Users' own egress credentials (list, set from stdin or a variable, remove).
+    #[command(subcommand)]
+    Egress(cli::egress_credentials::EgressCommand),
     /// Bring in configuration from elsewhere (OpenManus's config.toml and mcp.json).
     #[command(subcommand)]
     Config(cli::config::ConfigCommand),
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
             Command::Doctor => cli::doctor::main(ctx).await,
             Command::Serve(args) => cli::serve::main(ctx, args).await,
             Command::Users(cmd) => cli::users::main(ctx, cmd).await,
+            Command::Egress(cmd) => cli::egress_credentials::main(ctx, cmd).await,
             Command::Bench(args) => cli::bench::main(ctx, args).await,
             Command::Config(cmd) => cli::config::main(ctx, cmd).await,
         }

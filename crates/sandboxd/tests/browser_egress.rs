@@ -29,7 +29,7 @@ fn egress(policy: &str) -> Egress {
     Egress {
         source: Arc::new(FixedPolicy(policy.clone())),
         at_start: policy,
-        chromium_args: Vec::new(),
+        chromium_args: Default::default(),
     }
 }
 

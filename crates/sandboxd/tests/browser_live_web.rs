@@ -189,7 +189,7 @@ async fn the_browser_loads_allowed_origins_and_websockets_through_the_proxy_and_
     let tool = BrowserUse::new(s.sandbox.clone()).with_egress(Egress {
         source,
         at_start: policy,
-        chromium_args: Vec::new(),
+        chromium_args: Default::default(),
     });
 
     let r = ok(

@@ -51,7 +51,7 @@ pub(crate) fn counts(out: &str) -> (u64, u64, u64) {
 
 /// Python in the sandbox: the SHA-256 of the certificate `host:port` presents through the
 /// proxy (not verified: only looked at).
-fn fingerprint(host: &str, port: u16) -> String {
+pub(crate) fn fingerprint(host: &str, port: u16) -> String {
     format!(
         "python3 - <<'EOF'\n\
 import hashlib, socket, ssl\n\

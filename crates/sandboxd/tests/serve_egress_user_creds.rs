@@ -24,7 +24,7 @@ use crate::serve_egress_inject::{assert_absent_from_sandbox, exec};
 use crate::support::fake_llm::{FakeLlm, Reply};
 
 /// A key file as the admin would make it (`openssl rand -hex 32`, mode 0600).
-fn key_file(dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn key_file(dir: &std::path::Path) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let path = dir.join("credential.key");
     std::fs::write(

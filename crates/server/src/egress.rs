@@ -24,9 +24,7 @@ use sandboxd_core::agent::EventKind;
 use sandboxd_core::config::egress::{EgressConfig, EgressPolicy};
 use sandboxd_core::egress::{EgressAudit, EgressRecord, PolicySource, TRACE_TARGET};
 use sandboxd_core::store::egress::bounded;
-use sandboxd_core::store::{
-    EgressCounters, QuotaOverride, RunPatch, SessionKind, SessionState, Store,
-};
+use sandboxd_core::store::{EgressCounters, QuotaOverride, RunPatch, SessionState, Store};
 
 /// The most recent records GET /v1/sessions/{id}/egress and the session page show.
 pub const RECENT: u32 = 50;
@@ -236,14 +234,6 @@ pub async fn put_egress(
     ApiJson(body): ApiJson<SetEgress>,
 ) -> Result<Json<EgressView>, ApiError> {
     let row = owned_row(&st, &caller, &id).await?;
-    if row.kind == SessionKind::Mcp {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!(
-                "session {id} is the sandbox of an MCP client, whose egress is off; create an API session with POST /v1/sessions {{\"egress\": …}}"
-            ),
-        ));
-    }
     if row.state == SessionState::Ended {
         return Err(ApiError::new(
             ErrorCode::Conflict,
@@ -264,10 +254,10 @@ pub async fn put_egress(
     // This replica's sandbox object follows at once (its shell and python before their next
     // command); another replica's when it next reads the row (attach::live).
     if row.state == SessionState::Running
-        && let Some(live) = st.backend.get(&row).await
+        && let Some(session) = crate::egress_proxies::held_session(&st, &row).await
     {
         let row = row.clone().with_egress(body.egress.clone());
-        crate::egress_proxies::follow(&st, live.session(), &row).await;
+        crate::egress_proxies::follow(&st, &session, &row).await;
     }
     Ok(Json(view(&st, &caller, &id).await?))
 }

@@ -26,7 +26,7 @@ use sandboxd_core::egress::user_credentials::{
     self, CredentialError, CredentialInfo, NewCredential,
 };
 use sandboxd_core::egress::vault::VaultError;
-use sandboxd_core::store::{QuotaOverride, SessionKind, SessionState};
+use sandboxd_core::store::{QuotaOverride, SessionState};
 
 /// Whose credentials a request is about.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -112,7 +112,7 @@ async fn owner(
     }
 }
 
-/// Brings the owner's running API sessions held here in line with their credentials.
+/// Brings the owner's running sessions held here (API and /mcp) in line with their credentials.
 async fn follow_owner(st: &AppState, owner: &str) {
     let rows = match st.store.active_sessions().await {
         Ok(rows) => rows,
@@ -121,11 +121,12 @@ async fn follow_owner(st: &AppState, owner: &str) {
             return;
         }
     };
-    for row in rows.iter().filter(|r| {
-        r.owner == owner && r.state == SessionState::Running && r.kind != SessionKind::Mcp
-    }) {
-        if let Some(live) = st.backend.get(row).await {
-            crate::egress_proxies::follow(st, live.session(), row).await;
+    for row in rows
+        .iter()
+        .filter(|r| r.owner == owner && r.state == SessionState::Running)
+    {
+        if let Some(session) = crate::egress_proxies::held_session(st, row).await {
+            crate::egress_proxies::follow(st, &session, row).await;
         }
     }
 }

@@ -10,12 +10,17 @@
 //! serves it, with the same row as its policy.
 //!
 //! With `[egress] credentials` or a key for users' own (`credential_key_file`), every
-//! session held here gets one `Injector` (its CA's key in this process's memory only), made
+//! session held here gets one `Injector` (its leaf key in this process's memory only), made
 //! at its first `follow` and kept while the session is held, so a restarted proxy keeps the
-//! CA the sandbox already trusts and the browser's pin (on the session's one leaf key, fixed
-//! when its tools are made) stays right. Every `follow` gives it the admin's credentials and
-//! the owner's, read from the store; when their hosts changed its CA is made again and its
-//! files are written into the sandbox again. Files and variables go in once a proxy runs.
+//! CA the sandbox already trusts and the browser's pin (on the session's one leaf key)
+//! stays right. Every `follow` gives it the credentials that apply (the admin's and the
+//! owner's, read from the store, whose host the row's policy allows): it has a CA only while
+//! there is one, and TLS is terminated only for their hosts (every other host is tunneled,
+//! its certificate the server's own). When their hosts changed its CA is made again and its
+//! files are written into the sandbox again (they go in once a proxy runs); when the last
+//! one went, the files and the trust variables go. Chromium's pin is read at each of its
+//! starts, so it is there only while the session has a CA (a browser started before the
+//! first credential is started again at its next action: tools/browser).
 //!
 //! The map's lock is never held across a start (a docker exec): a `Starting` entry claims
 //! the session instead, so two `follow`s cannot both start its proxy.
@@ -28,14 +33,15 @@ use tokio::sync::Mutex;
 
 use crate::AppState;
 use crate::egress::{StoreAudit, StorePolicy};
+use sandboxd_core::config::egress::EgressCredential;
 use sandboxd_core::egress::inject::{self, Injector};
 use sandboxd_core::egress::user_credentials;
-use sandboxd_core::egress::{EgressDeps, EgressError, EgressProxy, TRACE_TARGET};
+use sandboxd_core::egress::{EgressDeps, EgressError, EgressProxy, Host, TRACE_TARGET};
 use sandboxd_core::research::resolver::SystemResolver;
 use sandboxd_core::research::ssrf::Policy;
 use sandboxd_core::sandbox::Sandbox;
 use sandboxd_core::sandbox::manager::Session;
-use sandboxd_core::store::SessionRow;
+use sandboxd_core::store::{SessionKind, SessionRow};
 use sandboxd_core::tools::browser::Egress;
 use sandboxd_core::tools::session::set_egress;
 
@@ -53,6 +59,24 @@ enum StartError {
 /// A claim older than this is stale (its `follow` was dropped half-way): a start waits at
 /// most half a minute for the helper, and writing the CA files takes a moment more.
 const STALE_CLAIM: Duration = Duration::from_secs(120);
+
+/// How a `follow` changed the session's CA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ca {
+    Same,
+    /// Made, or made again for other hosts: the trust files are written (again).
+    Made,
+    /// The last credential host went: the trust files and variables go.
+    Dropped,
+}
+
+/// The credentials that apply to the session of `row`: those whose host its policy allows
+/// (a session that cannot reach a host needs no CA for it; `off`: none). A policy changed
+/// later is followed (PUT, and the upkeep), so the CA follows it.
+fn applicable(mut credentials: Vec<EgressCredential>, row: &SessionRow) -> Vec<EgressCredential> {
+    credentials.retain(|c| row.egress.check(&Host::parse(&c.host)).allowed);
+    credentials
+}
 
 /// A session's slot in the map.
 enum Slot {
@@ -114,24 +138,39 @@ async fn start_proxy(
 
 impl Proxies {
     /// Stops the proxies of sessions this replica no longer holds (`held`: API ids), and
-    /// drops their CAs.
+    /// drops their CAs. A start under way is left to its `follow` (which read the row just
+    /// now; the upkeep's list of sessions may be older than that start): were its claim
+    /// dropped, the proxy it starts would be stopped at once and the session's first command
+    /// would find none. A stale claim goes.
     pub async fn keep_only(&self, held: &[String]) {
-        let gone: Vec<RunningProxy> = {
+        let (gone, starting) = {
             let mut map = self.running.lock().await;
+            map.retain(|id, slot| {
+                held.contains(id)
+                    || !matches!(slot, Slot::Starting(at) if at.elapsed() >= STALE_CLAIM)
+            });
             let ids: Vec<String> = map
-                .keys()
-                .filter(|id| !held.contains(id))
-                .cloned()
+                .iter()
+                .filter(|(id, slot)| !held.contains(id) && matches!(slot, Slot::Running(_)))
+                .map(|(id, _)| id.clone())
                 .collect();
-            ids.iter()
+            let gone: Vec<RunningProxy> = ids
+                .iter()
                 .filter_map(|id| match map.remove(id) {
                     Some(Slot::Running(p)) => Some(p),
                     _ => None,
                 })
-                .collect()
+                .collect();
+            // What is left and not held: starts under way.
+            let starting: Vec<String> = map
+                .keys()
+                .filter(|id| !held.contains(id))
+                .cloned()
+                .collect();
+            (gone, starting)
         };
         if let Ok(mut injectors) = self.injectors.lock() {
-            injectors.retain(|id, _| held.contains(id));
+            injectors.retain(|id, _| held.contains(id) || starting.contains(id));
         }
         for p in gone {
             p.stop().await;
@@ -149,13 +188,14 @@ impl Proxies {
     }
 
     /// The session's injector with its credentials brought up to date (the admin's and the
-    /// owner's, read from the store now), made at the first call when the admin configured
-    /// credentials or a key for users' own; true when its CA changed (made, or made again
-    /// for a new set of hosts), so the sandbox's trust files must be written again.
-    async fn injector(&self, st: &AppState, row: &SessionRow) -> (Option<Arc<Injector>>, bool) {
+    /// owner's, read from the store now, those whose host the row's policy allows), made at
+    /// the first call when the admin configured credentials or a key for users' own; and
+    /// how its CA changed (made, or made again for a new set of hosts: the sandbox's trust
+    /// files must be written again; dropped: they go).
+    async fn injector(&self, st: &AppState, row: &SessionRow) -> (Option<Arc<Injector>>, Ca) {
         let config = &st.config.egress;
         if config.credentials.is_empty() && !config.credential_key.is_set() {
-            return (None, false);
+            return (None, Ca::Same);
         }
         let held = self
             .injectors
@@ -165,7 +205,7 @@ impl Proxies {
         let credentials = match user_credentials::for_session(st.store.as_ref(), config, &row.owner)
             .await
         {
-            Ok(c) => Some(c),
+            Ok(c) => Some(applicable(c, row)),
             Err(e) => {
                 tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %e,
                         "the owner's egress credentials cannot be read; the session keeps the ones it has");
@@ -173,18 +213,21 @@ impl Proxies {
             }
         };
         if let Some(i) = held {
-            let changed = match credentials.map(|c| i.set_credentials(c)) {
-                Some(Ok(changed)) => changed,
+            let had = i.has_ca();
+            let change = match credentials.map(|c| i.set_credentials(c)) {
+                Some(Ok(true)) => Ca::Made,
+                Some(Ok(false)) if had && !i.has_ca() => Ca::Dropped,
+                Some(Ok(false)) | None => Ca::Same,
                 Some(Err(e)) => {
                     tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %e,
                         "the session CA could not be made for the new credentials; the old ones stay");
-                    false
+                    Ca::Same
                 }
-                None => false,
             };
-            return (Some(i), changed);
+            return (Some(i), change);
         }
-        let credentials = credentials.unwrap_or_else(|| config.credentials.clone());
+        let credentials =
+            credentials.unwrap_or_else(|| applicable(config.credentials.clone(), row));
         match Injector::new(&row.id, config, credentials) {
             Ok(i) => {
                 // Two first `follow`s may race: the one in the map first is the session's.
@@ -192,12 +235,12 @@ impl Proxies {
                     Ok(mut map) => map.entry(row.id.clone()).or_insert(Arc::new(i)).clone(),
                     Err(_) => Arc::new(i),
                 };
-                (Some(i), true)
+                (Some(i), Ca::Made)
             }
             Err(e) => {
                 tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %e,
                     "no credential injection for this session; its credential hosts are tunneled without their credentials");
-                (None, false)
+                (None, Ca::Same)
             }
         }
     }
@@ -245,10 +288,17 @@ impl Proxies {
 
 /// Brings the sandbox of `row` (held here) in line with the row's policy; never fails the
 /// caller: a proxy that cannot start is logged, and the next upkeep tries again.
-pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
+pub async fn follow(st: &AppState, session: &Session, row: &SessionRow) {
     let sandbox = &session.sandbox;
     let proxies = &st.egress_proxies;
-    let (injector, changed) = proxies.injector(st, row).await;
+    let (injector, ca) = proxies.injector(st, row).await;
+    if ca == Ca::Dropped
+        && let Some(i) = &injector
+        && let Err(e) = inject::uninstall(sandbox.as_ref(), i).await
+    {
+        tracing::warn!(target: TRACE_TARGET, session = %row.id, error = %e,
+            "the session CA's files could not be removed from the sandbox");
+    }
     // The browser reads the same row as the proxy (at every navigation).
     set_egress(
         session,
@@ -273,7 +323,7 @@ pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
     }
     if !claimed {
         // Its proxy runs here already: a CA made again for new credential hosts goes in now.
-        if changed
+        if ca == Ca::Made
             && let Some(i) = &injector
             && proxies.runs(&row.id).await
         {
@@ -309,6 +359,19 @@ pub async fn follow(st: &AppState, session: &Arc<Session>, row: &SessionRow) {
         && proxies.runs(&row.id).await
     {
         install_trust(sandbox.as_ref(), i, &row.id).await;
+    }
+}
+
+/// The manager's session of a running row when this replica holds it: an API session
+/// (marked used), or an /mcp sandbox (owned by its user's MCP owner).
+pub async fn held_session(st: &AppState, row: &SessionRow) -> Option<Arc<Session>> {
+    match row.kind {
+        SessionKind::Mcp => {
+            let runtime_id = row.runtime_id.as_deref()?;
+            let owner = crate::mcp::McpUsers::owner_of(&row.owner);
+            st.backend.manager().held(&owner, runtime_id)
+        }
+        SessionKind::Api => st.backend.get(row).await.map(|l| l.session().clone()),
     }
 }
 

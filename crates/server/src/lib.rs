@@ -162,6 +162,17 @@ pub enum ServeError {
 
 type Shared = Arc<AppState>;
 
+/// What the service's parts reach it back through, once it exists (weakly: it holds them):
+/// the manager's hibernator, and the /mcp ledger, whose sandboxes follow their rows' egress
+/// as API sessions do (mcp_quota.rs).
+fn link_back(state: &Shared) {
+    state
+        .backend
+        .manager()
+        .set_hibernator(Arc::new(hibernate::ServeHibernator(Arc::downgrade(state))));
+    state.mcp.ledger().set_app(Arc::downgrade(state));
+}
+
 /// Wraps one route's handlers in the layers of its group.
 #[derive(Clone, Copy)]
 enum Group {
@@ -489,10 +500,7 @@ impl Server {
             config,
             metrics,
         });
-        state
-            .backend
-            .manager()
-            .set_hibernator(Arc::new(hibernate::ServeHibernator(Arc::downgrade(&state))));
+        link_back(&state);
         let reconciled = reconcile::at_start(&state).await?;
         let listener = TcpListener::bind(addr)
             .await

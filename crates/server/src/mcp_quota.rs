@@ -17,15 +17,23 @@
 //! session was used since on another replica (`release`); and `sweep` carries the last use
 //! between the `sessions` row and every replica holding the sandbox, so each one's idle
 //! reaper sees the use made through the others.
+//!
+//! Egress: an MCP sandbox's row gets the policy a `POST /v1/sessions` without `egress` gets
+//! (`[egress] default` within the user's quota and `[egress] widest`); once its sandbox
+//! exists here (made, or attached from another replica's record) `egress_proxies::follow`
+//! brings it in line with its row, before any tool of it is made, and the upkeep keeps it
+//! so (reconcile.rs), exactly as for API sessions.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::AppState;
 use crate::audit::Who;
 use crate::quota::Quota;
+use sandboxd_core::config::egress::EgressPolicy;
 use sandboxd_core::config::{Config, LimitRequest};
 use sandboxd_core::mcp::admission::{Admission, Recorded, Ticket};
 use sandboxd_core::sandbox::manager::Session;
@@ -48,6 +56,8 @@ pub struct McpLedger {
     config: Config,
     /// Manager session id -> session row id, for the sandboxes made and not yet ended.
     open: Mutex<HashMap<String, String>>,
+    /// The service, once it exists (it holds this ledger): what a sandbox's egress follows.
+    app: OnceLock<Weak<AppState>>,
 }
 
 impl McpLedger {
@@ -56,7 +66,30 @@ impl McpLedger {
             store,
             config,
             open: Mutex::new(HashMap::new()),
+            app: OnceLock::new(),
         })
+    }
+
+    /// The service this ledger's sandboxes belong to (set once, when it is made).
+    pub fn set_app(&self, app: Weak<AppState>) {
+        let _ = self.app.set(app);
+    }
+
+    /// Brings the sandbox of row `row_id`, now `session` here, in line with its row's
+    /// egress (proxy variables, proxy, credentials: egress_proxies::follow).
+    async fn follow_egress(&self, row_id: &str, session: &Session) {
+        let Some(st) = self.app.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        match self.store.session(row_id).await {
+            Ok(Some(row)) if row.state != SessionState::Ended => {
+                crate::egress_proxies::follow(&st, session, &row).await
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(session = %row_id, error = %e, "the store failed while reading an MCP sandbox's egress; the upkeep tries again")
+            }
+        }
     }
 
     fn open(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
@@ -255,6 +288,9 @@ impl Admission for UserAdmission {
             .lowered(&filled)
             .map_err(|e| SandboxError::InvalidRequest(e.to_string()))?;
         let id = format!("ses_{}", uuid::Uuid::new_v4().simple());
+        // As a POST /v1/sessions without `egress`: the default, within both limits.
+        let egress = crate::egress::for_new_session(&config.egress, &user.quota, None)
+            .unwrap_or(EgressPolicy::Off);
         let row = SessionRow::creating(
             id.clone(),
             user.id.clone(),
@@ -263,7 +299,8 @@ impl Admission for UserAdmission {
             config.sessions.idle_timeout_secs.max(1),
             now_ms(),
         )
-        .with_kind(SessionKind::Mcp);
+        .with_kind(SessionKind::Mcp)
+        .with_egress(egress);
         // The global cap too, counted in the store across replicas with the owner's.
         let caps = SessionCaps {
             per_owner: quota.sessions,
@@ -299,6 +336,7 @@ impl Admission for UserAdmission {
             tracing::warn!(session = %row, error = %e, "could not record an MCP sandbox as running");
         }
         self.audit_created(row, session).await;
+        self.ledger.follow_egress(row, session).await;
     }
 
     async fn tool_called(&self, session: &Session) {
@@ -381,6 +419,9 @@ impl Admission for UserAdmission {
         if let Err(e) = done {
             tracing::warn!(mcp_session = %key, error = %e, "could not record an MCP session's sandbox; another replica serving it will make its own");
         }
+        // A sandbox attached from another replica's record gets its egress here (one made
+        // here got it at `started`; a second follow changes nothing).
+        self.ledger.follow_egress(row, session).await;
     }
 
     async fn forget(&self, key: &str) {

@@ -20,7 +20,8 @@
 //!
 //! Then periodically: orphans whose replica or creator is gone are removed (the manager's
 //! reconcile), live sessions whose row ended elsewhere (`sandboxd users rm`, another
-//! replica's DELETE or reaper) are removed, last-use times are persisted, the same sweep
+//! replica's DELETE or reaper) are removed, last-use times are persisted, every held
+//! session's egress follows its row (API and /mcp: egress_proxies.rs), the same sweep
 //! runs, the rows of /mcp sandboxes that went are ended and the MCP sessions of removed
 //! users closed (mcp_quota.rs), and old rows past the retention are purged. Idle sessions
 //! are not this upkeep's: the manager's one reaper ends them, each after its row's timeout,
@@ -32,7 +33,8 @@ use std::time::Duration;
 
 use crate::backend::{OWNER_PREFIX, last_used_ms};
 use crate::{AppState, attach};
-use sandboxd_core::store::{SessionKind, SessionState, now_ms};
+use sandboxd_core::sandbox::manager::Session;
+use sandboxd_core::store::{SessionKind, SessionRow, SessionState, now_ms};
 
 /// What the start-up reconcile did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -124,7 +126,8 @@ async fn api_upkeep(st: &AppState) {
     // row, or its row is still `creating` (it names no session yet) and its owner's
     // unclaimed sessions wait for the next pass.
     let live = st.backend.all().await;
-    if live.is_empty() {
+    let mcp_live = mcp_sessions(st).await;
+    if live.is_empty() && mcp_live.is_empty() {
         st.egress_proxies.keep_only(&[]).await;
         return;
     }
@@ -179,7 +182,34 @@ async fn api_upkeep(st: &AppState) {
             }
         }
     }
+    held.extend(mcp_egress(st, &rows, &mcp_live).await);
     st.egress_proxies.keep_only(&held).await;
+}
+
+/// The sessions this process holds that are not API sessions: /mcp sandboxes among them
+/// (`mcp_egress` matches each to its row and its user's MCP owner).
+async fn mcp_sessions(st: &AppState) -> Vec<Arc<Session>> {
+    let mut all = st.backend.manager().live().await;
+    all.retain(|s| !s.owner.as_str().starts_with(OWNER_PREFIX));
+    all
+}
+
+/// The /mcp sandboxes held here follow their rows' egress as API sessions do (a proxy
+/// that died restarts, a changed policy or credential applies); their row ids.
+async fn mcp_egress(st: &AppState, rows: &[SessionRow], live: &[Arc<Session>]) -> Vec<String> {
+    let mut held = Vec::new();
+    for row in rows.iter().filter(|r| r.kind == SessionKind::Mcp) {
+        let owner = crate::mcp::McpUsers::owner_of(&row.owner);
+        let Some(session) = live
+            .iter()
+            .find(|s| row.runtime_id.as_deref() == Some(s.id.as_str()) && s.owner == owner)
+        else {
+            continue;
+        };
+        held.push(row.id.clone());
+        crate::egress_proxies::follow(st, session, row).await;
+    }
+    held
 }
 
 /// Runs `tick` every `[sessions] reap_interval_secs` until shutdown.

@@ -9,7 +9,10 @@
 //! never forwarded without it either (the sandbox would not know why the API refused it).
 //!
 //! `install` puts the public half into the sandbox: the CA files (mitm_trust.rs) and the
-//! switch that adds `SSL_CERT_FILE` & co. to the proxy variables of its processes.
+//! switch that adds `SSL_CERT_FILE` & co. to the proxy variables of its processes;
+//! `uninstall` takes them out once no credential is left. There is a CA only while there is
+//! a credential host, and Chromium's pin (`chromium_args`) is read at each of its starts, so
+//! a session without credentials has neither.
 
 use std::sync::{Arc, RwLock};
 
@@ -17,7 +20,7 @@ use async_trait::async_trait;
 
 use super::ca::{LeafKey, SessionCa};
 use super::mitm::{self, MitmCounters, UpstreamTls};
-use super::mitm_trust::{SandboxTrust, sandbox_trust};
+use super::mitm_trust::{ChromiumArgs, SandboxTrust, sandbox_trust, trust_dir};
 use super::{Intercept, Plain};
 use crate::config::EgressConfig;
 use crate::config::egress::EgressCredential;
@@ -156,6 +159,11 @@ impl Injector {
             .collect()
     }
 
+    /// Whether the session has a CA now (at least one credential host).
+    pub fn has_ca(&self) -> bool {
+        self.state().ca.is_some()
+    }
+
     /// Chromium's flag pinning the session's leaf key (the same for all its CAs).
     fn chromium_arg(&self) -> String {
         format!(
@@ -238,9 +246,34 @@ pub async fn install(sandbox: &dyn Sandbox, injector: &Injector) -> Result<(), S
     Ok(())
 }
 
-/// The Chromium flags of a session with `injector` (none without).
-pub fn chromium_args(injector: Option<&Arc<Injector>>) -> Vec<String> {
-    injector.map(|i| vec![i.chromium_arg()]).unwrap_or_default()
+/// Takes the trust out of `sandbox` once `injector` has no CA any more (the session's last
+/// credential went): its processes stop seeing the trust variables (before their next
+/// command) and the files go. A Chromium already started keeps its pin, which pins a key
+/// no certificate is made with any more.
+pub async fn uninstall(sandbox: &dyn Sandbox, injector: &Injector) -> Result<(), SandboxError> {
+    if injector.has_ca() {
+        return Ok(());
+    }
+    sandbox.set_egress_trust(false);
+    match sandbox.remove(trust_dir(), true).await {
+        Err(SandboxError::NotFound { .. }) => Ok(()),
+        other => other,
+    }
+}
+
+/// The Chromium flags of a session with `injector`, read at each Chromium start: the pin
+/// while the session has a CA (a credential host), nothing otherwise.
+pub fn chromium_args(injector: Option<&Arc<Injector>>) -> ChromiumArgs {
+    match injector {
+        None => ChromiumArgs::default(),
+        Some(i) => {
+            let i = Arc::downgrade(i);
+            ChromiumArgs::from_fn(move || match i.upgrade() {
+                Some(i) if i.has_ca() => vec![i.chromium_arg()],
+                _ => Vec::new(),
+            })
+        }
+    }
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ fn config(allow_http: bool) -> EgressConfig {
 fn no_credentials_no_injector() {
     let none = Injector::for_config("s1", &EgressConfig::default()).unwrap();
     assert!(none.is_none());
-    assert!(chromium_args(None).is_empty());
+    assert!(chromium_args(None).now().is_empty());
 }
 
 #[test]
@@ -48,9 +48,33 @@ fn it_wants_exactly_the_credential_hosts() {
         assert_eq!(i.plain(other, 80), Plain::Forward, "{other}");
     }
     assert_eq!(i.hosts(), ["api.inject.test".to_string()]);
-    let args = chromium_args(Some(&Arc::new(i)));
+    let i = Arc::new(i);
+    let args = chromium_args(Some(&i)).now();
     assert_eq!(args.len(), 1);
     assert!(args[0].starts_with("--ignore-certificate-errors-spki-list="));
+}
+
+/// Chromium's pin is there exactly while the session has a CA (a credential host), read at
+/// each start: none before the first credential, the pin after, and a browser started
+/// without it is told to start again (`adds_to`); none again once the last one went.
+#[test]
+fn the_pin_comes_and_goes_with_the_credentials() {
+    let i = Arc::new(Injector::new("s1", &config(false), Vec::new()).unwrap());
+    let args = chromium_args(Some(&i));
+    assert!(!i.has_ca() && args.now().is_empty() && i.trust().is_none());
+    assert!(!args.adds_to(&[]));
+    assert!(i.set_credentials(config(false).credentials).unwrap());
+    assert!(i.has_ca() && i.trust().is_some());
+    let pinned = args.now();
+    assert_eq!(pinned.len(), 1, "{pinned:?}");
+    assert!(args.adds_to(&[]), "a browser started before it lacks it");
+    assert!(!args.adds_to(&pinned));
+    assert!(!i.set_credentials(Vec::new()).unwrap());
+    assert!(!i.has_ca() && args.now().is_empty() && i.trust().is_none());
+    assert!(
+        !args.adds_to(&pinned),
+        "a pin no longer wanted is no reason to restart"
+    );
 }
 
 #[test]

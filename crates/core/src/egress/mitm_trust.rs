@@ -20,6 +20,8 @@
 //! is per session, and it does nothing for hosts without a credential (their chains never
 //! carry that key, so Chromium verifies them normally).
 
+use std::sync::Arc;
+
 use base64::Engine as _;
 
 use super::ca::SessionCa;
@@ -93,5 +95,28 @@ pub fn sandbox_trust(ca: &SessionCa) -> SandboxTrust {
             "--ignore-certificate-errors-spki-list={}",
             ca.leaf_spki_sha256()
         )],
+    }
+}
+
+/// Chromium's extra arguments as they are now (the session's credentials may come and go).
+#[derive(Clone, Default)]
+pub struct ChromiumArgs(Option<Arc<dyn Fn() -> Vec<String> + Send + Sync>>);
+
+impl ChromiumArgs {
+    /// Arguments read from `now` at each Chromium start.
+    pub fn from_fn(now: impl Fn() -> Vec<String> + Send + Sync + 'static) -> Self {
+        ChromiumArgs(Some(Arc::new(now)))
+    }
+
+    /// The arguments now.
+    pub fn now(&self) -> Vec<String> {
+        self.0.as_ref().map(|f| f()).unwrap_or_default()
+    }
+
+    /// Whether a Chromium started with `started` lacks an argument wanted now (a pin that
+    /// appeared with the session's first credential): it must be started again to get it.
+    /// An argument no longer wanted is no reason: a pin of a key no leaf uses does nothing.
+    pub fn adds_to(&self, started: &[String]) -> bool {
+        self.now().iter().any(|a| !started.contains(a))
     }
 }

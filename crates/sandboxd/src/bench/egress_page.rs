@@ -116,7 +116,7 @@ pub async fn bench_page_load(sandbox: Arc<dyn Sandbox>, n: usize) -> Result<Page
     let tool = BrowserUse::new(sandbox.clone()).with_egress(Egress {
         source: Arc::new(FixedPolicy(policy.clone())),
         at_start: policy,
-        chromium_args: Vec::new(),
+        chromium_args: Default::default(),
     });
     let outcome = async {
         let through = format!("http://{NAME}:{port}/index.html");

@@ -4,15 +4,16 @@
 //! not `off`, and this process runs the session's proxy (`start_proxy`, the one call).
 //!
 //! The CLI keeps no session row: a kept session continued later gets the policy of that
-//! later invocation. With `[egress] credentials` the proxy injects them (egress/inject.rs)
-//! with a CA made for this invocation; its key lives and dies with this process.
+//! later invocation. With `[egress] credentials` whose host the policy allows, the proxy
+//! injects them (egress/inject.rs) with a CA made for this invocation; its key lives and dies
+//! with this process. Without such a credential no CA is made and nothing is intercepted.
 
 use std::sync::{Arc, Mutex};
 
 use anyhow::bail;
 use sandboxd_core::config::egress::EgressPolicy;
 use sandboxd_core::egress::inject::{self, Injector};
-use sandboxd_core::egress::{EgressDeps, EgressProxy, FixedPolicy, LogOnly, TRACE_TARGET};
+use sandboxd_core::egress::{EgressDeps, EgressProxy, FixedPolicy, Host, LogOnly, TRACE_TARGET};
 use sandboxd_core::research::resolver::SystemResolver;
 use sandboxd_core::research::ssrf::Policy;
 use sandboxd_core::sandbox::manager::Session;
@@ -42,7 +43,12 @@ static PROXY: Mutex<Option<RunningProxy>> = Mutex::new(None);
 /// its proxy. A proxy that cannot start is said on stderr (the sandbox then reaches
 /// nothing, as with `off`), never a failure of the command.
 pub(crate) async fn start(ctx: &Ctx, session: &Arc<Session>, policy: &EgressPolicy) {
-    let injector = match Injector::for_config(&session.id, &ctx.config.egress) {
+    // Only the credentials whose host the policy allows: no CA for what cannot be reached.
+    let mut config = ctx.config.egress.clone();
+    config
+        .credentials
+        .retain(|c| policy.check(&Host::parse(&c.host)).allowed);
+    let injector = match Injector::for_config(&session.id, &config) {
         Ok(i) => i.map(Arc::new),
         Err(e) => {
             eprintln!("sandboxd: [egress] credentials: {e}; their hosts are tunneled without them");

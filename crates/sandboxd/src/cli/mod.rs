@@ -15,6 +15,7 @@ pub(crate) mod config;
 pub(crate) mod copy_out;
 pub(crate) mod doctor;
 pub(crate) mod egress;
+pub(crate) mod egress_credentials;
 pub(crate) mod exec;
 pub(crate) mod image;
 pub(crate) mod mcp;

@@ -38,7 +38,7 @@ use crate::sandbox::{Sandbox, SandboxError};
 pub const NAME: &str = "browser_use";
 
 pub use self::extract::Extractor;
-pub use self::net::Egress;
+pub use self::net::{ChromiumArgs, Egress};
 pub use self::state::{BrowserState, ElementInfo, TabInfo};
 pub use self::tool::WithoutSearch;
 
@@ -60,6 +60,8 @@ pub struct BrowserUse {
     saved: Option<super::saved::SavedTools>,
     restored: AtomicBool,
     live: tokio::sync::Mutex<Option<Live>>,
+    /// The egress arguments the live browser was started with (`ChromiumArgs::adds_to`).
+    started_with: std::sync::Mutex<Vec<String>>,
     starts: AtomicU32,
     /// The LLM step of extract_content; set per run, since the browser outlives runs.
     extractor: std::sync::Mutex<Option<Arc<dyn Extractor>>>,
@@ -80,6 +82,7 @@ impl BrowserUse {
             saved: None,
             restored: AtomicBool::new(false),
             live: tokio::sync::Mutex::new(None),
+            started_with: std::sync::Mutex::new(Vec::new()),
             starts: AtomicU32::new(0),
             extractor: std::sync::Mutex::new(None),
             last: std::sync::Mutex::new(None),
@@ -187,6 +190,18 @@ impl BrowserUse {
         }
     }
 
+    /// Whether the live browser was started without an argument the session's egress wants
+    /// now (the pin that came with its first credential).
+    fn lacks_a_pin(&self) -> bool {
+        let Some(e) = &self.egress else { return false };
+        let started = self
+            .started_with
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        e.chromium_args.adds_to(&started)
+    }
+
     /// Adopts the browser an earlier process left, else starts one.
     async fn start(&self, notes: &mut Vec<String>) -> Result<Live, BrowserError> {
         if let Some(record) = self.adoptable().await {
@@ -212,8 +227,11 @@ impl BrowserUse {
         let extra = self
             .egress
             .as_ref()
-            .map(|e| e.chromium_args.clone())
+            .map(|e| e.chromium_args.now())
             .unwrap_or_default();
+        if let Ok(mut s) = self.started_with.lock() {
+            s.clone_from(&extra);
+        }
         match Live::start(self.sandbox.clone(), n, &extra).await {
             // Chromium also fails to start when its sandbox stopped under the start (killed
             // from outside): say that, as the backend knows it, not that Chromium failed.
@@ -255,6 +273,10 @@ impl BrowserUse {
         let mut notes = Vec::new();
         if let Some(live) = guard.take_if(|l| l.running.is_dead()) {
             self.retire(live, &mut notes).await?;
+        }
+        if let Some(live) = guard.take_if(|_| self.lacks_a_pin()) {
+            live.running.shutdown().await;
+            notes.push("the browser was restarted to trust the hosts this session now has a credential for: its tabs are gone".into());
         }
         let mut retried = false;
         loop {

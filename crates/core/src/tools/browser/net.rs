@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+pub use crate::egress::mitm_trust::ChromiumArgs;
 use crate::egress::{EgressPolicy, Host, PolicySource};
 
 /// The session's egress, as the browser sees it.
@@ -22,9 +23,10 @@ pub struct Egress {
     /// The policy when the tools were built: the tool's description names its hosts (a
     /// description is fixed for the session; refusals always name the current rule).
     pub at_start: EgressPolicy,
-    /// Added to Chromium's command line: the pin of the session's credential-injection leaf
-    /// key (egress/mitm_trust.rs), empty when the session injects no credential.
-    pub chromium_args: Vec<String>,
+    /// Added to Chromium's command line, read at each start: the pin of the session's
+    /// credential-injection leaf key (egress/mitm_trust.rs) while the session has a
+    /// credential, nothing otherwise.
+    pub chromium_args: ChromiumArgs,
 }
 
 /// How to change a session's egress, for refusals.
