@@ -224,6 +224,16 @@ fn live_output_streams(live: &Value) {
         5,
         "{live}"
     );
+    // 600 KB printed: the first 256 KiB live, then a marker and the last 128 KiB.
+    let big = &live["big"];
+    let len = big[0].as_u64().unwrap();
+    assert!(
+        (262_144 + 131_072..262_144 + 131_072 + 100).contains(&len),
+        "{big}"
+    );
+    assert_eq!(big[1], 262_144, "{big}");
+    assert_eq!(big[2], 131_071, "{big}");
+    assert_eq!(big[3], true, "{big}");
 }
 
 fn code_contexts_are_separate(o: &Value) {

@@ -167,7 +167,18 @@ def live_output(sbx):
         "    time.sleep(0.5)\n"
     )
     ex = sbx.run_code(code, on_stdout=lambda m: seen.append([time.time(), m.line]))
-    return {"callbacks": seen, "stdout": "".join(ex.logs.stdout)}
+    # Past the output cap (256 KiB per stream): the head live, then a marker and the tail.
+    big = "".join(sbx.run_code("print('a' * 300000); print('b' * 300000)").logs.stdout)
+    return {
+        "callbacks": seen,
+        "stdout": "".join(ex.logs.stdout),
+        "big": [
+            len(big),
+            len(big) - len(big.lstrip("a")),
+            len(big.rstrip("\n")) - len(big.rstrip("\n").rstrip("b")),
+            "bytes cut by sandboxd" in big,
+        ],
+    }
 
 
 def code_contexts(sbx):
