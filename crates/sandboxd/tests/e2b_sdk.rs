@@ -5,9 +5,9 @@
 //! their own env and cwd, list, kill, stdin), files (text, bytes, several at once, list with
 //! depth, make_dir, rename, remove, exists), timeout, connect, kill (the container is gone);
 //! the code interpreter (state kept, a PNG figure, an error with its traceback, stdout live
-//! as the cell prints, separate code contexts: own variables and cwd, restart, remove, at
-//! most 8); two users
-//! (404 across them, each lists only their own); no network; refused requests say why;
+//! as the cell prints and capped, a caller that leaves interrupts the cell, separate code
+//! contexts: own variables and cwd, restart, remove, at most 8); two users (404 across them,
+//! each lists only their own); no network; refused requests say why;
 //! pause and resume (hibernation), set timeout up to the admin's cap, templates by name.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
@@ -224,6 +224,12 @@ fn live_output_streams(live: &Value) {
         5,
         "{live}"
     );
+    // The SDK's timeout: its exception, the cell interrupted (the next one did not wait for
+    // the 60 s sleep), the variables kept.
+    let left = &live["left"];
+    assert_eq!(left[0], "TimeoutException", "{left}");
+    assert_eq!(left[1], "41", "{left}");
+    assert!(left[2].as_f64().unwrap() < 30.0, "{left}");
     // 600 KB printed: the first 256 KiB live, then a marker and the last 128 KiB.
     let big = &live["big"];
     let len = big[0].as_u64().unwrap();

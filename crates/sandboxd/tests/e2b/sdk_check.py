@@ -169,7 +169,17 @@ def live_output(sbx):
     ex = sbx.run_code(code, on_stdout=lambda m: seen.append([time.time(), m.line]))
     # Past the output cap (256 KiB per stream): the head live, then a marker and the tail.
     big = "".join(sbx.run_code("print('a' * 300000); print('b' * 300000)").logs.stdout)
+    # A caller that gives up (the SDK's timeout) interrupts the cell: the next one runs at
+    # once, and the variables are kept.
+    started = time.time()
+    try:
+        sbx.run_code("import time; time.sleep(60)", timeout=1)
+        left = None
+    except Exception as e:
+        left = type(e).__name__
+    after = sbx.run_code("x").text
     return {
+        "left": [left, after, time.time() - started],
         "callbacks": seen,
         "stdout": "".join(ex.logs.stdout),
         "big": [
