@@ -4,8 +4,10 @@
 //! Commands (output, exit codes, streaming, background processes beside a foreground one with
 //! their own env and cwd, list, kill, stdin), files (text, bytes, several at once, list with
 //! depth, make_dir, rename, remove, exists), timeout, connect, kill (the container is gone);
-//! the code interpreter (state kept, a PNG figure, an error with its traceback); two users
-//! (404 across them, each lists only their own); no network; refused requests say why;
+//! the code interpreter (state kept, a PNG figure, an error with its traceback, stdout live
+//! as the cell prints and capped, a caller that leaves interrupts the cell, separate code
+//! contexts: own variables and cwd, restart, remove, at most 8); two users (404 across them,
+//! each lists only their own); no network; refused requests say why;
 //! pause and resume (hibernation), set timeout up to the admin's cap, templates by name.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
@@ -176,7 +178,92 @@ async fn e2b_code_interpreter_sdk() {
     );
     assert!(o["js"].as_str().unwrap().contains("python only"), "{o}");
     assert_eq!(strs(&o["contexts"]), ["default"]);
+    live_output_streams(&o["live"]);
+    code_contexts_are_separate(&o);
     wait_gone(&env, o["sandbox_id"].as_str().unwrap()).await;
+}
+
+/// `on_stdout` fired as the cell printed: each `tick i` in its own callback, in order, the
+/// first before the cell's last print happened (the cell printed its own clock), and the
+/// callbacks spread over the cell's sleeps rather than coming together at its end.
+fn live_output_streams(live: &Value) {
+    let calls = live["callbacks"].as_array().unwrap();
+    let ticks: Vec<(f64, usize, f64)> = calls
+        .iter()
+        .flat_map(|c| {
+            let at = c[0].as_f64().unwrap();
+            let lines: Vec<(f64, usize, f64)> = c[1]
+                .as_str()
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    assert_eq!(f[0], "tick", "{live}");
+                    (at, f[1].parse().unwrap(), f[2].parse().unwrap())
+                })
+                .collect();
+            lines
+        })
+        .collect();
+    assert_eq!(
+        ticks.iter().map(|t| t.1).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4],
+        "{live}"
+    );
+    let (first_callback, last_print) = (ticks[0].0, ticks[4].2);
+    assert!(
+        first_callback < last_print,
+        "the first callback came after the cell's last print: {live}"
+    );
+    assert!(
+        calls.len() >= 4 && ticks[4].0 - ticks[0].0 > 1.0,
+        "the callbacks came together, not as the cell printed: {live}"
+    );
+    assert_eq!(
+        live["stdout"].as_str().unwrap().lines().count(),
+        5,
+        "{live}"
+    );
+    // The SDK's timeout: its exception, the cell interrupted (the next one did not wait for
+    // the 60 s sleep), the variables kept.
+    let left = &live["left"];
+    assert_eq!(left[0], "TimeoutException", "{left}");
+    assert_eq!(left[1], "41", "{left}");
+    assert!(left[2].as_f64().unwrap() < 30.0, "{left}");
+    // 600 KB printed: the first 256 KiB live, then a marker and the last 128 KiB.
+    let big = &live["big"];
+    let len = big[0].as_u64().unwrap();
+    assert!(
+        (262_144 + 131_072..262_144 + 131_072 + 100).contains(&len),
+        "{big}"
+    );
+    assert_eq!(big[1], 262_144, "{big}");
+    assert_eq!(big[2], 131_071, "{big}");
+    assert_eq!(big[3], true, "{big}");
+}
+
+fn code_contexts_are_separate(o: &Value) {
+    assert_eq!(o["ctx_cwd"], "/tmp", "{o}");
+    assert_eq!(o["ctx_sees_x"], "False", "{o}");
+    assert_eq!(o["ctx_y"], "42", "{o}");
+    assert_eq!(o["ctx_getcwd"], "'/tmp'", "{o}");
+    assert_eq!(o["default_sees_y"], "False", "{o}");
+    assert_eq!(
+        o["listed"],
+        serde_json::json!([[false, "/workspace"], [true, "/tmp"]]),
+        "{o}"
+    );
+    assert_eq!(o["ctx_y_after_restart"], "False", "{o}");
+    assert_eq!(o["default_x_after"], "41", "{o}");
+    assert_eq!(o["pids_differ"], true, "{o}");
+    assert_eq!(o["ctx_pid_gone"], "True", "{o}");
+    assert_eq!(o["removed_run"], "NotFoundException", "{o}");
+    assert_eq!(strs(&o["listed_after_remove"]), ["default"], "{o}");
+    assert!(
+        o["ninth"].as_str().unwrap().contains("8 code contexts"),
+        "{o}"
+    );
+    assert_eq!(o["eighth_runs"], "'/workspace'", "{o}");
 }
 
 #[tokio::test]

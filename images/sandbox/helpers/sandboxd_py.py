@@ -11,7 +11,7 @@ gets a {"replaced": true} frame and is closed). On every connection it sends a h
 cell id it was sent, so a new process numbers its cells after it). Then frames
 (see sandboxd_proto.py):
 
-    {"op": "execute", "id": N, "output_cap": BYTES}  body: the cell's source (UTF-8)
+    {"op": "execute", "id": N, "output_cap": BYTES, "live": BOOL}  body: the cell's source (UTF-8)
     {"op": "interrupt", "id": N}                     raise KeyboardInterrupt in cell N, if it runs
     {"op": "exit"}                                   leave at once
 
@@ -28,6 +28,12 @@ processes of earlier cells are left alone.
 During a cell, fds 1 and 2 point at unlinked files in /tmp (so output of os.system and of
 subprocesses is captured too, and the driver never holds more than the cap in memory); the
 head and the tail of each are read back and the middle is cut.
+
+A live cell ("live": true) has its output sent while it runs: a tailer thread reads what was
+written to each file since the last look, every TAIL_EVERY, and sends it as frames
+{"id": N, "chunk": "stdout" | "stderr"} (body: the bytes, at most CHUNK_LIMIT each), up to
+`output_cap` bytes per stream in all. Its reply then carries, for each stream, only what was
+not sent: nothing, or (past the cap) a marker and the tail.
 """
 import ast
 import builtins
@@ -57,6 +63,8 @@ FIGURE_DIR = "/workspace/figures"
 IMAGE_LIMIT = 4 << 20
 SHOWN_LIMIT = 8
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+TAIL_EVERY = 0.05
+CHUNK_LIMIT = 64 * 1024
 DRIVER_MODULE = None
 
 
@@ -243,24 +251,74 @@ def cut_middle(data, cap):
 def read_capped(f, cap):
     fd = f.fileno()
     size = os.fstat(fd).st_size
-
-    def pread_all(n, offset):
-        chunks = []
-        while n > 0:
-            chunk = os.pread(fd, n, offset)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            n -= len(chunk)
-            offset += len(chunk)
-        return b"".join(chunks)
-
     if size <= cap:
-        return pread_all(size, 0), False
+        return pread_all(fd, size, 0), False
     half = cap // 2
     tail = cap - half
     marker = ("\n[... %d bytes cut by sandboxd ...]\n" % (size - cap)).encode()
-    return pread_all(half, 0) + marker + pread_all(tail, size - tail), True
+    return pread_all(fd, half, 0) + marker + pread_all(fd, tail, size - tail), True
+
+
+def pread_all(fd, n, offset):
+    chunks = []
+    while n > 0:
+        chunk = os.pread(fd, n, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+class Tailer:
+    """Sends a live cell's output as it is written: up to `cap` bytes of each stream."""
+
+    def __init__(self, cell_id, files, cap):
+        self.cell_id = cell_id
+        self.files = files  # (name, file) pairs
+        self.cap = cap
+        self.sent = [0] * len(files)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, name="sandboxd-tailer", daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        while not self.stop.wait(TAIL_EVERY):
+            self.send_new()
+
+    def send_new(self):
+        for i, (name, f) in enumerate(self.files):
+            while self.sent[i] < self.cap:
+                fd = f.fileno()
+                n = min(os.fstat(fd).st_size - self.sent[i], self.cap - self.sent[i], CHUNK_LIMIT)
+                if n <= 0:
+                    break
+                data = pread_all(fd, n, self.sent[i])
+                if not data:
+                    break
+                self.sent[i] += len(data)
+                Channel.reply({"id": self.cell_id, "chunk": name}, data)
+
+    def finish(self):
+        """Stops the thread and sends what is left within the caps; returns, per stream, what
+        was not sent (a marker and the tail past the cap) and whether it was cut."""
+        self.stop.set()
+        self.thread.join()
+        self.send_new()
+        rests = []
+        for i, (_, f) in enumerate(self.files):
+            fd = f.fileno()
+            rest = os.fstat(fd).st_size - self.sent[i]
+            tail = self.cap // 2
+            if rest <= 0:
+                rests.append((b"", False))
+            elif rest <= tail:
+                rests.append((pread_all(fd, rest, self.sent[i]), False))
+            else:
+                marker = ("\n[... %d bytes cut by sandboxd ...]\n" % (rest - tail)).encode()
+                rests.append((marker + pread_all(fd, tail, self.sent[i] + rest - tail), True))
+        return rests
 
 
 def text_writer(fd):
@@ -347,6 +405,9 @@ class Cell:
         err_f = tempfile.TemporaryFile(dir="/tmp", prefix="sandboxd-py-")
         value = error = ""
         figures, images, interrupted = [], [], False
+        tailer = None
+        if req.get("live") is True:
+            tailer = Tailer(cell_id, [("stdout", out_f), ("stderr", err_f)], cap)
         try:
             os.dup2(out_f.fileno(), 1)
             os.dup2(err_f.fileno(), 2)
@@ -397,8 +458,11 @@ class Cell:
             sys.stderr = text_writer(2)
             os.dup2(self.devnull, 1)
             os.dup2(self.saved_stderr, 2)
-        stdout, stdout_cut = read_capped(out_f, cap)
-        stderr, stderr_cut = read_capped(err_f, cap)
+        if tailer is not None:
+            (stdout, stdout_cut), (stderr, stderr_cut) = tailer.finish()
+        else:
+            stdout, stdout_cut = read_capped(out_f, cap)
+            stderr, stderr_cut = read_capped(err_f, cap)
         out_f.close()
         err_f.close()
         value, _ = cut_middle(value.encode("utf-8", "backslashreplace"), cap)

@@ -6,7 +6,12 @@ so its variables outlive the sandboxd process that started it: a later `sandboxd
 one exec and speaks the driver's frames over the relay's stdin/stdout; the relay only copies
 bytes (the host checks every frame, as before).
 
-    sandboxd_pyrelay.py    find the running driver or start one, then relay until either side ends
+    sandboxd_pyrelay.py [--context ID [--cwd DIR]]
+        find the running driver or start one, then relay until either side ends
+
+Without --context it is the session's interpreter (the python tool's, E2B's default
+context); with one, a separate interpreter of that code context (its own socket, status and
+last words in the same directory, named after ID: [a-z0-9]{1,32}), started in DIR.
 
 The driver's socket lives in a private directory (/tmp/sandboxd-py, mode 0700, owned by the
 sandbox user); a directory that is anything else is refused, not repaired. Finding or
@@ -37,6 +42,7 @@ SOCK = DIR + "/sock"
 STATUS = DIR + "/status"
 ERR = DIR + "/driver.err"
 LOCK = DIR + "/lock"
+CWD = "/workspace"
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = "/usr/bin/python3"
 START_TIMEOUT = 20.0
@@ -94,7 +100,7 @@ def start_driver():
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-            os.chdir("/workspace")
+            os.chdir(CWD)
             script = '("$0" -I -u "$1" --listen "$2") 2>"$3"; echo $? >"$4.new" && mv -f "$4.new" "$4"'
             os.execv(
                 "/bin/sh",
@@ -198,7 +204,25 @@ def relay(s):
                 os._exit(0)
 
 
+def parse_args(args):
+    """Points the paths at a context's own files when --context names one."""
+    global SOCK, STATUS, ERR, LOCK, CWD
+    if not args:
+        return
+    if len(args) not in (2, 4) or args[0] != "--context" or (len(args) == 4 and args[2] != "--cwd"):
+        fail(2, "usage: sandboxd_pyrelay.py [--context ID [--cwd DIR]]")
+    ctx = args[1]
+    if not (0 < len(ctx) <= 32 and all(c in "abcdefghijklmnopqrstuvwxyz0123456789" for c in ctx)):
+        fail(2, "a context id is 1 to 32 characters of [a-z0-9]")
+    SOCK, STATUS, ERR, LOCK = ["%s/%s-%s" % (DIR, name, ctx) for name in ("sock", "status", "err", "lock")]
+    if len(args) == 4:
+        CWD = args[3]
+        if not os.path.isdir(CWD):
+            fail(76, "the context's working directory %s is not a directory" % CWD)
+
+
 def main():
+    parse_args(sys.argv[1:])
     relay(find_or_start())
 
 

@@ -11,6 +11,7 @@
 //! interpreter: the next call reconnects.
 
 mod driver;
+mod live;
 mod observe;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use crate::sandbox::Sandbox;
 use crate::sandbox::watch::while_alive;
 pub use driver::CellOutput;
 use driver::{CellEnd, Driver, GRACE, Loss};
+pub use live::{LiveOutput, Stream};
 use observe::observe;
 
 pub struct Python {
@@ -33,6 +35,8 @@ pub struct Python {
     default_timeout: Duration,
     max_timeout: Duration,
     output_cap: usize,
+    /// A code context's own interpreter (its id and working directory), not the session's.
+    context: Option<(String, String)>,
 }
 
 /// The connection to the session's interpreter, and why the last one was lost (told on the
@@ -61,6 +65,20 @@ impl Python {
             default_timeout: default_timeout.min(max_timeout),
             max_timeout,
             output_cap,
+            context: None,
+        }
+    }
+
+    /// A separate interpreter in the same sandbox, with the same limits: the code context
+    /// `id` ([a-z0-9]{1,32}), started in `cwd`. Not started until first used.
+    pub fn in_context(&self, id: &str, cwd: &str) -> Self {
+        Self {
+            sandbox: self.sandbox.clone(),
+            slot: Mutex::new(Slot::default()),
+            default_timeout: self.default_timeout,
+            max_timeout: self.max_timeout,
+            output_cap: self.output_cap,
+            context: Some((id.to_string(), cwd.to_string())),
         }
     }
 
@@ -80,7 +98,8 @@ impl Python {
                 return Ok(());
             }
             let env_before = self.sandbox.proxy_env_state().map(|s| s.generation);
-            let driver = Driver::start(&*self.sandbox, self.max_body()).await?;
+            let context = self.context.as_ref().map(|(i, c)| (i.as_str(), c.as_str()));
+            let driver = Driver::start(&*self.sandbox, self.max_body(), context).await?;
             if let Some(why) = slot.lost.take() {
                 notes.push(format!(
                     "a fresh python interpreter was started: {why}; variables and imports from earlier calls are gone"
@@ -193,7 +212,7 @@ impl Python {
         let cell = crate::sandbox::proxy_env::python_cell(want);
         let quiet = tokio_util::sync::CancellationToken::new();
         match driver
-            .run(&cell, 4096, Duration::from_secs(10), &quiet)
+            .run(&cell, 4096, Duration::from_secs(10), &quiet, None)
             .await
         {
             CellEnd::Done(out) if out.error.is_none() => slot.proxy_env = Some(want.generation),
@@ -248,18 +267,21 @@ pub enum Cell {
 
 impl Python {
     /// Runs one cell (the same interpreter and rules as the tool); `timeout` is capped at
-    /// the tool's maximum. Returns the cell and notes (e.g. a fresh interpreter started).
+    /// the tool's maximum. With `live`, the output goes there as it is printed, and the
+    /// returned output holds only what was not sent (past the cap). Returns the cell and
+    /// notes (e.g. a fresh interpreter started).
     pub async fn run_cell(
         &self,
         code: &str,
         timeout: Duration,
         cancel: &tokio_util::sync::CancellationToken,
+        live: Option<LiveOutput>,
     ) -> Result<(Cell, Vec<String>), ToolError> {
         let mut slot = self.slot.lock().await;
         let mut notes = Vec::new();
         let timeout = timeout.min(self.max_timeout);
         let cell = self
-            .run_locked(&mut slot, code, timeout, cancel, &mut notes)
+            .run_locked(&mut slot, code, timeout, cancel, &mut notes, live)
             .await?;
         Ok((cell, notes))
     }
@@ -271,6 +293,16 @@ impl Python {
         self.ready(&mut slot, &mut Vec::new()).await
     }
 
+    /// Ends the interpreter and every process it started (a removed code context).
+    pub async fn shut_down(&self) -> Result<(), ToolError> {
+        let mut slot = self.slot.lock().await;
+        self.ready(&mut slot, &mut Vec::new()).await?;
+        match slot.driver.take() {
+            Some(d) => d.kill(&*self.sandbox).await.map_err(ToolError::Internal),
+            None => Ok(()),
+        }
+    }
+
     async fn run_locked(
         &self,
         slot: &mut Slot,
@@ -278,6 +310,7 @@ impl Python {
         timeout: Duration,
         cancel: &tokio_util::sync::CancellationToken,
         notes: &mut Vec<String>,
+        live: Option<LiveOutput>,
     ) -> Result<Cell, ToolError> {
         self.ready(slot, notes).await?;
         self.sync_proxy_env(slot).await;
@@ -286,7 +319,7 @@ impl Python {
                 "the python interpreter did not start".into(),
             ));
         };
-        let run = driver.run(code, self.output_cap, timeout, cancel);
+        let run = driver.run(code, self.output_cap, timeout, cancel, live);
         let end = match while_alive(&*self.sandbox, async { Ok(run.await) }).await {
             Ok(end) => end,
             Err(gone) => {
@@ -358,7 +391,7 @@ impl Tool for Python {
         }
         let secs = timeout.as_secs();
         let mut result = match self
-            .run_locked(&mut slot, code, timeout, &ctx.cancel, &mut notes)
+            .run_locked(&mut slot, code, timeout, &ctx.cancel, &mut notes, None)
             .await?
         {
             Cell::Ran(out, None) => observe(out, None),

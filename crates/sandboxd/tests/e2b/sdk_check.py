@@ -150,7 +150,92 @@ def code_interpreter():
     except Exception as e:
         out["js"] = f"{type(e).__name__}: {e}"
     out["contexts"] = [c.id for c in sbx.list_code_contexts()]
+    out["live"] = live_output(sbx)
+    out.update(code_contexts(sbx))
     sbx.kill()
+    return out
+
+
+def live_output(sbx):
+    """A cell that prints then sleeps, five times: when each on_stdout callback fired (this
+    process's clock) beside what the cell printed (its own clock at each print)."""
+    seen = []
+    code = (
+        "import time\n"
+        "for i in range(5):\n"
+        "    print('tick', i, repr(time.time()))\n"
+        "    time.sleep(0.5)\n"
+    )
+    ex = sbx.run_code(code, on_stdout=lambda m: seen.append([time.time(), m.line]))
+    # Past the output cap (256 KiB per stream): the head live, then a marker and the tail.
+    big = "".join(sbx.run_code("print('a' * 300000); print('b' * 300000)").logs.stdout)
+    # A caller that gives up (the SDK's timeout) interrupts the cell: the next one runs at
+    # once, and the variables are kept.
+    started = time.time()
+    try:
+        sbx.run_code("import time; time.sleep(60)", timeout=1)
+        left = None
+    except Exception as e:
+        left = type(e).__name__
+    after = sbx.run_code("x").text
+    return {
+        "left": [left, after, time.time() - started],
+        "callbacks": seen,
+        "stdout": "".join(ex.logs.stdout),
+        "big": [
+            len(big),
+            len(big) - len(big.lstrip("a")),
+            len(big.rstrip("\n")) - len(big.rstrip("\n").rstrip("b")),
+            "bytes cut by sandboxd" in big,
+        ],
+    }
+
+
+def code_contexts(sbx):
+    """A created context is a separate interpreter: its own variables and cwd; listed,
+    restarted, removed (its interpreter is gone); at most 8."""
+    out = {}
+    ctx = sbx.create_code_context(cwd="/tmp")
+    out["ctx_cwd"] = ctx.cwd
+    out["ctx_sees_x"] = sbx.run_code("'x' in globals()", context=ctx).text
+    sbx.run_code("y = 7", context=ctx)
+    out["ctx_y"] = sbx.run_code("y * 6", context=ctx).text
+    out["ctx_getcwd"] = sbx.run_code("import os; os.getcwd()", context=ctx).text
+    out["default_sees_y"] = sbx.run_code("'y' in globals()").text
+    out["listed"] = [[c.id == ctx.id, c.cwd] for c in sbx.list_code_contexts()]
+    sbx.restart_code_context(ctx)
+    out["ctx_y_after_restart"] = sbx.run_code("'y' in globals()", context=ctx).text
+    out["default_x_after"] = sbx.run_code("x").text
+    pid = sbx.run_code("import os; os.getpid()", context=ctx).text
+    out["pids_differ"] = pid != sbx.run_code("import os; os.getpid()").text
+    sbx.remove_code_context(ctx)
+    out["ctx_pid_gone"] = sbx.run_code(
+        "import os, time\n"
+        "def alive(pid):\n"
+        "    try:\n"
+        "        with open('/proc/%d/stat' % pid) as f:\n"
+        "            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'\n"
+        "    except FileNotFoundError:\n"
+        "        return False\n"
+        "for _ in range(30):\n"
+        "    if not alive(PID):\n"
+        "        break\n"
+        "    time.sleep(0.1)\n"
+        "not alive(PID)".replace("PID", pid)
+    ).text
+    try:
+        sbx.run_code("1", context=ctx)
+        out["removed_run"] = None
+    except Exception as e:
+        out["removed_run"] = type(e).__name__
+    out["listed_after_remove"] = [c.id for c in sbx.list_code_contexts()]
+    made = [sbx.create_code_context() for _ in range(8)]
+    try:
+        sbx.create_code_context()
+        out["ninth"] = None
+    except Exception as e:
+        out["ninth"] = f"{type(e).__name__}: {e}"
+    out["eighth_runs"] = sbx.run_code("import os; os.getcwd()", context=made[-1]).text
     return out
 
 

@@ -8,7 +8,7 @@
 //!   `lifecycle.rs` its pause (hibernation), connect (resume) and timeout.
 //! - `/e2b/sandbox/...`: every in-sandbox call, routed by the `E2b-Sandbox-Id` header
 //!   (`target`): envd's process service (`process.rs`), its filesystem service and `/files`
-//!   (`fs.rs`), and the code interpreter's `/execute` and `/contexts` (`interp.rs`).
+//!   (`fs.rs`), and the code interpreter's `/execute` and `/contexts` (`interp.rs`, `contexts.rs`).
 //!   Connect's protocol is in `connect.rs`.
 //!
 //! Authentication is the /v1 middleware: the SDK sends the key as `X-API-Key` to the control
@@ -16,6 +16,7 @@
 //! `X-Access-Token` and `E2B-Traffic-Access-Token` to the sandbox (auth.rs accepts them).
 
 mod connect;
+mod contexts;
 mod control;
 mod fs;
 mod interp;
@@ -75,12 +76,15 @@ pub fn router(st: &AppState) -> Router<Arc<AppState>> {
         .route("/e2b/sandbox/execute", post(interp::execute))
         .route(
             "/e2b/sandbox/contexts",
-            post(interp::create_context).get(interp::list_contexts),
+            post(contexts::create_context).get(contexts::list_contexts),
         )
-        .route("/e2b/sandbox/contexts/{id}", delete(interp::remove_context))
+        .route(
+            "/e2b/sandbox/contexts/{id}",
+            delete(contexts::remove_context),
+        )
         .route(
             "/e2b/sandbox/contexts/{id}/restart",
-            post(interp::restart_context),
+            post(contexts::restart_context),
         )
         .layer(DefaultBodyLimit::max(json))
 }

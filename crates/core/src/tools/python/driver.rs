@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
+use super::live::{LiveOutput, Stream};
 use crate::sandbox::framed::FramedProcess;
 use crate::sandbox::{ExecRequest, Sandbox, SandboxError, SpawnRequest, WORKSPACE, helpers};
 
@@ -98,12 +99,19 @@ pub(super) enum Loss {
 
 impl Driver {
     /// Connects to the session's interpreter (starting one if none runs) and reads its hello.
+    /// `context`: a code context's own interpreter (its id and working directory) rather
+    /// than the session's.
     pub(super) async fn start(
         sandbox: &dyn Sandbox,
         max_body: usize,
+        context: Option<(&str, &str)>,
     ) -> Result<Self, SandboxError> {
         // The relay passes its environment and /workspace on to a driver it starts.
-        let mut req = SpawnRequest::new(helpers::argv("sandboxd_pyrelay.py", &[]));
+        let args: Vec<&str> = match context {
+            Some((id, cwd)) => vec!["--context", id, "--cwd", cwd],
+            None => Vec::new(),
+        };
+        let mut req = SpawnRequest::new(helpers::argv("sandboxd_pyrelay.py", &args));
         for (k, v) in helpers::env() {
             req = req.env(k, v);
         }
@@ -151,17 +159,23 @@ impl Driver {
         self.in_flight.is_some()
     }
 
-    /// Runs one cell until it finishes, the deadline passes or `cancel` fires.
+    /// Runs one cell until it finishes, the deadline passes or `cancel` fires; with `live`,
+    /// its output is sent there as it is printed.
     pub(super) async fn run(
         &mut self,
         code: &str,
         output_cap: usize,
         deadline: Duration,
         cancel: &CancellationToken,
+        mut live: Option<LiveOutput>,
     ) -> CellEnd {
         let id = self.next_id;
         self.next_id = (self.next_id + 1).min(MAX_CELL_ID - 1);
-        let header = json!({"op": "execute", "id": id, "output_cap": output_cap});
+        if let Some(live) = live.as_mut() {
+            live.left = [output_cap, output_cap];
+        }
+        let header =
+            json!({"op": "execute", "id": id, "output_cap": output_cap, "live": live.is_some()});
         let until = Instant::now() + deadline;
         // A driver (or whatever holds its socket) that does not read must not hold the call
         // past its deadline.
@@ -172,14 +186,14 @@ impl Driver {
         }
         self.in_flight = Some(id);
         tokio::select! {
-            reply = self.reply(id) => return reply.map_or_else(CellEnd::Died, CellEnd::Done),
+            reply = self.reply(id, &mut live) => return reply.map_or_else(CellEnd::Died, CellEnd::Done),
             _ = sleep_until(until) => {}
             _ = cancel.cancelled() => {
                 let _ = self.interrupt(id).await;
                 return CellEnd::Cancelled;
             }
         }
-        match self.interrupt_and_wait(id).await {
+        match self.interrupt_and_wait(id, &mut live).await {
             Ok(out) => CellEnd::TimedOut(out),
             Err(why) => CellEnd::Died(why),
         }
@@ -189,7 +203,7 @@ impl Driver {
     pub(super) async fn settle(&mut self) -> Result<bool, String> {
         match self.in_flight {
             None => Ok(true),
-            Some(id) => Ok(self.interrupt_and_wait(id).await?.is_some()),
+            Some(id) => Ok(self.interrupt_and_wait(id, &mut None).await?.is_some()),
         }
     }
 
@@ -205,20 +219,29 @@ impl Driver {
     }
 
     /// Interrupts cell `id` (repeatedly) and waits up to GRACE for its reply.
-    async fn interrupt_and_wait(&mut self, id: u64) -> Result<Option<CellOutput>, String> {
+    async fn interrupt_and_wait(
+        &mut self,
+        id: u64,
+        live: &mut Option<LiveOutput>,
+    ) -> Result<Option<CellOutput>, String> {
         let until = Instant::now() + GRACE;
         while Instant::now() < until {
             self.interrupt(id).await.map_err(|e| e.to_string())?;
             let slice = INTERRUPT_EVERY.min(until.saturating_duration_since(Instant::now()));
-            if let Ok(reply) = timeout(slice, self.reply(id)).await {
+            if let Ok(reply) = timeout(slice, self.reply(id, live)).await {
                 return reply.map(Some);
             }
         }
         Ok(None)
     }
 
-    /// Reads frames until the reply of cell `id` (stale replies of older cells are skipped).
-    async fn reply(&mut self, id: u64) -> Result<CellOutput, String> {
+    /// Reads frames until the reply of cell `id` (stale replies of older cells are skipped);
+    /// its live chunks go to `live` (dropped without one).
+    async fn reply(
+        &mut self,
+        id: u64,
+        live: &mut Option<LiveOutput>,
+    ) -> Result<CellOutput, String> {
         loop {
             let (header, body) = self.framed.recv().await.map_err(|e| match e {
                 SandboxError::Protocol { message, .. } => message,
@@ -228,6 +251,17 @@ impl Driver {
                 return Err(REPLACED.into());
             }
             if header["id"].as_u64() != Some(id) {
+                continue;
+            }
+            if let Some(chunk) = header.get("chunk") {
+                let stream = match chunk.as_str() {
+                    Some("stdout") => Stream::Stdout,
+                    Some("stderr") => Stream::Stderr,
+                    _ => continue,
+                };
+                if let Some(live) = live.as_mut() {
+                    live.push(stream, body);
+                }
                 continue;
             }
             self.in_flight = None;
