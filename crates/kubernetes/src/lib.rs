@@ -4,7 +4,9 @@
 //! the same `Runtime` seam as Docker. This crate is the only one that imports kube and
 //! k8s-openapi. The deny-all NetworkPolicy is created before the first pod, and a probe pod
 //! proves the network plugin enforces it before the first session starts (probe.rs);
-//! `doctor` checks the rest of what a cluster must have (doctor.rs).
+//! `doctor` checks the rest of what a cluster must have (doctor.rs). Each process holds a
+//! Lease that its pods name as their creator, so any replica's reconciler removes the pods
+//! of a replica that is gone and never a live one's (lease.rs).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +27,7 @@ use state::{start_failure, state_of};
 mod channel;
 pub mod doctor;
 mod exec;
+pub mod lease;
 pub mod meta;
 pub mod probe;
 pub mod spec;
@@ -49,8 +52,13 @@ const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct KubeRuntime {
     client: Client,
     settings: PodSettings,
-    /// This host's name: creators are recorded as `<host>/<pid>:<start>`.
+    /// This host's name: a Lease's holder is `<host>/<pid>:<start>` (and creators were,
+    /// before Leases).
     host: String,
+    /// The Lease this process holds; its pods' creator is `lease:<name>` (lease.rs).
+    lease_name: String,
+    lease: Arc<lease::LeaseState>,
+    clock: lease::Clock,
     policy: Arc<OnceCell<()>>,
     /// The network probe's verdict once it had one: the leaks it found, if any (probe.rs).
     isolation: Arc<Mutex<Option<probe::Isolation>>>,
@@ -111,6 +119,9 @@ impl KubeRuntime {
         Self {
             client,
             settings,
+            lease_name: lease::new_name(&host),
+            lease: Arc::default(),
+            clock: lease::system_clock(),
             host,
             policy: Arc::new(OnceCell::new()),
             isolation: Arc::default(),
@@ -127,10 +138,6 @@ impl KubeRuntime {
 
     pub(crate) fn client(&self) -> &Client {
         &self.client
-    }
-
-    fn creator(&self) -> String {
-        format!("{}/{}", self.host, host::creator_label())
     }
 
     /// Creates the deny-all NetworkPolicy unless it exists (once per process).
@@ -257,6 +264,7 @@ impl KubeRuntime {
             .list(&lp)
             .await
             .map_err(|e| kube_err("list the session pods", "", e))?;
+        self.note_pods(&pods.items);
         Ok(pods
             .items
             .into_iter()
@@ -280,6 +288,7 @@ impl Runtime for KubeRuntime {
     async fn create(&self, spec: &SandboxSpec) -> Result<(String, Arc<dyn Sandbox>), SandboxError> {
         self.ensure_policy().await?;
         self.ensure_isolated().await?;
+        self.hold_lease().await?;
         let pod = spec::pod(&self.settings, spec, &self.creator());
         let name = self.create_pod(&pod, &spec.session_id).await?;
         let sandbox = self.sandbox(name.clone(), &spec.session_id, &spec.limits);
@@ -364,10 +373,13 @@ impl Runtime for KubeRuntime {
         ]
     }
 
-    /// A creator is `<host>/<pid>:<start>`: a process of this host is checked; another
-    /// host's is taken as alive, so no replica ever removes another's pods (a replica's
-    /// Lease, which would let a dead one's pods go, is not implemented yet).
+    /// A creator `lease:<name>` is alive while its Lease is (lease.rs). One of before
+    /// Leases, `<host>/<pid>:<start>`: a process of this host is checked; another host's is
+    /// taken as alive.
     async fn creator_alive(&self, creator: &str) -> bool {
+        if let Some(name) = creator.strip_prefix(lease::CREATOR_PREFIX) {
+            return self.lease_alive(creator, name).await;
+        }
         match creator.split_once('/') {
             Some((h, label)) if h == self.host => host::creator_alive(label),
             _ => true,

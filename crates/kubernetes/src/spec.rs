@@ -233,6 +233,13 @@ pub fn role(namespace: &str) -> Role {
                 &["networkpolicies"],
                 &["create", "get", "update"],
             ),
+            // Each process's Lease (lease.rs): written, renewed by a merge patch, read for
+            // another replica's liveness, deleted at shutdown.
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["create", "get", "patch", "delete"],
+            ),
         ]),
     }
 }

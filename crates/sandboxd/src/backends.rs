@@ -32,6 +32,18 @@ pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>>
                 tracing::error!(error = %e, "no session can start on this cluster");
             }
         });
+        // This process's Lease, which its pods name as their creator: written now and
+        // renewed until `release_leases` (a create that finds it missing writes it first).
+        let lease = rt.clone();
+        tokio::spawn(async move {
+            if let Err(e) = lease.hold_lease().await {
+                tracing::error!(error = %e, "cannot hold this replica's Lease; a session create retries");
+            }
+        });
+        HOLDERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(rt.clone());
         return Ok(Arc::new(rt));
     }
     let engine = docker::connect().await?;
@@ -45,6 +57,19 @@ pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>>
         image,
         oci_runtime(config),
     )))
+}
+
+/// The Kubernetes runtimes that may hold a Lease: `release_leases` deletes them.
+static HOLDERS: std::sync::Mutex<Vec<sandboxd_kubernetes::KubeRuntime>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Deletes the Leases this process holds (a graceful end of any command): the other
+/// replicas then need not wait for them to run out. Best-effort; nothing when none.
+pub(crate) async fn release_leases() {
+    let held = std::mem::take(&mut *HOLDERS.lock().unwrap_or_else(|e| e.into_inner()));
+    for rt in held {
+        rt.release_lease().await;
+    }
 }
 
 /// The runtime for commands that only look at or remove sessions: it never builds anything.

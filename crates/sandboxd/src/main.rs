@@ -78,7 +78,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let ctx = cli::Ctx::load(cli.config.as_deref())?;
-        match cli.command {
+        let result = match cli.command {
             Command::Run(args) => cli::run::main(ctx, args).await,
             Command::Agents(args) => cli::agents::main(ctx, args).await,
             Command::Exec(args) => cli::exec::exec(ctx, args).await,
@@ -93,7 +93,9 @@ fn main() -> ExitCode {
             Command::Egress(cmd) => cli::egress_credentials::main(ctx, cmd).await,
             Command::Bench(args) => cli::bench::main(ctx, args).await,
             Command::Config(cmd) => cli::config::main(ctx, cmd).await,
-        }
+        };
+        backends::release_leases().await;
+        result
     });
     match result {
         Ok(code) => code,

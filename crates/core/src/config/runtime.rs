@@ -70,6 +70,9 @@ pub struct KubernetesConfig {
     /// cluster's network plugin does not enforce NetworkPolicy and no session is started.
     /// Names should be ones only a network can resolve (not in the image's /etc/hosts).
     pub egress_probe: Vec<String>,
+    /// Seconds a replica's `coordination.k8s.io` Lease lasts unrenewed (renewed every third
+    /// of it): once it has run out, the replica counts as gone and its pods as orphans.
+    pub lease_secs: u64,
 }
 
 impl Default for KubernetesConfig {
@@ -85,6 +88,7 @@ impl Default for KubernetesConfig {
                 "kubernetes.default.svc:443".into(),
                 "example.com:443".into(),
             ],
+            lease_secs: 30,
         }
     }
 }
@@ -107,6 +111,12 @@ impl KubernetesConfig {
             });
         }
         self.validate_probe()?;
+        if !(3..=3600).contains(&self.lease_secs) {
+            return Err(ConfigError::Invalid {
+                key: "[kubernetes] lease_secs".into(),
+                message: "must be 3 to 3600 seconds".into(),
+            });
+        }
         let ns = &self.namespace;
         let dns_label = !ns.is_empty()
             && ns.len() <= 63
@@ -200,5 +210,10 @@ mod tests {
         assert!(kc.validate(BackendKind::Kubernetes).is_ok());
         kc.egress_probe = Vec::new();
         assert!(kc.validate(BackendKind::Kubernetes).is_err(), "none");
+        kc.egress_probe = vec!["10.0.0.1:80".into()];
+        for (secs, ok) in [(2, false), (3, true), (30, true), (3601, false)] {
+            kc.lease_secs = secs;
+            assert_eq!(kc.validate(BackendKind::Kubernetes).is_ok(), ok, "{secs}");
+        }
     }
 }

@@ -130,7 +130,7 @@ pub(crate) async fn patch_pod(
 }
 
 /// RFC 7386: objects merge key by key, null removes, anything else replaces.
-fn merge_patch(target: &mut Value, patch: &Value) {
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
     let Value::Object(p) = patch else {
         *target = patch.clone();
         return;

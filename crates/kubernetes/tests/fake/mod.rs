@@ -10,12 +10,13 @@
 //! NetworkPolicy selects. Its network plugin enforces NetworkPolicy (each container runs
 //! with `--network none`) or, after `set_enforcing(false)`, does not (a Docker bridge, from
 //! which the fake's "outside" listener is reachable); the version, dry-run creates and
-//! SelfSubjectAccessReview are in cluster.rs. What it does not do: watch, Leases,
-//! scheduling, the kubelet's status timeline beyond Pending then Running.
+//! SelfSubjectAccessReview are in cluster.rs, Leases in leases.rs. What it does not do:
+//! watch, scheduling, the kubelet's status timeline beyond Pending then Running.
 
 pub mod cluster;
 mod docker;
 mod exec;
+mod leases;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -49,6 +50,7 @@ pub(crate) struct Fake {
     pub(crate) enforcing: std::sync::atomic::AtomicBool,
     /// The cluster's rules beyond pods: namespaces, RBAC (cluster.rs).
     pub(crate) cluster: cluster::Cluster,
+    leases: leases::Leases,
 }
 
 struct Stored {
@@ -67,6 +69,7 @@ impl FakeApi {
             version: 1.into(),
             enforcing: true.into(),
             cluster: cluster::Cluster::default(),
+            leases: leases::Leases::default(),
         });
         let app = axum::Router::new()
             .route(
@@ -87,6 +90,7 @@ impl FakeApi {
                 get(get_policy),
             )
             .merge(cluster::routes())
+            .merge(leases::routes())
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -274,6 +278,9 @@ async fn create_pod(
     pod.metadata.namespace = Some(ns.clone());
     pod.metadata.resource_version = Some(fake.next_version());
     pod.metadata.uid = Some(container.clone());
+    pod.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
     // Created, not yet seen by a kubelet: the first read after this one finds it running.
     pod.status = Some(serde_json::from_value(json!({"phase": "Pending"})).unwrap_or_default());
     let body = with_kind(&pod);
