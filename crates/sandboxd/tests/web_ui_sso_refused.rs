@@ -164,8 +164,16 @@ async fn sign_in_starts_from_one_address_are_bounded() {
     }
     let r = http.get(serve.url("/login/sso")).send().await.unwrap();
     assert_eq!(r.status(), 429);
-    assert!(cookie_of(&r, "sandboxd_sso").is_none(), "no attempt is kept");
-    assert!(r.text().await.unwrap().contains("Too many sign-in attempts"));
+    assert!(
+        cookie_of(&r, "sandboxd_sso").is_none(),
+        "no attempt is kept"
+    );
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("Too many sign-in attempts")
+    );
     let r = http
         .post(serve.url("/login"))
         .form(&[("key", key.as_str())])

@@ -55,6 +55,7 @@ use super::stateless::{StatelessSandboxes, create_refusal, token_owner};
 pub use super::wire::to_call_result;
 use super::wire::{error_result, lifecycle_tools, to_mcp_tool, with_sandbox_id};
 use crate::config::Config;
+use crate::sandbox::manager::Session;
 use crate::sandbox::{Owner, Sandbox, SessionManager};
 use crate::tools::session::SessionTools;
 use crate::tools::{ToolContext, ToolRegistry, ToolSpec};
@@ -255,6 +256,22 @@ async fn run(
     }
 }
 
+/// `run` in a sandbox: not idle while the call lasts (it may outlast the idle timeout), and
+/// counted by the admission once it ran (usage metering).
+async fn run_in(
+    admission: &dyn Admission,
+    session: &Session,
+    registry: &ToolRegistry,
+    name: &str,
+    args: JsonObject,
+    ctx: &RequestContext<RoleServer>,
+) -> CallToolResponse {
+    let _in_use = session.hold();
+    let result = run(registry, name, args, ctx).await;
+    admission.tool_called(session).await;
+    result
+}
+
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
@@ -296,11 +313,8 @@ impl ServerHandler for SandboxServer {
             return Ok(match self.slot.sandbox.session_for(key.as_deref()).await {
                 Ok(session) => {
                     let registry = SessionTools::server_registry(&session, &self.state.config);
-                    // Not idle while the call lasts (it may outlast the idle timeout).
-                    let _in_use = session.hold();
-                    let result = run(&registry, &name, args, &ctx).await;
-                    self.state.admission.tool_called(&session).await;
-                    result
+                    let admission = self.state.admission.as_ref();
+                    run_in(admission, &session, &registry, &name, args, &ctx).await
                 }
                 Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
             });
@@ -352,10 +366,8 @@ impl ServerHandler for SandboxServer {
             .await
         {
             Some((session, registry)) => {
-                let _in_use = session.hold();
-                let result = run(&registry, &name, args, &ctx).await;
-                admission.tool_called(&session).await;
-                Ok(result)
+                let admission = admission.as_ref();
+                Ok(run_in(admission, &session, &registry, &name, args, &ctx).await)
             }
             None => Ok(error_result(format!(
                 "no sandbox {id:?} (it was closed, idled out, or belongs to another token); call sandbox_create"

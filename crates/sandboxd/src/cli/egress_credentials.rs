@@ -21,6 +21,7 @@ use sandboxd_core::store::{Store, User};
 use serde_json::json;
 
 use super::Ctx;
+use super::users::audit;
 
 /// The most bytes read from standard input for a value (a value has at most 8 KiB; the
 /// rest is read only to say it is too long).
@@ -198,16 +199,4 @@ fn read_value(var: Option<&str>) -> anyhow::Result<CredentialValue> {
         bail!("the value is empty: give it on standard input or in the --value-env variable");
     }
     Ok(CredentialValue::new(value))
-}
-
-async fn audit(
-    ctx: &Ctx,
-    store: &dyn Store,
-    action: &str,
-    target: &str,
-    details: serde_json::Value,
-) {
-    let who = sandboxd_server::audit::Who::cli();
-    sandboxd_server::audit::record_in(store, &ctx.config.audit, &who, action, target, details)
-        .await;
 }

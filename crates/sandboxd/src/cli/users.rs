@@ -208,7 +208,7 @@ async fn set_quota(
 }
 
 /// An audit entry by `cli` (the host's admin), bounded by the config's `[audit]`.
-async fn audit(
+pub(super) async fn audit(
     ctx: &Ctx,
     store: &dyn Store,
     action: &str,

@@ -39,17 +39,21 @@ pub(super) fn token_hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-/// The cookie's token, if the request carries one of ours.
-fn cookie_token(headers: &HeaderMap) -> Option<&str> {
+/// The value of the request's cookie `name`, if it carries one.
+pub(super) fn cookie_named<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.trim())
-        .filter(|v| !v.is_empty() && v.len() <= 64)
+}
+
+/// The cookie's token, if the request carries one of ours.
+fn cookie_token(headers: &HeaderMap) -> Option<&str> {
+    cookie_named(headers, COOKIE).filter(|v| !v.is_empty() && v.len() <= 64)
 }
 
 /// The sign-in the request's cookie names, if it is live, with its token's hash (the

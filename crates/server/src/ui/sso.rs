@@ -59,14 +59,7 @@ fn state_cookie(value: &str, max_age_secs: i64, secure: bool) -> Option<HeaderVa
 }
 
 fn cookie_state(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == STATE_COOKIE)
-        .map(|(_, v)| v.trim())
+    login::cookie_named(headers, STATE_COOKIE)
 }
 
 /// GET /login/sso: a new attempt, then a redirect to the provider.
