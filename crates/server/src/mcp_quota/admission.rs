@@ -193,7 +193,13 @@ impl Admission for UserAdmission {
 
     async fn record(&self, key: &str, ticket: &Ticket, session: &Session) {
         let Some(row) = &ticket.record else { return };
-        self.ledger.open().insert(session.id.clone(), row.clone());
+        // Not in the ledger yet: attached from another replica's record, not made here
+        // (`started` put it there and brought its egress in line already).
+        let attached = self
+            .ledger
+            .open()
+            .insert(session.id.clone(), row.clone())
+            .is_none();
         let sandbox = McpSandbox {
             row: row.clone(),
             runtime_id: session.id.clone(),
@@ -224,9 +230,9 @@ impl Admission for UserAdmission {
         if let Err(e) = done {
             tracing::warn!(mcp_session = %key, error = %e, "could not record an MCP session's sandbox; another replica serving it will make its own");
         }
-        // A sandbox attached from another replica's record gets its egress here (one made
-        // here got it at `started`; a second follow changes nothing).
-        self.ledger.follow_egress(row, session).await;
+        if attached {
+            self.ledger.follow_egress(row, session).await;
+        }
     }
 
     async fn forget(&self, key: &str) {
