@@ -130,6 +130,8 @@ fn the_kubernetes_bench_runs_end_to_end_against_the_fake_api_server() {
     let cold = measured(&stdout, "cold create → first `true` answered (2)");
     assert!(cold[8].contains("POST pods 1"), "{cold:?}");
     measured(&stdout, "of which: the create returns");
+    let runs = row(&stdout, "`docker run -d` of the same hardening");
+    assert!(runs[4].parse::<f64>().is_ok(), "{runs:?}");
     let shell = measured(
         &stdout,
         "command round trip, `true` through the persistent shell (2)",

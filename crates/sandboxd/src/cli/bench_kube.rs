@@ -20,7 +20,7 @@ use sandboxd_core::sandbox::Runtime;
 use sandboxd_kubernetes::{ApiCalls, KubeRuntime};
 
 use super::Ctx;
-use super::bench::{BenchArgs, chrono_date};
+use super::bench::{BenchArgs, bench_image, chrono_date, docker_cli, hardened_run_args};
 
 /// How long the first request to the cluster may take before it counts as unreachable.
 const REACH_TIMEOUT: Duration = Duration::from_secs(15);
@@ -115,6 +115,8 @@ pub(crate) async fn kubernetes(ctx: &Ctx, args: &BenchArgs) -> anyhow::Result<Ex
     .await;
     kube.release_lease().await;
     let (k, d) = result?;
+    let mut runs = docker_runs(ctx, plan.rounds().min(10))?;
+    runs.sort();
     println!(
         "sandboxd bench kubernetes — {} — {} build — machine: {} cores — cluster: {source}, namespace {}, image {}",
         chrono_date(),
@@ -130,9 +132,23 @@ pub(crate) async fn kubernetes(ctx: &Ctx, args: &BenchArgs) -> anyhow::Result<Ex
         kube.settings().image,
     );
     println!();
-    print_times(&k, &d, &plan);
+    print_times(&k, &d, &plan, &runs);
     print_calls(&k, &setup);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `n` × `docker run -d` (the docker CLI) of a session's hardening, then its removal: the
+/// fake API server starts each pod so, where the Docker runtime asks the engine's API.
+fn docker_runs(ctx: &Ctx, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let image = bench_image();
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        let id = docker_cli(&hardened_run_args(&image, &ctx.config.docker.runtime))?;
+        out.push(t.elapsed());
+        docker_cli(&["rm", "-f", &id])?;
+    }
+    Ok(out)
 }
 
 fn ms(sorted: &[Duration], q: f64) -> String {
@@ -176,7 +192,7 @@ fn row(what: String, kv: &[Duration], dv: &[Duration], calls: String, target: &s
     );
 }
 
-fn print_times(k: &Side, d: &Side, plan: &Plan) {
+fn print_times(k: &Side, d: &Side, plan: &Plan, docker_runs: &[Duration]) {
     println!("### Kubernetes backend: KubeRuntime beside the Docker runtime directly (issue 23)");
     println!();
     println!(
@@ -195,6 +211,13 @@ fn print_times(k: &Side, d: &Side, plan: &Plan) {
         &k.cold_create,
         &d.cold_create,
         calls_of(k, &["cold create"]),
+        "—",
+    );
+    row(
+        "  `docker run -d` of the same hardening (how the fake's node starts a pod)".into(),
+        &[],
+        docker_runs,
+        "—".into(),
         "—",
     );
     row(
