@@ -14,8 +14,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, Config};
 use tokio::sync::{Mutex, OnceCell};
 
 use sandboxd_core::config::Limits;
@@ -24,6 +24,7 @@ use sandboxd_core::sandbox::{Owner, Sandbox, SandboxError, SandboxState, Usage, 
 
 use state::{start_failure, state_of};
 
+mod calls;
 mod channel;
 pub mod doctor;
 mod exec;
@@ -34,6 +35,7 @@ pub mod spec;
 mod state;
 mod usage;
 
+pub use calls::{ApiCalls, connect_to};
 pub use exec::{KubeExec, KubeSandbox};
 pub use spec::PodSettings;
 
@@ -67,11 +69,7 @@ pub struct KubeRuntime {
 /// The client for the cluster `KUBECONFIG` names (or `~/.kube/config`), else the in-cluster
 /// service account.
 pub async fn connect() -> Result<Client, SandboxError> {
-    install_tls_provider();
-    let config = Config::infer()
-        .await
-        .map_err(|e| unavailable(e.to_string()))?;
-    Client::try_from(config).map_err(|e| unavailable(e.to_string()))
+    connect_to(None, None).await
 }
 
 /// kube's rustls wants a process-wide provider and the workspace links two (ring and

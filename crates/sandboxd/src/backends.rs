@@ -126,8 +126,18 @@ pub(crate) fn templates(config: &Config) -> anyhow::Result<Templates> {
 pub(crate) async fn kube_runtime(
     config: &Config,
 ) -> anyhow::Result<sandboxd_kubernetes::KubeRuntime> {
+    kube_runtime_at(config, None, None).await
+}
+
+/// `kube_runtime` from the cluster a kubeconfig file names (None: as `kube_runtime`), its
+/// API requests counted in `calls` when given (`sandboxd bench kubernetes`).
+pub(crate) async fn kube_runtime_at(
+    config: &Config,
+    kubeconfig: Option<&std::path::Path>,
+    calls: Option<sandboxd_kubernetes::ApiCalls>,
+) -> anyhow::Result<sandboxd_kubernetes::KubeRuntime> {
     let settings: sandboxd_kubernetes::PodSettings = config.kubernetes.clone();
-    let client = sandboxd_kubernetes::connect().await?;
+    let client = sandboxd_kubernetes::connect_to(kubeconfig, calls).await?;
     Ok(sandboxd_kubernetes::KubeRuntime::new(client, settings))
 }
 

@@ -43,6 +43,7 @@ mod egress_trust;
 mod flow_cli;
 mod flow_plan;
 mod hostile_sandbox;
+mod kube_bench;
 mod mcp_hostile;
 mod mcp_in_sandbox;
 mod mcp_loop;

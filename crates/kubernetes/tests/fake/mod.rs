@@ -95,6 +95,13 @@ impl FakeApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let server = tokio::spawn(async move {
+            // TCP_NODELAY, as a Go API server has by default: without it, Nagle's algorithm
+            // holds an exec WebSocket's small frames for the client's delayed ACK (~40 ms a
+            // shell command, measured by `sandboxd bench kubernetes`).
+            use axum::serve::ListenerExt as _;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let _ = axum::serve(listener, app).await;
         });
         Ok(FakeApi {

@@ -11,6 +11,7 @@ pub mod egress_ceiling;
 pub mod egress_page;
 pub mod flow;
 pub mod hibernate;
+pub mod kubernetes;
 pub mod mcp;
 pub mod mcp_stdio;
 pub mod metrics;

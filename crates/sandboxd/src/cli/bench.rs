@@ -16,7 +16,7 @@ use super::Ctx;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, stream, metrics, hibernate, e2b (not in all: it needs the E2B SDKs' venv), or all.
+    /// Which group to run: runtime, tools, agent, flow, browser, mcp, research, egress, serve, a2a (part of serve), pool, ui, stream, metrics, hibernate, e2b (not in all: it needs the E2B SDKs' venv), kubernetes (not in all: it needs a cluster, or the fake API server), or all.
     #[arg(default_value = "all")]
     pub group: String,
     /// Repetitions of each fast measurement.
@@ -28,6 +28,13 @@ pub(crate) struct BenchArgs {
     /// measurements are skipped.
     #[arg(long, value_name = "URL")]
     pub store_url: Option<String>,
+    /// `kubernetes` only: the cluster's kubeconfig (else KUBECONFIG, else ~/.kube/config or
+    /// the in-cluster service account).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// `kubernetes` only: the namespace of the bench's pods (else `[kubernetes] namespace`).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
 }
 
 /// The owner of the benchmark's sessions.
@@ -125,6 +132,7 @@ const GROUPS: &[&str] = &[
     "metrics",
     "hibernate",
     "e2b",
+    "kubernetes",
 ];
 
 pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -134,6 +142,10 @@ pub(crate) async fn main(ctx: Ctx, args: BenchArgs) -> anyhow::Result<ExitCode> 
         args.group,
         GROUPS[1..].join(", ") + " or all"
     );
+    if args.group == "kubernetes" {
+        // Not in `all`: it needs a cluster (or the fake API server), and no Docker manager.
+        return super::bench_kube::kubernetes(&ctx, &args).await;
+    }
     let manager = ctx.manager().await?;
     println!(
         "sandboxd bench — {} — machine: {} cores",
@@ -211,7 +223,7 @@ fn metrics(n: usize) {
     println!();
 }
 
-fn chrono_date() -> String {
+pub(crate) fn chrono_date() -> String {
     Command::new("date")
         .arg("+%Y-%m-%d")
         .output()

@@ -8,6 +8,7 @@
 pub(crate) mod agents;
 pub(crate) mod bench;
 pub(crate) mod bench_e2b;
+pub(crate) mod bench_kube;
 pub(crate) mod bench_pool;
 pub(crate) mod bench_replicas;
 pub(crate) mod bench_stream;
