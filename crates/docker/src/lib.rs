@@ -27,6 +27,7 @@ mod exec;
 pub mod image;
 mod labels;
 mod usage;
+mod watch;
 
 pub use exec::{DockerExec, DockerSandbox};
 
@@ -39,6 +40,8 @@ pub struct DockerRuntime {
     docker: Docker,
     image: String,
     oci_runtime: Option<String>,
+    /// Containers that end outside sandboxd, from the engine's events (watch.rs).
+    watch: Arc<watch::Watch>,
 }
 
 /// The engine client, named so that callers outside this module need not import bollard.
@@ -94,6 +97,7 @@ impl DockerRuntime {
             docker,
             image,
             oci_runtime,
+            watch: Arc::default(),
         }
     }
 
@@ -270,6 +274,8 @@ impl DockerRuntime {
 
     /// Removes a container by id, with its anonymous volumes; a missing one is not an error.
     pub async fn remove_container(&self, container_id: &str) -> Result<(), SandboxError> {
+        // Its end is ours, not news (watch.rs).
+        self.watch.own.mark(container_id);
         match self
             .docker
             .remove_container(
@@ -357,6 +363,12 @@ impl Runtime for DockerRuntime {
 
     async fn remove(&self, handle: &str) -> Result<(), SandboxError> {
         self.remove_container(handle).await
+    }
+
+    fn vanished(
+        &self,
+    ) -> tokio::sync::broadcast::Receiver<sandboxd_core::sandbox::vanished::Vanished> {
+        self.watch.subscribe(&self.docker)
     }
 
     /// `docker update`: memory with swap equal to it (no swap, as at creation), the CPU

@@ -34,6 +34,7 @@ pub mod probe;
 pub mod spec;
 mod state;
 mod usage;
+mod watch;
 
 pub use calls::{ApiCalls, connect_to};
 pub use exec::{KubeExec, KubeSandbox};
@@ -64,6 +65,8 @@ pub struct KubeRuntime {
     policy: Arc<OnceCell<()>>,
     /// The network probe's verdict once it had one: the leaks it found, if any (probe.rs).
     isolation: Arc<Mutex<Option<probe::Isolation>>>,
+    /// Pods that end outside sandboxd, from a watch (watch.rs).
+    watch: Arc<watch::Watch>,
 }
 
 /// The client for the cluster `KUBECONFIG` names (or `~/.kube/config`), else the in-cluster
@@ -123,6 +126,7 @@ impl KubeRuntime {
             host,
             policy: Arc::new(OnceCell::new()),
             isolation: Arc::default(),
+            watch: Arc::default(),
         }
     }
 
@@ -228,6 +232,8 @@ impl KubeRuntime {
     /// Deletes the pod at once (no grace: nothing in it is worth a clean shutdown) and
     /// waits until the API no longer has it, so a find right after finds nothing.
     pub(crate) async fn remove_pod(&self, handle: &str) -> Result<(), SandboxError> {
+        // Its end is ours, not news (watch.rs).
+        self.watch.own.mark(handle);
         let op = "remove the session pod";
         let dp = DeleteParams {
             grace_period_seconds: Some(0),
@@ -351,6 +357,12 @@ impl Runtime for KubeRuntime {
 
     async fn remove(&self, handle: &str) -> Result<(), SandboxError> {
         self.remove_pod(handle).await
+    }
+
+    fn vanished(
+        &self,
+    ) -> tokio::sync::broadcast::Receiver<sandboxd_core::sandbox::vanished::Vanished> {
+        self.watch.subscribe(self.pods())
     }
 
     /// The API server answers in the namespace, the deny-all NetworkPolicy is there

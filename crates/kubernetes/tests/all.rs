@@ -14,3 +14,4 @@ mod lease;
 mod manifests;
 mod pool;
 mod protocol;
+mod vanish;

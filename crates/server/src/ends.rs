@@ -10,6 +10,10 @@
 //! the container (DELETE, a lost container, a removed user) is no longer active and keeps
 //! its reason.
 //!
+//! A sandbox that ended outside sandboxd (deleted, evicted, OOM-killed: `EndReason::Vanished`,
+//! the manager's watch of the runtime) fails the runs still in it with that reason; a
+//! hibernated session's container, which hibernation removes on purpose, is not an end.
+//!
 //! A listener that lags behind the events has lost some: it then ends the running API rows
 //! whose container is gone from the engine, and the ledger sweeps its own. An idle end is
 //! written by the reaper's conditional update itself (attach.rs), so its row is no longer
@@ -22,17 +26,21 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::AppState;
 use crate::audit::Who;
-use sandboxd_core::sandbox::ends::Ended;
+use sandboxd_core::sandbox::ends::{EndReason, Ended};
 use sandboxd_core::store::{SessionKind, SessionRow, SessionState};
 
 /// How long ending a session waits for each of its runs to stop.
 const RUN_STOP_WAIT: Duration = Duration::from_secs(10);
 
-/// Follows the manager's end events until shutdown.
+/// Follows the manager's end events until shutdown, and meanwhile has the manager follow
+/// the sandboxes that end outside sandboxd (`SessionManager::spawn_vanish_watch`): that task
+/// ends with this one.
 pub fn spawn_listener(st: Arc<AppState>) -> tokio::task::JoinHandle<()> {
     let manager = st.backend.manager().clone();
     let mut ends = manager.subscribe_ends();
+    let vanish = tokio_util::task::AbortOnDropHandle::new(manager.spawn_vanish_watch());
     tokio::spawn(async move {
+        let _vanish = vanish;
         loop {
             let next = tokio::select! {
                 n = ends.recv() => n,
@@ -78,7 +86,16 @@ async fn api_ended(st: &AppState, ended: &Ended) {
     else {
         return;
     };
-    end_row(st, row, &ended.reason.to_string()).await;
+    let reason = ended.reason.to_string();
+    if let EndReason::Vanished(_) = ended.reason {
+        // A hibernated session's container goes on purpose (hibernate.rs), whoever hears it.
+        if row.hibernated() {
+            return;
+        }
+        // The sandbox went under its runs: they fail, saying why.
+        st.runs.fail_session(&row.id, &reason, RUN_STOP_WAIT).await;
+    }
+    end_row(st, row, &reason).await;
 }
 
 /// After missed events: a running API row whose container is gone from the engine lost it

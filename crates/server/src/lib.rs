@@ -543,8 +543,8 @@ impl Server {
         let recheck = state
             .streams
             .spawn_recheck(state.store.clone(), shutdown.clone());
-        // The rows of the sessions the manager itself removes (idle, memory budget) end as
-        // they go, with why (ends.rs).
+        // The rows of the sessions the manager itself removes (idle, memory budget) and of
+        // those whose sandboxes went outside sandboxd end as they go, with why (ends.rs).
         let ends = ends::spawn_listener(state.clone());
         // The manager's one reaper: idle API and /mcp sessions alike, each after its own
         // timeout (an API session's is its row's).

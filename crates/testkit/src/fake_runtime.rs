@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use sandboxd_core::config::Limits;
 use sandboxd_core::sandbox::exec_sandbox::{ExecBackend, ExecSandbox};
 use sandboxd_core::sandbox::runtime::{FoundSandbox, Runtime, SandboxMeta, SandboxSpec};
+use sandboxd_core::sandbox::vanished::{REPORTS_BUFFERED, VanishKind, Vanished};
 use sandboxd_core::sandbox::{
     AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox, SandboxError,
     SandboxState, ShellOptions, ShellOutput, ShellStream, SpawnRequest,
@@ -41,6 +42,8 @@ struct State {
     kills: Vec<(String, String)>,
     /// Every `mark_claimed`: (handle, owner).
     claims: Vec<(String, String)>,
+    /// How many processes were started.
+    spawns: usize,
 }
 
 #[derive(Default)]
@@ -57,6 +60,10 @@ pub struct FakeRuntime {
     claims_fail: Mutex<bool>,
     /// What `memory_usage` answers for every sandbox (None: the backend cannot tell).
     memory_each: Mutex<Option<u64>>,
+    /// Where `vanish` reports (made on first use).
+    reports: std::sync::OnceLock<tokio::sync::broadcast::Sender<Vanished>>,
+    /// Whether processes hang until their sandbox is gone (see `hang_processes`).
+    hang: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FakeRuntime {
@@ -228,6 +235,37 @@ impl FakeRuntime {
         ids
     }
 
+    /// Makes a sandbox end behind sandboxd's back, as a cluster's eviction or a `docker rm
+    /// -f` does: it is gone at once (its processes fail, liveness says so) and `vanished`
+    /// reports it with `kind`. False if there is no such sandbox.
+    pub fn vanish(&self, handle: &str, kind: VanishKind) -> bool {
+        let Some(found) = self.state.lock().unwrap().sandboxes.remove(handle) else {
+            return false;
+        };
+        let _ = self.reporter().send(Vanished {
+            handle: handle.to_string(),
+            session_id: found.session_id,
+            kind,
+        });
+        true
+    }
+
+    /// How many processes were started in the fake's sandboxes.
+    pub fn spawns(&self) -> usize {
+        self.state.lock().unwrap().spawns
+    }
+
+    /// From now on every process started in a sandbox runs until its sandbox is gone (a
+    /// command in progress), and gives no exit code then.
+    pub fn hang_processes(&self, yes: bool) {
+        self.hang.store(yes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn reporter(&self) -> &tokio::sync::broadcast::Sender<Vanished> {
+        self.reports
+            .get_or_init(|| tokio::sync::broadcast::channel(REPORTS_BUFFERED).0)
+    }
+
     /// How many creates have started.
     pub fn creates(&self) -> usize {
         self.state.lock().unwrap().creates
@@ -237,6 +275,7 @@ impl FakeRuntime {
         let exec = FakeExec {
             handle: handle.into(),
             state: self.state.clone(),
+            hang: self.hang.clone(),
         };
         Arc::new(FakeSandbox {
             inner: ExecSandbox::new(exec, session_id.into(), limits.clone()),
@@ -351,12 +390,17 @@ impl Runtime for FakeRuntime {
     async fn creator_alive(&self, creator: &str) -> bool {
         self.alive.lock().unwrap().contains(creator)
     }
+
+    fn vanished(&self) -> tokio::sync::broadcast::Receiver<Vanished> {
+        self.reporter().subscribe()
+    }
 }
 
 /// The exec backend of a fake sandbox: processes end at once, liveness is the record's.
 pub struct FakeExec {
     handle: String,
     state: Arc<Mutex<State>>,
+    hang: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[async_trait]
@@ -370,6 +414,14 @@ impl ExecBackend for FakeExec {
             return Err(SandboxError::SandboxGone {
                 session: self.handle.clone(),
                 message: "removed".into(),
+            });
+        }
+        self.state.lock().unwrap().spawns += 1;
+        if self.hang.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(AttachedProcess {
+                stdin: Box::pin(tokio::io::sink()),
+                output: Box::pin(futures::stream::pending()),
+                exit_code: Box::new(|| Box::pin(std::future::pending())),
             });
         }
         Ok(AttachedProcess {

@@ -9,7 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 /// Why the manager ended a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EndReason {
     /// Unused for longer than its idle timeout (the one reaper, `reap_idle`).
     Idle(Duration),
@@ -21,6 +21,9 @@ pub enum EndReason {
     Orphan,
     /// Its sandbox was found gone (`SessionManager::session_ended`).
     Gone,
+    /// Its sandbox ended outside sandboxd, as the backend reported it (vanished.rs): the
+    /// text says how ("its sandbox was evicted: …").
+    Vanished(super::vanished::VanishKind),
 }
 
 impl fmt::Display for EndReason {
@@ -35,6 +38,7 @@ impl fmt::Display for EndReason {
                 f.write_str("its sandbox was an orphan (its creator is gone, or it stopped)")
             }
             EndReason::Gone => f.write_str("its sandbox is gone"),
+            EndReason::Vanished(kind) => kind.fmt(f),
         }
     }
 }

@@ -387,7 +387,12 @@ impl SessionManager {
     }
 
     /// Tells the end events and the end hook that `session_id` ended, and why.
-    async fn announce_end(&self, session_id: &str, reason: EndReason, reading: Option<Reading>) {
+    pub(super) async fn announce_end(
+        &self,
+        session_id: &str,
+        reason: EndReason,
+        reading: Option<Reading>,
+    ) {
         // No subscriber is not an error.
         let _ = self.ends.send(Ended {
             id: session_id.to_string(),
@@ -417,7 +422,7 @@ impl SessionManager {
 
     /// Removes a session's sandbox, then tells the end hook: the one way a session's
     /// sandbox is destroyed. A failed removal leaves the session (and what is kept for it).
-    async fn destroy(
+    pub(super) async fn destroy(
         &self,
         session_id: &str,
         handle: &str,

@@ -39,6 +39,7 @@ pub mod tar_safety;
 pub mod templates;
 pub mod transfer;
 pub mod tunnel;
+pub mod vanished;
 pub mod watch;
 pub mod ws_guard;
 

@@ -335,6 +335,14 @@ pub trait Runtime: Send + Sync {
         })
     }
 
+    /// The sandboxes that end outside sandboxd's hands from now on (deleted, evicted,
+    /// OOM-killed, exited), each reported once and never one this runtime removed itself
+    /// (vanished.rs); every call is a new follower. Default: a backend that cannot tell,
+    /// whose receiver is closed at once (it never reports).
+    fn vanished(&self) -> tokio::sync::broadcast::Receiver<super::vanished::Vanished> {
+        super::vanished::never()
+    }
+
     /// What a readiness probe asks of the backend before it may create sandboxes: each check
     /// by name (Docker: "engine" and "image") with what is wrong, phrased for an operator,
     /// when it fails. No checks: always ready.

@@ -122,7 +122,8 @@ pub(crate) async fn patch_pod(
     match serde_json::from_value(v) {
         Ok(pod) => {
             stored.pod = pod;
-            stored.pod.metadata.resource_version = Some(fake.next_version());
+            fake.watches
+                .changed(&fake.version, &ns, "MODIFIED", &mut stored.pod);
             Json(super::with_kind(&stored.pod)).into_response()
         }
         Err(e) => status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &e.to_string()),

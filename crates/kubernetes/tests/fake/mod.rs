@@ -10,13 +10,15 @@
 //! NetworkPolicy selects. Its network plugin enforces NetworkPolicy (each container runs
 //! with `--network none`) or, after `set_enforcing(false)`, does not (a Docker bridge, from
 //! which the fake's "outside" listener is reachable); the version, dry-run creates and
-//! SelfSubjectAccessReview are in cluster.rs, Leases in leases.rs. What it does not do:
-//! watch, scheduling, the kubelet's status timeline beyond Pending then Running.
+//! SelfSubjectAccessReview are in cluster.rs, Leases in leases.rs, the watch of pods (and
+//! pods evicted, OOM-killed or deleted behind sandboxd's back) in watch.rs. What it does not
+//! do: scheduling, the kubelet's status timeline beyond Pending then Running.
 
 pub mod cluster;
 mod docker;
 mod exec;
 mod leases;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -51,6 +53,8 @@ pub(crate) struct Fake {
     /// The cluster's rules beyond pods: namespaces, RBAC (cluster.rs).
     pub(crate) cluster: cluster::Cluster,
     leases: leases::Leases,
+    /// Every change of a pod, for `?watch=true` (watch.rs).
+    pub(crate) watches: watch::Watches,
 }
 
 struct Stored {
@@ -70,6 +74,7 @@ impl FakeApi {
             enforcing: true.into(),
             cluster: cluster::Cluster::default(),
             leases: leases::Leases::default(),
+            watches: watch::Watches::default(),
         });
         let app = axum::Router::new()
             .route(
@@ -135,15 +140,13 @@ impl FakeApi {
 
     /// Marks a pod evicted, as the kubelet does under node pressure.
     pub fn evict(&self, ns: &str, name: &str) {
-        let mut pods = self.state.pods.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(stored) = pods.get_mut(&(ns.to_string(), name.to_string())) {
-            docker::remove(&stored.container);
-            if let Some(status) = stored.pod.status.as_mut() {
+        self.kubelet_says(ns, name, |pod| {
+            if let Some(status) = pod.status.as_mut() {
                 status.phase = Some("Failed".into());
                 status.reason = Some("Evicted".into());
                 status.message = Some("The node was low on resource: memory.".into());
             }
-        }
+        });
     }
 }
 
@@ -297,6 +300,8 @@ async fn create_pod(
         "state": {"running": {}}}]}))
     .ok();
     let mut pods = fake.pods.lock().unwrap_or_else(|e| e.into_inner());
+    fake.watches
+        .changed(&fake.version, &ns, "ADDED", &mut running);
     pods.insert(
         key(&ns, &name),
         Stored {
@@ -328,6 +333,9 @@ async fn list_pods(
     RawQuery(query): RawQuery,
 ) -> Response {
     let query = query.unwrap_or_default();
+    if watch::wanted(&query) {
+        return watch::serve(&fake, ns, &query);
+    }
     let selector = url::form_urlencoded::parse(query.as_bytes())
         .find(|(k, _)| k == "labelSelector")
         .map(|(_, v)| v.into_owned())
@@ -359,8 +367,10 @@ async fn delete_pod(
         .unwrap_or_else(|e| e.into_inner())
         .remove(&key(&ns, &name));
     match stored {
-        Some(s) => {
+        Some(mut s) => {
             docker::remove(&s.container);
+            fake.watches
+                .changed(&fake.version, &ns, "DELETED", &mut s.pod);
             Json(with_kind(&s.pod)).into_response()
         }
         None => status(

@@ -4,8 +4,8 @@
 //! container stopped (the reconciler); serve's `DELETE /v1/sessions/{id}` of a session a run
 //! used the editor in; serve's next start finding a kept session's container gone. A session
 //! whose container was removed outside sandboxd (`docker rm -f`) loses its records to
-//! `sessions rm`, `sessions gc` or serve's next start, and never to another serve user naming
-//! it. Another session's records stay. upgrade.rs: serve's start moves an earlier version's
+//! `sessions rm`, `sessions gc`, serve's next start, or (held by a running serve) serve's
+//! watch of the engine's events at once, and never to another serve user naming it. Another session's records stay. upgrade.rs: serve's start moves an earlier version's
 //! record files into its store. The real binary, engine and image; the LLM faked at the HTTP
 //! boundary.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
@@ -327,9 +327,24 @@ async fn in_serve_nobody_ends_another_users_vanished_records_and_the_start_sweep
     );
     remove_outside_sandboxd(&vanished_rt);
     remove_outside_sandboxd(&cli);
+    // Serve holds ann's session: the engine's events end it at once, with its records.
+    let t = Instant::now();
+    loop {
+        let (s, v) = ann
+            .json(Method::GET, &format!("/v1/sessions/{vanished}"), None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+        if v["state"] == "ended" {
+            assert_eq!(v["end_reason"], "its sandbox was removed outside sandboxd");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "not ended: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(env.stored_records(&vanished_rt).await, Vec::<String>::new());
 
     // Bob names ann's vanished session, by its API id and by its runtime id: the same 404
-    // as for an id nobody has, and ann's records stay.
+    // as for an id nobody has, and ann's other session keeps its records.
     let answer = |id: &str| {
         let bob = bob.clone();
         let id = id.to_string();
@@ -346,13 +361,12 @@ async fn in_serve_nobody_ends_another_users_vanished_records_and_the_start_sweep
         assert_eq!(answer(id).await, nobodys, "{id}");
     }
     assert_eq!(
-        env.stored_records(&vanished_rt).await,
+        env.stored_records(&stays_rt).await,
         ["undo"],
         "bob ended nothing"
     );
 
-    // The next start ends ann's vanished session (with its records) and sweeps the CLI
-    // session's, which no row names; the session whose container runs keeps its own.
+    // The next start sweeps the CLI session's records, which no row names; the session whose container runs keeps its own.
     let mut serve = serve;
     serve.sigterm(Duration::from_secs(30));
     let _serve = env.start();

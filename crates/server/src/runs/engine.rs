@@ -81,10 +81,16 @@ impl RunService {
                 self.keep_conversation(&req.session_id, &outcome.conversation)
                     .await;
                 let mut reason = outcome.reason;
-                if reason == FinishReason::Cancelled
-                    && let Some(why) = live.stop_reason()
-                {
-                    reason = why;
+                // A stop the service made says why: a cancellation, and a failure under a
+                // session whose sandbox ended meanwhile (`Stop::SessionEnded`, ends.rs).
+                match live.stop_reason() {
+                    Some(why) if reason == FinishReason::Cancelled => reason = why,
+                    Some(why @ FinishReason::Error { .. })
+                        if matches!(reason, FinishReason::Error { .. }) =>
+                    {
+                        reason = why
+                    }
+                    _ => {}
                 }
                 Ending {
                     reason,

@@ -67,9 +67,12 @@ impl RunMode {
 }
 
 /// Why the service stopped a run (the engine only sees a cancellation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stop {
     User,
+    /// The session's sandbox ended under the run (outside sandboxd, ends.rs): it fails
+    /// with why.
+    SessionEnded(String),
     Quota {
         limit: u64,
     },
@@ -142,6 +145,9 @@ impl LiveRun {
                 limit,
             }),
             Some(Stop::Shutdown | Stop::Lost) => Some(FinishReason::Interrupted),
+            Some(Stop::SessionEnded(ref why)) => Some(FinishReason::Error {
+                message: format!("the session ended: {why}"),
+            }),
             _ => None,
         }
     }
@@ -483,6 +489,16 @@ impl RunService {
             .await;
     }
 
+    /// Stops the runs driven here in the session whose sandbox ended under them (they end
+    /// failed, saying `why`), then cancels the rest as `cancel_session` does.
+    pub async fn fail_session(&self, session_id: &str, why: &str, wait: Duration) {
+        let stop = Stop::SessionEnded(why.to_string());
+        for run in self.stop_local_as(|r| r.session_id == session_id, &stop) {
+            tracing::info!(run = %run.id, %why, "the run's session ended under it");
+        }
+        self.cancel_session(session_id, wait).await;
+    }
+
     /// Cancels every run in flight here in the manager's session `runtime_id` (its row ended
     /// elsewhere) and waits (at most `wait`) for their endings.
     pub async fn cancel_runtime(&self, runtime_id: &str, wait: Duration) {
@@ -505,13 +521,18 @@ impl RunService {
 
     /// Stops the runs driven here that `which` picks; returns them.
     fn stop_local(&self, which: impl Fn(&LiveRun) -> bool) -> Vec<Arc<LiveRun>> {
+        self.stop_local_as(which, &Stop::User)
+    }
+
+    /// `stop_local`, saying `why`.
+    fn stop_local_as(&self, which: impl Fn(&LiveRun) -> bool, why: &Stop) -> Vec<Arc<LiveRun>> {
         let runs: Vec<Arc<LiveRun>> = self
             .live
             .lock()
             .map(|m| m.values().filter(|r| which(r)).cloned().collect())
             .unwrap_or_default();
         for run in &runs {
-            run.stop(Stop::User);
+            run.stop(why.clone());
         }
         runs
     }

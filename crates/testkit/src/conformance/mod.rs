@@ -9,6 +9,7 @@
 //! the case's name, so a backend's author sees which promise it broke.
 
 pub mod runtime;
+pub mod runtime_vanish;
 pub mod store;
 mod store_audit;
 mod store_credentials;
@@ -25,6 +26,7 @@ mod store_tokens;
 mod store_wakes;
 
 pub use runtime::{RuntimeCaps, runtime_conformance};
+pub use runtime_vanish::{OutOfBand, vanish_conformance};
 pub use store::{StoreFactory, store_conformance};
 
 use std::future::Future;

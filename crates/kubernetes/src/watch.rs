@@ -1,0 +1,263 @@
+//! Pods that end outside sandboxd (`Runtime::vanished`), from a watch on the sandbox pods
+//! (the managed label selector): one evicted (`status.reason == "Evicted"`), one whose
+//! container was OOM-killed, one that stopped, and one deleted by someone else (its
+//! `deletionTimestamp` set, or its DELETED event) are reported once each. Pods this runtime
+//! deletes itself are never reported (`remove_pod` marks them first).
+//!
+//! A plain list then watch, from the list's resourceVersion, with bookmarks; a watch that
+//! times out goes on from the last resourceVersion seen, one the API server no longer has
+//! (410 Gone) lists again, and a failure is logged and retried after a backoff. A pod that
+//! was known before a new list and is missing from it was deleted meanwhile. One task per
+//! runtime, started by the first follower and stopped when the runtime is dropped.
+//!
+//! Every string from the cluster is hostile: an eviction's message goes through
+//! `VanishKind::evicted`, which cuts it and strips control characters.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use sandboxd_core::sandbox::vanished::{OwnRemovals, REPORTS_BUFFERED, VanishKind, Vanished};
+use tokio::sync::{broadcast, oneshot};
+
+use crate::meta;
+
+/// The first wait before a failed watch is opened again; doubled up to `BACKOFF_MAX`.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How long one watch request lasts before the API server ends it (and it is opened again).
+const WATCH_SECS: u32 = 290;
+
+/// The runtime's watch of its pods.
+#[derive(Default)]
+pub(crate) struct Watch {
+    /// The pods this runtime deleted: never reported.
+    pub(crate) own: OwnRemovals,
+    /// The reports and the task's stop (dropped with the runtime), once started.
+    started: Mutex<Option<(broadcast::Sender<Vanished>, oneshot::Sender<()>)>>,
+}
+
+impl Watch {
+    /// A new follower of the reports; the first one starts the task.
+    pub(crate) fn subscribe(&self, pods: Api<Pod>) -> broadcast::Receiver<Vanished> {
+        let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((tx, _)) = started.as_ref() {
+            return tx.subscribe();
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return sandboxd_core::sandbox::vanished::never();
+        };
+        let (tx, rx) = broadcast::channel(REPORTS_BUFFERED);
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let follower = Follower {
+            pods,
+            selector: meta::selector(None),
+            tx: tx.clone(),
+            own: self.own.clone(),
+            reported: OwnRemovals::default(),
+            known: HashMap::new(),
+        };
+        handle.spawn(follower.run(stop_rx));
+        *started = Some((tx, stop_tx));
+        rx
+    }
+}
+
+struct Follower {
+    pods: Api<Pod>,
+    selector: String,
+    tx: broadcast::Sender<Vanished>,
+    own: OwnRemovals,
+    /// Pods already reported (an eviction, then the deletion).
+    reported: OwnRemovals,
+    /// The pods seen, by name, with their session ids.
+    known: HashMap<String, String>,
+}
+
+impl Follower {
+    async fn run(mut self, mut stop: oneshot::Receiver<()>) {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let round = tokio::select! {
+                r = self.round() => r,
+                _ = &mut stop => return,
+            };
+            match round {
+                // 410: the resourceVersion is too old; list again at once.
+                Ok(()) => backoff = BACKOFF_MIN,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the watch of the sandbox pods failed; watching again");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = &mut stop => return,
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// One list, then watches from its resourceVersion until the API server no longer has
+    /// that version (Ok) or something fails (Err).
+    async fn round(&mut self) -> Result<(), kube::Error> {
+        let list = self
+            .pods
+            .list(&ListParams::default().labels(&self.selector))
+            .await?;
+        let listed: HashSet<String> = list.items.iter().map(name_of).collect();
+        let gone: Vec<(String, String)> = self
+            .known
+            .iter()
+            .filter(|(name, _)| !listed.contains(*name))
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect();
+        for (name, session) in gone {
+            self.known.remove(&name);
+            self.report(name, session, VanishKind::Deleted);
+        }
+        for pod in &list.items {
+            self.seen(pod);
+        }
+        let mut version = list.metadata.resource_version.unwrap_or_default();
+        loop {
+            let wp = WatchParams::default()
+                .labels(&self.selector)
+                .timeout(WATCH_SECS);
+            let mut events = Box::pin(self.pods.watch(&wp, &version).await?);
+            while let Some(event) = events.try_next().await? {
+                match event {
+                    WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
+                        version = pod.metadata.resource_version.clone().unwrap_or(version);
+                        self.seen(&pod);
+                    }
+                    WatchEvent::Deleted(pod) => {
+                        version = pod.metadata.resource_version.clone().unwrap_or(version);
+                        let name = name_of(&pod);
+                        self.known.remove(&name);
+                        self.report(name, session_of(&pod), VanishKind::Deleted);
+                    }
+                    WatchEvent::Bookmark(b) => version = b.metadata.resource_version,
+                    WatchEvent::Error(status) if status.code == 410 => return Ok(()),
+                    WatchEvent::Error(status) => return Err(kube::Error::Api(status)),
+                }
+            }
+        }
+    }
+
+    /// A pod as it is now: known, and reported if it ended.
+    fn seen(&mut self, pod: &Pod) {
+        let name = name_of(pod);
+        let session = session_of(pod);
+        self.known.insert(name.clone(), session.clone());
+        if let Some(kind) = ended(pod) {
+            self.report(name, session, kind);
+        }
+    }
+
+    fn report(&self, handle: String, session_id: String, kind: VanishKind) {
+        if handle.is_empty() || self.own.contains(&handle) || !self.reported.mark(&handle) {
+            return;
+        }
+        // No follower is not an error.
+        let _ = self.tx.send(Vanished {
+            handle,
+            session_id,
+            kind,
+        });
+    }
+}
+
+fn name_of(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+fn session_of(pod: &Pod) -> String {
+    meta::decode(
+        pod.metadata.labels.as_ref().unwrap_or(&Default::default()),
+        pod.metadata
+            .annotations
+            .as_ref()
+            .unwrap_or(&Default::default()),
+    )
+    .session_id
+}
+
+/// How a pod ended, if it did: evicted, deleted (its deletion begun), its container
+/// OOM-killed, or stopped; None while it starts or runs.
+pub(crate) fn ended(pod: &Pod) -> Option<VanishKind> {
+    let status = pod.status.as_ref();
+    if let Some(s) = status
+        && s.reason.as_deref() == Some("Evicted")
+    {
+        return Some(VanishKind::evicted(s.message.as_deref().unwrap_or("")));
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some(VanishKind::Deleted);
+    }
+    let terminated = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find_map(|c| c.state.as_ref()?.terminated.clone()));
+    if let Some(t) = &terminated
+        && t.reason.as_deref() == Some("OOMKilled")
+    {
+        return Some(VanishKind::OomKilled);
+    }
+    let phase = status.and_then(|s| s.phase.as_deref());
+    if terminated.is_some() || matches!(phase, Some("Succeeded" | "Failed")) {
+        return Some(VanishKind::Exited {
+            code: terminated.map(|t| i64::from(t.exit_code)).unwrap_or(-1),
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(extra: serde_json::Value) -> Pod {
+        let mut v = json!({"metadata": {"name": "p"}});
+        if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+            for (k, x) in extra {
+                v.insert(k.clone(), x.clone());
+            }
+        }
+        serde_json::from_value(v).unwrap_or_default()
+    }
+
+    fn terminated(reason: &str, code: i32) -> serde_json::Value {
+        json!({"phase": "Failed", "containerStatuses": [{
+            "name": "sandbox", "image": "", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"reason": reason, "exitCode": code}}}]})
+    }
+
+    #[test]
+    fn how_pods_end() {
+        assert_eq!(ended(&pod(json!({"status": {"phase": "Running"}}))), None);
+        assert_eq!(ended(&pod(json!({"status": {"phase": "Pending"}}))), None);
+        let evicted = pod(json!({"status": {"phase": "Failed", "reason": "Evicted",
+            "message": "low on memory\u{1b}[2J\n"}}));
+        // The escape is a space now, the newline cut: nothing of it reaches a terminal.
+        assert_eq!(
+            ended(&evicted),
+            Some(VanishKind::Evicted {
+                message: "low on memory [2J".into()
+            })
+        );
+        assert_eq!(
+            ended(&pod(json!({"status": terminated("OOMKilled", 137)}))),
+            Some(VanishKind::OomKilled)
+        );
+        assert_eq!(
+            ended(&pod(json!({"status": terminated("Error", 2)}))),
+            Some(VanishKind::Exited { code: 2 })
+        );
+        let deleting = pod(json!({"metadata": {"name": "p",
+            "deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"phase": "Running"}}));
+        assert_eq!(ended(&deleting), Some(VanishKind::Deleted));
+    }
+}
