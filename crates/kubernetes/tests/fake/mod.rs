@@ -10,9 +10,11 @@
 //! NetworkPolicy selects. Its network plugin enforces NetworkPolicy (each container runs
 //! with `--network none`) or, after `set_enforcing(false)`, does not (a Docker bridge, from
 //! which the fake's "outside" listener is reachable); the version, dry-run creates and
-//! SelfSubjectAccessReview are in cluster.rs, Leases in leases.rs. What it does not do:
+//! SelfSubjectAccessReview are in cluster.rs, Leases in leases.rs, agent-sandbox's CRDs and
+//! controller (once installed) in agent_sandbox.rs. What it does not do:
 //! watch, scheduling, the kubelet's status timeline beyond Pending then Running.
 
+mod agent_sandbox;
 pub mod cluster;
 mod docker;
 mod exec;
@@ -51,6 +53,8 @@ pub(crate) struct Fake {
     /// The cluster's rules beyond pods: namespaces, RBAC (cluster.rs).
     pub(crate) cluster: cluster::Cluster,
     leases: leases::Leases,
+    /// agent-sandbox's CRDs and controller, when installed (agent_sandbox.rs).
+    agent_sandbox: Arc<agent_sandbox::AgentSandbox>,
 }
 
 struct Stored {
@@ -70,6 +74,7 @@ impl FakeApi {
             enforcing: true.into(),
             cluster: cluster::Cluster::default(),
             leases: leases::Leases::default(),
+            agent_sandbox: Arc::default(),
         });
         let app = axum::Router::new()
             .route(
@@ -91,6 +96,7 @@ impl FakeApi {
             )
             .merge(cluster::routes())
             .merge(leases::routes())
+            .merge(agent_sandbox::routes())
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
