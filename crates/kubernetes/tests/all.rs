@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 mod agent_sandbox;
+mod agent_sandbox_lease;
 mod conformance;
 mod fake;
 mod golden;
