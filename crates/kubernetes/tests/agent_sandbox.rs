@@ -311,3 +311,37 @@ fn the_modes_role_manifests_are_the_generated_ones() {
     assert_eq!(rb.subjects, base.subjects);
     assert_eq!(rb.metadata.namespace, base.metadata.namespace);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_the_mode_against_the_cluster_and_the_modes_role() -> anyhow::Result<()> {
+    use sandboxd_kubernetes::KubeRuntime;
+    use sandboxd_kubernetes::doctor::{self, Level};
+    let fake = FakeApi::start(false).await?;
+    let mut settings = runtime(&fake).await.settings().clone();
+    settings.mode = "agent-sandbox".into();
+    // No namespace: no pod is admitted, so the network probe does not run here.
+    fake.cluster().set_namespaces(&["elsewhere"]);
+    let rt = KubeRuntime::new(fake.client()?, settings);
+    let with = |checks: &[doctor::Check], level: Level, text: &str| {
+        checks
+            .iter()
+            .any(|c| c.level == level && c.what.contains(text))
+    };
+    let checks = doctor::checks(&rt).await;
+    assert!(
+        with(&checks, Level::Fail, "does not serve agent-sandbox's CRDs"),
+        "{checks:#?}"
+    );
+    fake.install_agent_sandbox(false)?;
+    fake.cluster().deny("create", "sandboxclaims");
+    let checks = doctor::checks(&rt).await;
+    assert!(
+        with(&checks, Level::Ok, "sessions are SandboxClaims"),
+        "{checks:#?}"
+    );
+    assert!(
+        with(&checks, Level::Fail, "may not create sandboxclaims"),
+        "{checks:#?}"
+    );
+    Ok(())
+}
