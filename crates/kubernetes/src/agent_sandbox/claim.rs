@@ -228,3 +228,23 @@ impl AgentSandboxRuntime {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::contains;
+
+    #[test]
+    fn what_the_server_added_is_no_difference() {
+        let want = json!({"replicas": 2, "sandboxTemplateRef": {"name": "sandboxd"}});
+        let have = json!({"replicas": 2, "sandboxTemplateRef": {"name": "sandboxd"},
+                          "updateStrategy": {"type": "OnReplenish"}});
+        assert!(contains(&have, &want));
+        assert!(!contains(
+            &json!({"replicas": 3, "sandboxTemplateRef": {"name": "sandboxd"}}),
+            &want
+        ));
+        assert!(!contains(&json!({"replicas": 2}), &want));
+    }
+}

@@ -219,3 +219,72 @@ pub fn role(namespace: &str) -> Role {
         ]),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dynamic(v: Value) -> DynamicObject {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn what_the_cluster_says_is_read_as_hostile() {
+        for bad in [
+            "",
+            "../etc",
+            "a/b",
+            "A",
+            "-a",
+            "a-",
+            "x y",
+            &"a".repeat(254),
+        ] {
+            assert!(!is_name(bad), "{bad:?}");
+        }
+        assert!(is_name("sandboxd-w1") && is_name("a.b-c"));
+        let claim = |name: &str| {
+            dynamic(
+                json!({"metadata": {"name": "c"}, "status": {"sandbox": {"name": name},
+                "conditions": [{"type": "Ready", "status": "False", "reason": "X",
+                                "message": format!("{}\u{1b}[31m", "m".repeat(1000))}]}}),
+            )
+        };
+        assert_eq!(bound_sandbox(&claim("../x")), None);
+        assert_eq!(bound_sandbox(&claim("sb-1")).as_deref(), Some("sb-1"));
+        let words = ready_condition(&claim("sb-1"));
+        assert!(words.starts_with("Ready=False X: m") && words.chars().count() <= 300);
+        assert!(!words.contains('\u{1b}'));
+        // A Sandbox's pod: the recorded name when it is one, else its own name.
+        let sandbox = |ann: &str| {
+            dynamic(
+                json!({"metadata": {"name": "sb-1", "annotations": {POD_NAME_ANNOTATION: ann}}}),
+            )
+        };
+        assert_eq!(pod_of(&sandbox("pod-2")).as_deref(), Some("pod-2"));
+        assert_eq!(pod_of(&sandbox("../../x")).as_deref(), Some("sb-1"));
+    }
+
+    #[test]
+    fn a_pod_spec_names_its_template() {
+        let s = PodSettings::default();
+        let default = pod_spec(&s, &Limits::default(), None);
+        assert_eq!(template_name(&default, &default), DEFAULT_POOL);
+        let small = Limits {
+            memory_mb: 256,
+            ..Limits::default()
+        };
+        let other = pod_spec(&s, &small, None);
+        let name = template_name(&other, &default);
+        assert_eq!(
+            name,
+            template_name(&other, &default),
+            "the same spec, the same name"
+        );
+        assert_ne!(
+            name,
+            template_name(&pod_spec(&s, &small, Some("img:2")), &default)
+        );
+        assert!(is_name(&name) && name.len() <= 63, "{name}");
+    }
+}
