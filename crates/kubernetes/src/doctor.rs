@@ -4,6 +4,8 @@
 //! pod (the API server runs its admission, Pod Security included, and stores nothing), the
 //! Role with one SelfSubjectAccessReview per verb it grants (any account may ask about
 //! itself), and the network with the probe (probe.rs), which does create and remove a pod.
+//! `[kubernetes] mode` is checked against discovery, and in agent-sandbox mode that mode's
+//! Role too.
 
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
@@ -11,6 +13,9 @@ use k8s_openapi::api::authorization::v1::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 
+use k8s_openapi::api::rbac::v1::Role;
+
+use crate::agent_sandbox::{self, Mode, objects};
 use crate::probe::{self, Verdict};
 use crate::{KubeRuntime, spec};
 
@@ -61,7 +66,13 @@ pub async fn checks(rt: &KubeRuntime) -> Vec<Check> {
         }
     }
     let admitted = admission(rt, &mut out).await;
-    out.extend(rbac(rt).await);
+    let mut roles = vec![spec::role(&rt.settings().namespace)];
+    let (mode_check, claims) = mode(rt).await;
+    out.push(mode_check);
+    if claims {
+        roles.push(objects::role(&rt.settings().namespace));
+    }
+    out.extend(rbac(rt, &roles).await);
     out.extend(image(rt));
     let s = rt.settings();
     out.push(check(
@@ -121,12 +132,55 @@ async fn admission(rt: &KubeRuntime, out: &mut Vec<Check>) -> bool {
     level == Level::Ok
 }
 
-/// One SelfSubjectAccessReview per verb of the Role sandboxd needs (spec::role).
-async fn rbac(rt: &KubeRuntime) -> Vec<Check> {
+/// `[kubernetes] mode` against the cluster (agent_sandbox.rs: `resolve`), and whether
+/// sessions are claims here (then the mode's Role is checked too).
+async fn mode(rt: &KubeRuntime) -> (Check, bool) {
+    let configured = rt.settings().kube_mode();
+    match agent_sandbox::resolve(rt, configured).await {
+        Ok(Mode::Pods) => (
+            check(
+                Level::Info,
+                format!(
+                    "mode {:?}: sessions are pods sandboxd makes itself",
+                    rt.settings().mode
+                ),
+                "",
+            ),
+            false,
+        ),
+        Ok(Mode::AgentSandbox) => (
+            check(
+                Level::Ok,
+                format!(
+                    "mode {:?}: the cluster serves agent-sandbox's CRDs; sessions are SandboxClaims against the SandboxWarmPool {}",
+                    rt.settings().mode,
+                    objects::DEFAULT_POOL
+                ),
+                "",
+            ),
+            true,
+        ),
+        Err(e) => (
+            check(
+                Level::Fail,
+                e.to_string(),
+                "install kubernetes-sigs/agent-sandbox, or set [kubernetes] mode = \"pods\"",
+            ),
+            true,
+        ),
+    }
+}
+
+/// One SelfSubjectAccessReview per verb of the Roles sandboxd needs (spec::role, and in
+/// agent-sandbox mode that mode's).
+async fn rbac(rt: &KubeRuntime, roles: &[Role]) -> Vec<Check> {
     let ns = &rt.settings().namespace;
     let api: Api<SelfSubjectAccessReview> = Api::all(rt.client().clone());
     let mut denied = Vec::new();
-    for rule in spec::role(ns).rules.unwrap_or_default() {
+    let rules = roles
+        .iter()
+        .flat_map(|r| r.rules.clone().unwrap_or_default());
+    for rule in rules {
         let group = rule
             .api_groups
             .as_ref()

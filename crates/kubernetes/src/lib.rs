@@ -6,7 +6,8 @@
 //! proves the network plugin enforces it before the first session starts (probe.rs);
 //! `doctor` checks the rest of what a cluster must have (doctor.rs). Each process holds a
 //! Lease that its pods name as their creator, so any replica's reconciler removes the pods
-//! of a replica that is gone and never a live one's (lease.rs).
+//! of a replica that is gone and never a live one's (lease.rs). In agent-sandbox mode a
+//! session is a SandboxClaim whose bound pod is then used as here (agent_sandbox/).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,7 @@ use sandboxd_core::sandbox::{Owner, Sandbox, SandboxError, SandboxState, Usage, 
 use state::{start_failure, state_of};
 
 mod calls;
+pub mod agent_sandbox;
 mod channel;
 pub mod doctor;
 mod exec;
@@ -37,6 +39,7 @@ mod usage;
 mod watch;
 
 pub use calls::{ApiCalls, connect_to};
+pub use agent_sandbox::AgentSandboxRuntime;
 pub use exec::{KubeExec, KubeSandbox};
 pub use spec::PodSettings;
 

@@ -110,7 +110,7 @@ fn the_objects_are_the_golden_ones() {
 }
 
 /// Every hardening field, checked field by field (not only through the golden file).
-fn assert_hardened(pod: &Pod) {
+pub(crate) fn assert_hardened(pod: &Pod) {
     let spec = pod.spec.as_ref().unwrap();
     assert_eq!(spec.automount_service_account_token, Some(false));
     assert_eq!(spec.enable_service_links, Some(false));

@@ -9,13 +9,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sandboxd_core::config::{BackendKind, Config, StoreKind};
+use sandboxd_core::config::{BackendKind, Config, PoolConfig, StoreKind};
 use sandboxd_core::sandbox::Runtime;
 use sandboxd_core::sandbox::records::{FileRecords, SessionRecords};
 use sandboxd_core::sandbox::templates::Templates;
 use sandboxd_core::store::{Store, StoreRecords};
 use sandboxd_docker::image as docker_image;
 use sandboxd_docker::{self as docker, DockerRuntime};
+use sandboxd_kubernetes::{AgentSandboxRuntime, agent_sandbox};
 use sandboxd_postgres::PgStore;
 use sandboxd_sqlite::SqliteStore;
 
@@ -44,7 +45,18 @@ pub(crate) async fn runtime(config: &Config) -> anyhow::Result<Arc<dyn Runtime>>
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(rt.clone());
-        return Ok(Arc::new(rt));
+        let sessions = session_runtime(config, rt).await?;
+        if let Some(claims) = &sessions.1 {
+            // The SandboxTemplate and SandboxWarmPool are written now, so the cluster's
+            // controller warms the pool before the first session (a create writes them too).
+            let claims = claims.clone();
+            tokio::spawn(async move {
+                if let Err(e) = claims.write_defaults().await {
+                    tracing::error!(error = %e, "cannot write the agent-sandbox template and warm pool; a session create retries");
+                }
+            });
+        }
+        return Ok(sessions.0);
     }
     let engine = docker::connect().await?;
     let image = if config.docker.image.is_empty() {
@@ -75,7 +87,8 @@ pub(crate) async fn release_leases() {
 /// The runtime for commands that only look at or remove sessions: it never builds anything.
 pub(crate) async fn runtime_without_image(config: &Config) -> anyhow::Result<Arc<dyn Runtime>> {
     if config.runtime.kind() == BackendKind::Kubernetes {
-        return Ok(Arc::new(kube_runtime(config).await?));
+        let rt = kube_runtime(config).await?;
+        return Ok(session_runtime(config, rt).await?.0);
     }
     let engine = docker::connect().await?;
     let image = if config.docker.image.is_empty() {
@@ -139,6 +152,37 @@ pub(crate) async fn kube_runtime_at(
     let settings: sandboxd_kubernetes::PodSettings = config.kubernetes.clone();
     let client = sandboxd_kubernetes::connect_to(kubeconfig, calls).await?;
     Ok(sandboxd_kubernetes::KubeRuntime::new(client, settings))
+}
+
+/// Whether sessions are agent-sandbox claims in this process: then the cluster's
+/// SandboxWarmPool is the warm pool, and the manager's is off (`pool`).
+static CLUSTER_POOL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The runtime sessions are made on over the cluster, by `[kubernetes] mode` ("auto" asks
+/// discovery; "agent-sandbox" without the CRDs is an error saying so), and in agent-sandbox
+/// mode the claims' runtime too.
+async fn session_runtime(
+    config: &Config,
+    rt: sandboxd_kubernetes::KubeRuntime,
+) -> anyhow::Result<(Arc<dyn Runtime>, Option<AgentSandboxRuntime>)> {
+    let (limits, size) = (config.limits.clone(), config.pool.size);
+    let made =
+        agent_sandbox::session_runtime(rt, config.kubernetes.kube_mode(), limits, size).await?;
+    if made.1.is_some() {
+        CLUSTER_POOL.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    Ok(made)
+}
+
+/// The manager's warm pool: `[pool]`, except in agent-sandbox mode, where `[pool] size` is
+/// the SandboxWarmPool's replicas and the manager keeps none of its own (claims of claims
+/// would hold twice the pods). Call it after the runtime is made.
+pub(crate) fn pool(config: &Config) -> PoolConfig {
+    let mut pool = config.pool.clone();
+    if CLUSTER_POOL.load(std::sync::atomic::Ordering::SeqCst) {
+        pool.size = 0;
+    }
+    pool
 }
 
 /// Where the CLI's kept sessions' tool records live: private files in the data directory.

@@ -28,7 +28,7 @@ pub use agents::AgentProfileConfig;
 pub use egress::{EgressConfig, EgressPolicy};
 pub use flow::{ExecutorConfig, FlowConfig, MAX_STEPS_CEILING};
 pub use remote_agents::RemoteAgentConfig;
-pub use runtime::{BackendKind, KubernetesConfig, RuntimeConfig};
+pub use runtime::{BackendKind, KubeMode, KubernetesConfig, RuntimeConfig};
 pub use server::{AuditConfig, QuotasConfig, ServerConfig};
 pub use sso::SsoConfig;
 pub use store::{StoreConfig, StoreKind};

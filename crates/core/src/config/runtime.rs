@@ -73,6 +73,11 @@ pub struct KubernetesConfig {
     /// Seconds a replica's `coordination.k8s.io` Lease lasts unrenewed (renewed every third
     /// of it): once it has run out, the replica counts as gone and its pods as orphans.
     pub lease_secs: u64,
+    /// How sessions become pods: `pods` (sandboxd makes each pod itself), `agent-sandbox`
+    /// (each session a `SandboxClaim` of kubernetes-sigs/agent-sandbox against a
+    /// `SandboxWarmPool` sandboxd writes; refuses to start without its CRDs) or `auto`
+    /// (agent-sandbox where discovery shows its CRDs, else pods).
+    pub mode: String,
 }
 
 impl Default for KubernetesConfig {
@@ -89,6 +94,7 @@ impl Default for KubernetesConfig {
                 "example.com:443".into(),
             ],
             lease_secs: 30,
+            mode: "pods".into(),
         }
     }
 }
@@ -117,6 +123,12 @@ impl KubernetesConfig {
                 message: "must be 3 to 3600 seconds".into(),
             });
         }
+        if KubeMode::parse(&self.mode).is_none() {
+            return Err(ConfigError::Invalid {
+                key: "[kubernetes] mode".into(),
+                message: "must be \"pods\", \"agent-sandbox\" or \"auto\"".into(),
+            });
+        }
         let ns = &self.namespace;
         let dns_label = !ns.is_empty()
             && ns.len() <= 63
@@ -135,7 +147,31 @@ impl KubernetesConfig {
     }
 }
 
+/// `[kubernetes] mode`, parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubeMode {
+    Pods,
+    AgentSandbox,
+    Auto,
+}
+
+impl KubeMode {
+    pub fn parse(s: &str) -> Option<KubeMode> {
+        match s.trim() {
+            "pods" => Some(KubeMode::Pods),
+            "agent-sandbox" => Some(KubeMode::AgentSandbox),
+            "auto" => Some(KubeMode::Auto),
+            _ => None,
+        }
+    }
+}
+
 impl KubernetesConfig {
+    /// The configured mode (`validate` refused anything else; unchecked, `pods`).
+    pub fn kube_mode(&self) -> KubeMode {
+        KubeMode::parse(&self.mode).unwrap_or(KubeMode::Pods)
+    }
+
     /// Each probe target is `host:port` of at most 253 plain characters (it becomes an argv
     /// word of the probe, never a shell word), and there is at least one and at most 8.
     fn validate_probe(&self) -> Result<(), ConfigError> {
@@ -194,6 +230,17 @@ mod tests {
         kc.pull_policy = "Sometimes".into();
         assert!(kc.validate(BackendKind::Kubernetes).is_err());
         kc.pull_policy = "Always".into();
+        for (mode, ok) in [
+            ("pods", Some(KubeMode::Pods)),
+            ("agent-sandbox", Some(KubeMode::AgentSandbox)),
+            ("auto", Some(KubeMode::Auto)),
+            ("claims", None),
+        ] {
+            kc.mode = mode.into();
+            assert_eq!(kc.validate(BackendKind::Kubernetes).is_ok(), ok.is_some());
+            assert_eq!(KubeMode::parse(mode), ok);
+        }
+        kc.mode = "pods".into();
         for bad in [
             "",
             "example.com",

@@ -11,9 +11,11 @@
 //! with `--network none`) or, after `set_enforcing(false)`, does not (a Docker bridge, from
 //! which the fake's "outside" listener is reachable); the version, dry-run creates and
 //! SelfSubjectAccessReview are in cluster.rs, Leases in leases.rs, the watch of pods (and
-//! pods evicted, OOM-killed or deleted behind sandboxd's back) in watch.rs. What it does not
-//! do: scheduling, the kubelet's status timeline beyond Pending then Running.
+//! pods evicted, OOM-killed or deleted behind sandboxd's back) in watch.rs, agent-sandbox's
+//! CRDs and controller (once installed) in agent_sandbox.rs. What it does not do:
+//! scheduling, the kubelet's status timeline beyond Pending then Running.
 
+mod agent_sandbox;
 pub mod cluster;
 mod docker;
 mod exec;
@@ -55,6 +57,8 @@ pub(crate) struct Fake {
     leases: leases::Leases,
     /// Every change of a pod, for `?watch=true` (watch.rs).
     pub(crate) watches: watch::Watches,
+    /// agent-sandbox's CRDs and controller, when installed (agent_sandbox.rs).
+    agent_sandbox: Arc<agent_sandbox::AgentSandbox>,
 }
 
 struct Stored {
@@ -75,6 +79,7 @@ impl FakeApi {
             cluster: cluster::Cluster::default(),
             leases: leases::Leases::default(),
             watches: watch::Watches::default(),
+            agent_sandbox: Arc::default(),
         });
         let app = axum::Router::new()
             .route(
@@ -96,6 +101,7 @@ impl FakeApi {
             )
             .merge(cluster::routes())
             .merge(leases::routes())
+            .merge(agent_sandbox::routes())
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;

@@ -93,7 +93,7 @@ impl Ctx {
             runtime,
             self.config.limits.clone(),
             self.config.sessions.clone(),
-            self.config.pool.clone(),
+            crate::backends::pool(&self.config),
             self.records(),
         )
     }

@@ -51,7 +51,7 @@ pub(crate) async fn main(ctx: Ctx, args: ServeArgs) -> anyhow::Result<ExitCode> 
         runtime,
         ctx.config.limits.clone(),
         ctx.config.sessions.clone(),
-        ctx.config.pool.clone(),
+        crate::backends::pool(&ctx.config),
         scope,
         crate::backends::store_records(&store),
     );
