@@ -11,6 +11,7 @@
 pub mod runtime;
 pub mod store;
 mod store_audit;
+mod store_contexts;
 mod store_credentials;
 mod store_edges;
 mod store_egress;
