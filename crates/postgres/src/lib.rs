@@ -32,6 +32,7 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
 mod audit;
+mod contexts;
 mod credentials;
 mod edges;
 mod egress;

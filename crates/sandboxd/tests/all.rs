@@ -36,6 +36,7 @@ mod cli_copy_out;
 mod cli_egress_credentials;
 mod cli_exec;
 mod cli_lifecycle;
+mod e2b_contexts;
 mod e2b_sdk;
 mod egress;
 mod egress_grammar;

@@ -22,7 +22,7 @@ use serve::{Env, Serve, container_of};
 
 /// SANDBOXD_TEST_E2B_PYTHON (CI sets it: a missing venv fails there), else .venv-e2b in the
 /// repo.
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     if let Ok(p) = std::env::var("SANDBOXD_TEST_E2B_PYTHON") {
         return PathBuf::from(p);
     }

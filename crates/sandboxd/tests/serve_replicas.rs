@@ -81,7 +81,7 @@ fn psql(url: &str, statement: &str) {
 
 /// Replicas of one service: one store, one engine, a data directory each. The first
 /// environment's users are the test's (its drop removes their containers).
-struct Cluster {
+pub(crate) struct Cluster {
     /// Dropped first (fields drop in order): a replica still running when its environment
     /// cleans up could refill its warm pool after the cleanup.
     serves: Vec<Option<Serve>>,
@@ -94,7 +94,7 @@ struct Cluster {
 const LEASE_SECS: u64 = 2;
 
 impl Cluster {
-    async fn start(n: usize, llm: &FakeLlm, extra: &str) -> Option<Cluster> {
+    pub(crate) async fn start(n: usize, llm: &FakeLlm, extra: &str) -> Option<Cluster> {
         let db = Db::create()?;
         let config = format!(
             "{}[store]\nurl = {:?}\n[server]\nlease_secs = {LEASE_SECS}\ndrain_secs = 2\nupload_limit_mb = 4\nauth_failures_per_minute = 10000\n{extra}",
@@ -114,11 +114,11 @@ impl Cluster {
     }
 
     /// `sandboxd users add` (through the first replica's config: the shared store).
-    fn add_user(&self, name: &str, args: &[&str]) -> String {
+    pub(crate) fn add_user(&self, name: &str, args: &[&str]) -> String {
         self.envs[0].add_user(name, args)
     }
 
-    fn serve(&self, i: usize) -> &Serve {
+    pub(crate) fn serve(&self, i: usize) -> &Serve {
         self.serves[i].as_ref().expect("replica running")
     }
 

@@ -7,6 +7,7 @@
 //! server) compare it with the caller on every access, the store only stores.
 
 pub mod audit;
+mod code_contexts;
 pub mod conversation;
 pub mod egress;
 pub mod egress_credentials;
@@ -25,6 +26,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use audit::{Audit, AuditBound, AuditEntry, AuditQuery, NewAudit};
+pub use code_contexts::{CodeContextRow, CodeContexts, ContextAdded};
 pub use egress::{EgressCounters, EgressLog};
 pub use egress_credentials::{EgressCredentials, StoredCredential};
 pub use mcp_sessions::{McpSandbox, McpSessionRow, McpSessions};
@@ -414,6 +416,7 @@ pub trait Store:
     + Audit
     + Metering
     + SessionSnapshots
+    + CodeContexts
     + Send
     + Sync
 {

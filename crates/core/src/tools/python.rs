@@ -286,19 +286,37 @@ impl Python {
         Ok((cell, notes))
     }
 
-    /// Starts a fresh interpreter (every variable is lost).
+    /// Connects to the interpreter, starting one if none runs (a new code context's, so a
+    /// working directory it cannot start in is the caller's error at once).
+    pub async fn start(&self) -> Result<(), ToolError> {
+        let mut slot = self.slot.lock().await;
+        self.ready(&mut slot, &mut Vec::new()).await
+    }
+
+    /// Starts a fresh interpreter (every variable is lost). The one running is reached
+    /// first, so this works from any process: one another process started (a code context
+    /// created on another replica) is ended too, not left beside the new one.
     pub async fn restart(&self) -> Result<(), ToolError> {
         let mut slot = self.slot.lock().await;
+        self.ready(&mut slot, &mut Vec::new()).await?;
         self.reset(&mut slot).await;
         self.ready(&mut slot, &mut Vec::new()).await
     }
 
-    /// Ends the interpreter and every process it started (a removed code context).
+    /// Ends the interpreter and every process it started (a removed code context), from
+    /// any process; a code context's files (its socket, status, last words and lock) go too.
     pub async fn shut_down(&self) -> Result<(), ToolError> {
         let mut slot = self.slot.lock().await;
         self.ready(&mut slot, &mut Vec::new()).await?;
-        match slot.driver.take() {
+        let killed = match slot.driver.take() {
             Some(d) => d.kill(&*self.sandbox).await.map_err(ToolError::Internal),
+            None => Ok(()),
+        };
+        killed?;
+        match &self.context {
+            Some((id, _)) => driver::remove_context_files(&*self.sandbox, id)
+                .await
+                .map_err(ToolError::Internal),
             None => Ok(()),
         }
     }

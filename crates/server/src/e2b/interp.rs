@@ -6,6 +6,8 @@
 //! a result with the final expression's repr as `text` (the main result) and one with the PNG
 //! of each matplotlib figure, an error with name, value and traceback, and the execution
 //! count. A caller that leaves interrupts the cell (KeyboardInterrupt; the state is kept).
+//! What sandboxd must tell the caller (the request resumed a paused sandbox, the context's
+//! interpreter was lost and started afresh) comes first as a stderr line `sandboxd: …`.
 //!
 //! Languages other than python are refused, saying so.
 
@@ -65,7 +67,7 @@ pub(super) async fn execute(
 ) -> Result<Response, E2bError> {
     let (live, _) = super::target(&st, &caller, &headers).await?;
     check_language(body.language.as_deref())?;
-    let python = python_of(&st, &live, body.context_id.as_deref())?;
+    let (python, note) = python_of(&st, &live, body.context_id.as_deref()).await?;
     if body.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
         return Err(E2bError::invalid(
             "per-execution env_vars are not applied by sandboxd's interpreter: set os.environ in the code, or pass envs to commands.run",
@@ -87,6 +89,7 @@ pub(super) async fn execute(
         final_lines(ran, count)
     });
     let state = Lines {
+        first: note.map(|n| ndjson(&[note_line(&n)])),
         chunks,
         cell: Some(cell),
         carry: [Vec::new(), Vec::new()],
@@ -99,6 +102,8 @@ pub(super) async fn execute(
 /// The lines of a running cell: its output as it is printed, then its end. Dropping it (the
 /// caller left) interrupts the cell.
 struct Lines {
+    /// What the caller is told before the cell's output (a context started afresh).
+    first: Option<Bytes>,
     chunks: UnboundedReceiver<(Stream, Bytes)>,
     cell: Option<JoinHandle<Vec<Value>>>,
     /// Per stream, the start of a UTF-8 character a chunk ended in the middle of.
@@ -108,6 +113,9 @@ struct Lines {
 
 impl Lines {
     async fn next(mut self) -> Option<(Result<Bytes, Infallible>, Self)> {
+        if let Some(first) = self.first.take() {
+            return Some((Ok(first), self));
+        }
         while let Some((stream, data)) = self.chunks.recv().await {
             let text = take_text(&mut self.carry[stream as usize], &data);
             if !text.is_empty() {
@@ -138,6 +146,12 @@ fn ndjson(lines: &[Value]) -> Bytes {
         text.push('\n');
     }
     Bytes::from(text)
+}
+
+/// A note of sandboxd's to the caller (an interpreter started afresh, a sandbox resumed),
+/// on stderr, where the SDK keeps it in the execution's logs.
+fn note_line(note: &str) -> Value {
+    json!({"type": "stderr", "text": format!("sandboxd: {note}\n"), "timestamp": now_ms()})
 }
 
 fn log_line(stream: Stream, text: &str) -> Value {
@@ -176,10 +190,15 @@ fn unfinished_tail(b: &[u8]) -> usize {
     0
 }
 
-/// The lines a cell ends with: what it printed that was not sent live, its results and
-/// error, and the execution count.
+/// The lines a cell ends with: sandboxd's notes (a fresh interpreter was started), what it
+/// printed that was not sent live, its results and error, and the execution count.
 fn final_lines(ran: Result<(Cell, Vec<String>), ToolError>, count: u64) -> Vec<Value> {
-    let mut lines = match ran {
+    let notes: Vec<Value> = match &ran {
+        Ok((_, notes)) => notes.iter().map(String::as_str).map(note_line).collect(),
+        Err(_) => Vec::new(),
+    };
+    let mut lines = notes;
+    lines.extend(match ran {
         Ok((Cell::Ran(out, timed_out), _)) => output_lines(out, timed_out),
         Ok((Cell::Failed(result), _)) => vec![json!({
             "type": "error",
@@ -191,7 +210,7 @@ fn final_lines(ran: Result<(Cell, Vec<String>), ToolError>, count: u64) -> Vec<V
             let why = e.to_string();
             vec![json!({"type": "error", "name": "SandboxError", "value": why, "traceback": why})]
         }
-    };
+    });
     lines.push(json!({"type": "number_of_executions", "execution_count": count}));
     lines
 }

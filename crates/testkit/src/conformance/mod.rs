@@ -12,6 +12,7 @@ pub mod runtime;
 pub mod runtime_vanish;
 pub mod store;
 mod store_audit;
+mod store_contexts;
 mod store_credentials;
 mod store_edges;
 mod store_egress;

@@ -13,7 +13,8 @@
 //! (`RunControl`: turns, fencing, takeover, cancel requests and answers) in store_runs.rs,
 //! the owner's daily tokens counted in an event's append in store_tokens.rs,
 //! the sign-in throttle (`AuthFailures`) and MCP sessions (`McpSessions`) in store_edges.rs,
-//! the audit log (`Audit`) in store_audit.rs, usage metering (`Metering`) in
+//! the audit log (`Audit`) in store_audit.rs, the code interpreter's contexts
+//! (`CodeContexts`) in store_contexts.rs, usage metering (`Metering`) in
 //! store_metering.rs.
 //!
 //! A store backend supplies a `StoreFactory`: a fresh, empty store per case (so cases do not
@@ -122,6 +123,12 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
         S,
         "case_hibernation",
         super::store_snapshots::case_hibernation(factory),
+    )
+    .await?;
+    run_case(
+        S,
+        "case_code_contexts",
+        super::store_contexts::case_code_contexts(factory),
     )
     .await?;
     super::store_runs::all(factory).await?;

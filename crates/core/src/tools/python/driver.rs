@@ -69,6 +69,8 @@ const RELAY_CANNOT_START: i64 = 76;
 const RELAY_DRIVER_EXITED: i64 = 77;
 /// The relay's last line when the driver exited.
 const EXIT_MARKER: &str = "sandboxd_pyrelay: the interpreter exited with status ";
+/// The relay's private directory (sandboxd_pyrelay.py's DIR).
+const RELAY_DIR: &str = "/tmp/sandboxd-py";
 /// Why a connection ended when a later sandboxd process took the interpreter over.
 const REPLACED: &str =
     "another sandboxd process connected to this session's python interpreter and took it over";
@@ -347,6 +349,34 @@ async fn kill_tree(sandbox: &dyn Sandbox, pid: u32) -> Result<(), String> {
         tracing::warn!(session = sandbox.session_id(), pid, error = %e, "could not kill the python interpreter");
     }
     outcome
+}
+
+/// Removes the files of code context `id` in the relay's directory (its socket, status,
+/// last words and lock; see sandboxd_pyrelay.py), once its interpreter is gone. `id` is
+/// checked as the relay checks it, so nothing else can be named.
+pub(super) async fn remove_context_files(sandbox: &dyn Sandbox, id: &str) -> Result<(), String> {
+    if id.is_empty()
+        || id.len() > 32
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return Err(format!("{id:?} is not a code context id"));
+    }
+    let mut argv = vec!["rm".to_string(), "-f".to_string(), "--".to_string()];
+    argv.extend(["sock", "status", "err", "lock"].map(|f| format!("{RELAY_DIR}/{f}-{id}")));
+    let mut req = ExecRequest::new(argv)
+        .timeout(Duration::from_secs(10))
+        .output_cap(4096);
+    req.env = helpers::env();
+    match sandbox.exec(req).await {
+        Ok(out) if out.exit_code == Some(0) => Ok(()),
+        Ok(out) => Err(format!(
+            "could not remove the code context's files: {}",
+            out.stderr_lossy().trim()
+        )),
+        Err(e) => Err(format!("could not remove the code context's files: {e}")),
+    }
 }
 
 fn describe_exit(code: i64) -> String {
