@@ -170,8 +170,14 @@ async fn any_replica_answers_any_request() {
     let (s, me) = c.api(2, &carol).json(Method::GET, "/v1/me", None).await;
     assert_eq!((s, me["name"].as_str()), (200, Some("carol")), "{me}");
 
-    // A session made on 1 runs a command through 2 and takes a file through 3.
-    let id = create_session(&c.api(0, &carol)).await;
+    // A session made on 1 runs a command through 2 and takes a file through 3; its
+    // environment reaches its processes on 2 as on 1.
+    let id = c
+        .api(0, &carol)
+        .session_with(json!({"env": {"GREETING": "hi 'there'"}}))
+        .await;
+    let out = c.api(1, &carol).exec(&id, "printf %s \"$GREETING\"").await;
+    assert_eq!(out["stdout"], "hi 'there'", "{out}");
     let out = c
         .api(1, &carol)
         .exec(
