@@ -200,6 +200,19 @@ async fn not_restored(
             format!("session {} could not be resumed now ({e}); retry", row.id),
         );
     }
+    if let SnapshotError::Missing { .. } = e {
+        // Another replica hibernated it into a directory this one does not see: the session
+        // and its snapshot are kept for a replica that can resume it.
+        discard(st, session).await;
+        tracing::warn!(session = %row.id, error = %e, "a hibernated session's snapshot is not here; set [sessions] snapshot_dir to a directory every replica shares");
+        return ApiError::new(
+            ErrorCode::SandboxUnavailable,
+            format!(
+                "session {} is hibernated, but {e}: it was hibernated by a replica whose snapshot directory this one does not share. The session is kept; retry through that replica, or have the admin set [sessions] snapshot_dir to a directory every replica shares",
+                row.id
+            ),
+        );
+    }
     let why = format!("its hibernation snapshot was refused at resume: {e}");
     tracing::warn!(session = %row.id, reason = %why, "ending a session");
     st.runs

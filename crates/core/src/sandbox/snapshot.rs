@@ -49,6 +49,10 @@ pub enum SnapshotError {
     Incomplete(String),
     #[error("the snapshot name {0:?} is not one sandboxd makes")]
     BadName(String),
+    /// Not in this process's snapshot directory: another replica saved it into a directory
+    /// this one does not share. Nothing is wrong with the session.
+    #[error("its snapshot {name} is not in this replica's snapshot directory {dir}")]
+    Missing { name: String, dir: PathBuf },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotError + '_ {
@@ -152,7 +156,15 @@ pub async fn check_file(
     workspace_bytes: u64,
 ) -> Result<Checked, SnapshotError> {
     let path = path_of(dir, name)?;
-    let file = File::open(&path).map_err(io(&path))?;
+    let file = match File::open(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(SnapshotError::Missing {
+                name: name.to_string(),
+                dir: dir.to_path_buf(),
+            });
+        }
+        other => other.map_err(io(&path))?,
+    };
     let len = file.metadata().map_err(io(&path))?.len();
     let max = workspace_bytes.saturating_add(ARCHIVE_SLACK);
     if len > max {
