@@ -28,6 +28,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("schema_v14.sql"),
     include_str!("schema_v15.sql"),
     include_str!("schema_v16.sql"),
+    include_str!("schema_v17.sql"),
 ];
 
 /// The advisory lock key every migrating process takes (the first 8 bytes of

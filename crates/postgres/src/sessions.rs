@@ -10,10 +10,11 @@ use crate::{
 };
 use sandboxd_core::config::egress::EgressPolicy;
 use sandboxd_core::store::{
-    SessionCaps, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
+    SessionCaps, SessionEnv, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState,
+    StoreError,
 };
 
-const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress, template, snapshot";
+const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress, template, snapshot, env";
 
 /// The advisory-lock class of an owner's session cap (the second key is the owner's hash).
 const SESSION_CAP_LOCK: i32 = 1;
@@ -27,6 +28,7 @@ fn from_row(r: &Row) -> Result<(i64, SessionRow), StoreError> {
     let metadata: String = col(r, 5)?;
     let kind: String = col(r, 13)?;
     let egress: String = col(r, 14)?;
+    let env: Option<String> = col(r, 17)?;
     let row = SessionRow {
         id: col(r, 1)?,
         owner: col(r, 2)?,
@@ -44,6 +46,7 @@ fn from_row(r: &Row) -> Result<(i64, SessionRow), StoreError> {
         egress: EgressPolicy::parse(&egress).map_err(|e| corrupt("session egress", e))?,
         template: col(r, 15)?,
         snapshot: col(r, 16)?,
+        env: SessionEnv::from_stored(env.as_deref())?,
     };
     Ok((col(r, 0)?, row))
 }
@@ -131,8 +134,8 @@ pub(crate) async fn reserve(
     }
     execute(
         c,
-        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress, template)
-         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $6, $7, $8, $9)",
+        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress, template, env)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $6, $7, $8, $9, $10)",
         &[
             &row.id,
             &row.owner,
@@ -143,6 +146,7 @@ pub(crate) async fn reserve(
             &row.kind.as_str(),
             &row.egress.to_string(),
             &row.template,
+            &row.env.to_stored(),
         ],
     )
     .await?;

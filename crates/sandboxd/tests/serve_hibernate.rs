@@ -5,7 +5,7 @@
 //! next run's events too); a hibernated session has no container; an idle session
 //! hibernates by itself and ends at its idle timeout, its snapshot deleted; `kill -9` in
 //! the middle of a save leaves the live session; a hostile or damaged snapshot is refused
-//! with a clear error. Deadlines on every wait; no timing is asserted.
+//! with a clear error; the session's environment is given back at resume. Deadlines on every wait; no timing is asserted.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use crate::serve;
@@ -352,4 +352,28 @@ async fn a_hostile_or_damaged_snapshot_is_refused() {
     }
     let data = env.dir.path().join("data");
     assert!(!data.join("escape.txt").exists() && !env.dir.path().join("escape.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sessions_environment_is_given_back_at_resume() {
+    let env = Env::new("").await;
+    let key = env.add_user("eli", &[]);
+    let root = env.add_user("root", &["--admin"]);
+    let serve = env.start();
+    let (api, admin) = (Api::new(&serve, &key), Api::new(&serve, &root));
+    let id = api
+        .session_with(json!({"env": {"TOKEN": "s3cr3t value", "MODE": "x"}}))
+        .await;
+    let show = "printf '%s|%s' \"$TOKEN\" \"$MODE\"";
+    assert_eq!(api.exec(&id, show).await["stdout"], "s3cr3t value|x");
+    assert_eq!(admin_post(&admin, &id, "hibernate").await.0, 200);
+    let out = api.exec(&id, show).await;
+    assert_eq!(out["stdout"], "s3cr3t value|x", "{out}");
+    assert!(
+        out["note"].as_str().unwrap_or("").contains("resumed"),
+        "{out}"
+    );
+    // A value is never shown back: not in the session's view.
+    let view = session_view(&api, &id).await;
+    assert!(!view.to_string().contains("s3cr3t"), "{view}");
 }

@@ -95,9 +95,15 @@ const LEASE_SECS: u64 = 2;
 
 impl Cluster {
     pub(crate) async fn start(n: usize, llm: &FakeLlm, extra: &str) -> Option<Cluster> {
+        Self::start_with(n, llm, "", extra).await
+    }
+
+    /// `start`, with `sessions` (keys of `[sessions]`: `Env::new` writes its extra text right
+    /// under that table) at the head of the config.
+    async fn start_with(n: usize, llm: &FakeLlm, sessions: &str, extra: &str) -> Option<Cluster> {
         let db = Db::create()?;
         let config = format!(
-            "{}[store]\nurl = {:?}\n[server]\nlease_secs = {LEASE_SECS}\ndrain_secs = 2\nupload_limit_mb = 4\nauth_failures_per_minute = 10000\n{extra}",
+            "{sessions}{}[store]\nurl = {:?}\n[server]\nlease_secs = {LEASE_SECS}\ndrain_secs = 2\nupload_limit_mb = 4\nauth_failures_per_minute = 10000\n{extra}",
             llm_config(llm),
             db.url
         );
@@ -170,8 +176,14 @@ async fn any_replica_answers_any_request() {
     let (s, me) = c.api(2, &carol).json(Method::GET, "/v1/me", None).await;
     assert_eq!((s, me["name"].as_str()), (200, Some("carol")), "{me}");
 
-    // A session made on 1 runs a command through 2 and takes a file through 3.
-    let id = create_session(&c.api(0, &carol)).await;
+    // A session made on 1 runs a command through 2 and takes a file through 3; its
+    // environment reaches its processes on 2 as on 1.
+    let id = c
+        .api(0, &carol)
+        .session_with(json!({"env": {"GREETING": "hi 'there'"}}))
+        .await;
+    let out = c.api(1, &carol).exec(&id, "printf %s \"$GREETING\"").await;
+    assert_eq!(out["stdout"], "hi 'there'", "{out}");
     let out = c
         .api(1, &carol)
         .exec(
@@ -478,4 +490,74 @@ async fn a_replica_killed_mid_run_loses_nothing_committed() {
         .json(Method::GET, &format!("/v1/sessions/{session}"), None)
         .await;
     assert_eq!((s, v["state"].as_str()), (200, Some("running")), "{v}");
+}
+
+/// Hibernates session `id` through the admin route of replica `i`.
+async fn hibernate_on(c: &Cluster, i: usize, admin: &str, id: &str) {
+    let (s, v) = c
+        .api(i, admin)
+        .json(Method::POST, &format!("/v1/sessions/{id}/hibernate"), None)
+        .await;
+    assert_eq!(s, 200, "hibernate on replica {i}: {v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_hibernated_on_one_replica_resumes_on_another_through_a_shared_snapshot_dir() {
+    let llm = FakeLlm::start(vec![]).await;
+    let shared = tempfile::tempdir().unwrap();
+    let sessions = format!("snapshot_dir = {:?}\n", shared.path());
+    let Some(c) = Cluster::start_with(2, &llm, &sessions, "").await else {
+        return;
+    };
+    let root = c.add_user("root", &["--admin"]);
+    let ann = c.add_user("ann", &[]);
+    let id = c.api(0, &ann).session().await;
+    c.api(0, &ann)
+        .exec(&id, "echo kept > /workspace/k.txt")
+        .await;
+    hibernate_on(&c, 0, &root, &id).await;
+    let out = c.api(1, &ann).exec(&id, "cat /workspace/k.txt").await;
+    assert_eq!(out["stdout"], "kept\n", "{out}");
+    assert!(
+        out["note"].as_str().unwrap_or("").contains("resumed"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_that_cannot_see_a_snapshot_answers_503_and_keeps_the_session() {
+    let llm = FakeLlm::start(vec![]).await;
+    // Each replica's snapshots in its own data directory: nothing shared.
+    let Some(c) = Cluster::start(2, &llm, "").await else {
+        return;
+    };
+    let root = c.add_user("root", &["--admin"]);
+    let ann = c.add_user("ann", &[]);
+    let id = c.api(0, &ann).session().await;
+    c.api(0, &ann)
+        .exec(&id, "echo kept > /workspace/k.txt")
+        .await;
+    hibernate_on(&c, 0, &root, &id).await;
+    let (s, v) = c
+        .api(1, &ann)
+        .json(
+            Method::POST,
+            &format!("/v1/sessions/{id}/exec"),
+            Some(json!({"command": "cat /workspace/k.txt"})),
+        )
+        .await;
+    assert_eq!((s, code(&v)), (503, "sandbox_unavailable"), "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("snapshot_dir") && msg.contains("kept"),
+        "{msg}"
+    );
+    let (_, view) = c
+        .api(1, &ann)
+        .json(Method::GET, &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(view["state"], "hibernated", "{view}");
+    // The replica that saved it resumes it, files and all.
+    let out = c.api(0, &ann).exec(&id, "cat /workspace/k.txt").await;
+    assert_eq!(out["stdout"], "kept\n", "{out}");
 }

@@ -180,6 +180,9 @@ impl Backend {
             }
             other => other?,
         };
+        // Before this replica starts any process in it (a sandbox made on another replica,
+        // or before a restart, has no environment in this process).
+        session.sandbox.set_session_env(row.env.vars());
         session.set_idle_timeout(idle_timeout(row));
         let live = Arc::new(Live::new(row, session.clone()));
         self.kill_tags(&live, kill_tags).await?;

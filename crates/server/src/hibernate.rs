@@ -44,7 +44,7 @@ const STALE_AFTER: Duration = Duration::from_secs(600);
 
 /// Where snapshots live: `<data dir>/snapshots` (replicas on several hosts must share it).
 pub fn snapshot_dir(st: &AppState) -> PathBuf {
-    st.config.data_dir().join("snapshots")
+    st.config.snapshot_dir()
 }
 
 /// The longest a save or a restore may take (a large workspace on a slow disk).

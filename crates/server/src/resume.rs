@@ -9,7 +9,8 @@
 //!
 //! A resume makes the sandbox again under the same runtime id, with the row's limits, from
 //! the row's template (`SessionManager::recreate`), restores the snapshot into /workspace
-//! after checking it (core/src/sandbox/snapshot.rs), then marks the row running by the
+//! after checking it (core/src/sandbox/snapshot.rs; the check runs beside the recreate, the
+//! unpack beside the shell's start), then marks the row running by the
 //! store's conditional update (exactly one resume wins), deletes the snapshot, and tells the
 //! user: `Live::resumed` (the exec answer's `note`, a `Sandboxd-Resumed` header) and a
 //! notice at the start of the next run's events (`ResumeNotice`).
@@ -33,8 +34,11 @@ use crate::error::{ApiError, ApiPath, ErrorCode, ErrorResponses};
 use crate::hibernate::{self, snapshot_dir, transfer_timeout, workspace_bytes};
 use crate::sessions::owned_row;
 use crate::types::Session as SessionView;
+use sandboxd_core::sandbox::Owner;
 use sandboxd_core::sandbox::hibernate::ResumeNotice;
+use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::sandbox::snapshot::{self, SnapshotError};
+use sandboxd_core::sandbox::tar_safety::ArchiveSummary;
 use sandboxd_core::store::{SessionKind, SessionRow, SessionState, now_ms};
 
 /// The header that says a request resumed its session.
@@ -85,36 +89,7 @@ async fn resume(st: &AppState, row: &SessionRow) -> Result<Live, ApiError> {
         ));
     };
     let owner = Backend::owner_of(&row.owner)?;
-    let manager = st.backend.manager();
-    // What this replica held of it before another replica hibernated it is gone.
-    manager.forget_held(&owner, runtime_id);
-    let image = manager
-        .templates()
-        .resolve(row.template.as_deref())
-        .map_err(|e| {
-            ApiError::new(
-                ErrorCode::Conflict,
-                format!("session {} cannot be resumed: {e}", row.id),
-            )
-        })?
-        .image;
-    let session = manager
-        .recreate(&owner, runtime_id, &row.limits, image)
-        .await?;
-    session.set_idle_timeout(idle_timeout(row));
-    let dir = snapshot_dir(st);
-    let restored = snapshot::restore(
-        session.sandbox.as_ref(),
-        &dir,
-        name,
-        workspace_bytes(row),
-        transfer_timeout(st),
-    )
-    .await;
-    let summary = match restored {
-        Ok(summary) => summary,
-        Err(e) => return Err(not_restored(st, row, &session, e).await),
-    };
+    let (session, summary) = remake(st, row, &owner, runtime_id, name).await?;
     match st
         .store
         .resume_session(&row.id, name, &session.handle, now_ms())
@@ -133,7 +108,7 @@ async fn resume(st: &AppState, row: &SessionRow) -> Result<Live, ApiError> {
             ));
         }
     }
-    snapshot::delete(&dir, name);
+    snapshot::delete(&snapshot_dir(st), name);
     if let Err(e) = st.store.add_session_holder(&row.id, st.replica.id()).await {
         tracing::warn!(session = %row.id, error = %e, "could not record a session's holder");
     }
@@ -156,12 +131,66 @@ async fn resume(st: &AppState, row: &SessionRow) -> Result<Live, ApiError> {
     Ok(live)
 }
 
+/// Makes the sandbox of hibernated session `row` again and restores snapshot `name` into
+/// it. The snapshot is checked on the host while the container is made, and unpacked while
+/// the persistent shell and the file helper start (`warm_up`), so the first command pays for
+/// neither: a resume costs about a cold create plus the transfer.
+async fn remake(
+    st: &AppState,
+    row: &SessionRow,
+    owner: &Owner,
+    runtime_id: &str,
+    name: &str,
+) -> Result<(Arc<Session>, ArchiveSummary), ApiError> {
+    let manager = st.backend.manager();
+    // What this replica held of it before another replica hibernated it is gone.
+    manager.forget_held(owner, runtime_id);
+    let image = manager
+        .templates()
+        .resolve(row.template.as_deref())
+        .map_err(|e| {
+            ApiError::new(
+                ErrorCode::Conflict,
+                format!("session {} cannot be resumed: {e}", row.id),
+            )
+        })?
+        .image;
+    let dir = snapshot_dir(st);
+    let (made, checked) = tokio::join!(
+        manager.recreate(owner, runtime_id, &row.limits, image),
+        snapshot::check_file(&dir, name, workspace_bytes(row)),
+    );
+    let session = made?;
+    session.set_idle_timeout(idle_timeout(row));
+    // Before the shell starts below.
+    session.sandbox.set_session_env(row.env.vars());
+    let restored = match checked {
+        Ok(checked) => {
+            let sandbox = session.sandbox.as_ref();
+            let (restored, warm) = tokio::join!(
+                snapshot::unpack(sandbox, checked, transfer_timeout(st)),
+                sandbox.warm_up(),
+            );
+            if let Err(e) = warm {
+                // The first command starts what did not start here.
+                tracing::debug!(session = %row.id, error = %e, "a resumed sandbox did not warm up");
+            }
+            restored
+        }
+        Err(e) => Err(e),
+    };
+    match restored {
+        Ok(summary) => Ok((session, summary)),
+        Err(e) => Err(not_restored(st, row, &session, e).await),
+    }
+}
+
 /// What a restore that failed leaves: for the engine's failure, the session hibernated for
 /// the next try (503); for a snapshot refused, the session ended, with why (409).
 async fn not_restored(
     st: &AppState,
     row: &SessionRow,
-    session: &Arc<sandboxd_core::sandbox::manager::Session>,
+    session: &Arc<Session>,
     e: SnapshotError,
 ) -> ApiError {
     if let SnapshotError::Sandbox(_) = e {
@@ -169,6 +198,19 @@ async fn not_restored(
         return ApiError::new(
             ErrorCode::SandboxUnavailable,
             format!("session {} could not be resumed now ({e}); retry", row.id),
+        );
+    }
+    if let SnapshotError::Missing { .. } = e {
+        // Another replica hibernated it into a directory this one does not see: the session
+        // and its snapshot are kept for a replica that can resume it.
+        discard(st, session).await;
+        tracing::warn!(session = %row.id, error = %e, "a hibernated session's snapshot is not here; set [sessions] snapshot_dir to a directory every replica shares");
+        return ApiError::new(
+            ErrorCode::SandboxUnavailable,
+            format!(
+                "session {} is hibernated, but {e}: it was hibernated by a replica whose snapshot directory this one does not share. The session is kept; retry through that replica, or have the admin set [sessions] snapshot_dir to a directory every replica shares",
+                row.id
+            ),
         );
     }
     let why = format!("its hibernation snapshot was refused at resume: {e}");
@@ -192,7 +234,7 @@ async fn not_restored(
 }
 
 /// Removes a sandbox a resume made and could not finish; the session stays hibernated.
-async fn discard(st: &AppState, session: &Arc<sandboxd_core::sandbox::manager::Session>) {
+async fn discard(st: &AppState, session: &Arc<Session>) {
     let manager = st.backend.manager();
     if manager.take_idle(session, Duration::ZERO) {
         let _ = manager.remove_kept(session).await;

@@ -4,7 +4,6 @@
 //! caller owns the session (or is an admin): another user's session is indistinguishable
 //! from one that never existed.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -226,7 +225,8 @@ pub async fn create(
         now_ms(),
     )
     .with_egress(egress)
-    .with_template(template.image.is_some().then(|| template.name.clone()));
+    .with_template(template.image.is_some().then(|| template.name.clone()))
+    .with_env(body.env);
     // The global cap is counted in the store with the owner's, across every replica; the
     // row records this replica as its first holder (a create it does not finish is ended
     // by another once its lease is out).
@@ -248,8 +248,7 @@ pub async fn create(
     let task_state = st.clone();
     let task_row = row.clone();
     let image = template.image;
-    let env = body.env;
-    let made = tokio::spawn(async move { make(&task_state, &task_row, &filled, image, env).await })
+    let made = tokio::spawn(async move { make(&task_state, &task_row, &filled, image).await })
         .await
         .map_err(ApiError::internal)?;
     made?;
@@ -267,13 +266,12 @@ async fn make(
     row: &SessionRow,
     filled: &LimitRequest,
     image: Option<String>,
-    env: BTreeMap<String, String>,
 ) -> Result<(), ApiError> {
     match st.backend.create(row, filled, image).await {
         Ok(live) => {
-            if !env.is_empty() {
+            if !row.env.0.is_empty() {
                 // A warm sandbox's shell started before the session had an environment.
-                live.sandbox.set_session_env(env.into_iter().collect());
+                live.sandbox.set_session_env(row.env.vars());
                 let _ = live.sandbox.restart_shell().await;
             }
             if let Err(e) = st

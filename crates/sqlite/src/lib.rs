@@ -63,6 +63,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v15.sql"),
     include_str!("schema_v16.sql"),
     include_str!("schema_v17.sql"),
+    include_str!("schema_v18.sql"),
 ];
 
 /// Store calls queued at once; more wait for a permit.

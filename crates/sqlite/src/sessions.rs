@@ -6,10 +6,11 @@ use rusqlite::{Connection, OptionalExtension, Params, Transaction, params};
 use crate::{page, sql, to_json};
 use sandboxd_core::config::egress::EgressPolicy;
 use sandboxd_core::store::{
-    SessionCaps, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState, StoreError,
+    SessionCaps, SessionEnv, SessionKind, SessionPage, SessionQuery, SessionRow, SessionState,
+    StoreError,
 };
 
-const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress, template, snapshot";
+const COLS: &str = "rowid, id, owner, state, limits, metadata, idle_timeout_secs, runtime_id, container_id, created_at, last_used_at, ended_at, end_reason, kind, egress, template, snapshot, env";
 
 /// The sessions matching `tail` with their rowids (the paging cursor), JSON decoded.
 pub(super) fn select(
@@ -29,6 +30,7 @@ pub(super) fn select(
                 r.get::<_, String>(5)?,
                 r.get::<_, String>(13)?,
                 r.get::<_, String>(14)?,
+                r.get::<_, Option<String>>(17)?,
                 SessionRow {
                     id: r.get(1)?,
                     owner: r.get(2)?,
@@ -46,13 +48,15 @@ pub(super) fn select(
                     egress: Default::default(),
                     template: r.get(15)?,
                     snapshot: r.get(16)?,
+                    env: Default::default(),
                 },
             ))
         })
         .map_err(sql)?;
     let corrupt = |what, message: String| StoreError::Corrupt { what, message };
     rows.map(|row| {
-        let (rowid, state, limits, metadata, kind, egress, mut row) = row.map_err(sql)?;
+        let (rowid, state, limits, metadata, kind, egress, env, mut row) = row.map_err(sql)?;
+        row.env = SessionEnv::from_stored(env.as_deref())?;
         row.egress = EgressPolicy::parse(&egress).map_err(|e| corrupt("session egress", e))?;
         row.kind =
             SessionKind::parse(&kind).ok_or_else(|| corrupt("session kind", kind.clone()))?;
@@ -109,8 +113,8 @@ pub(super) fn reserve(
         });
     }
     tx.execute(
-        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress, template)
-         VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9)",
+        "INSERT INTO sessions (id, owner, state, limits, metadata, idle_timeout_secs, created_at, last_used_at, kind, egress, template, env)
+         VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10)",
         params![
             row.id,
             row.owner,
@@ -120,7 +124,8 @@ pub(super) fn reserve(
             row.created_at,
             row.kind.as_str(),
             row.egress.to_string(),
-            row.template
+            row.template,
+            row.env.to_stored()
         ],
     )
     .map_err(sql)?;

@@ -261,6 +261,10 @@ pub struct SessionsConfig {
     /// survive). 0 = never (the default: hibernation ends processes, which a user must opt
     /// into). Only below `idle_timeout_secs` does it do anything.
     pub hibernate_after_secs: u64,
+    /// Where hibernated sessions' /workspace snapshots are saved (None: `<data_dir>/snapshots`).
+    /// Replicas that may resume each other's sessions must share it (an NFS or ReadWriteMany
+    /// volume); a replica that cannot see a snapshot answers 503 and keeps the session.
+    pub snapshot_dir: Option<PathBuf>,
     /// How often serve samples the CPU and memory of the sandboxes it holds for usage
     /// metering (each session also gets a last reading when it ends); 0 = only that last
     /// reading.
@@ -277,6 +281,7 @@ impl Default for SessionsConfig {
             default_owner: "local".into(),
             memory_budget_mb: 0,
             hibernate_after_secs: 0,
+            snapshot_dir: None,
             usage_sample_secs: 60,
         }
     }
@@ -510,6 +515,14 @@ impl Config {
         egress_credentials::load_section(&mut config.egress, env)
             .map_err(|(key, message)| ConfigError::Invalid { key, message })?;
         Ok(config)
+    }
+
+    /// Where hibernated sessions' snapshots are saved (`[sessions] snapshot_dir`).
+    pub fn snapshot_dir(&self) -> PathBuf {
+        match &self.sessions.snapshot_dir {
+            Some(d) => d.clone(),
+            None => self.data_dir().join("snapshots"),
+        }
     }
 
     /// The directory for transcripts and other files sandboxd keeps.

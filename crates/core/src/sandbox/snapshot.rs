@@ -9,10 +9,12 @@
 //! fsyncs the directory. Only then may the caller record it: a crash before leaves at most a
 //! temporary file (`sweep_temporaries`), never a snapshot that looks complete.
 //!
-//! `restore` checks the file again before anything reaches the sandbox (the host file could
-//! have been damaged or replaced since): its size against the session's workspace, then every
-//! entry by the rules of uploads (`tar_safety`: no absolute paths, no `..`, no link leaving
-//! the tree, no device; the total within the workspace), and unpacks it into /workspace only.
+//! A restore checks the file again before anything reaches the sandbox (`check_file`: the
+//! host file could have been damaged or replaced since): its size against the session's
+//! workspace, then every entry by the rules of uploads (`tar_safety`: no absolute paths, no
+//! `..`, no link leaving the tree, no device; the total within the workspace); only the
+//! checked file is unpacked (`unpack`), into /workspace only. The two are separate so a resume
+//! can check while the container is being made.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -47,6 +49,10 @@ pub enum SnapshotError {
     Incomplete(String),
     #[error("the snapshot name {0:?} is not one sandboxd makes")]
     BadName(String),
+    /// Not in this process's snapshot directory: another replica saved it into a directory
+    /// this one does not share. Nothing is wrong with the session.
+    #[error("its snapshot {name} is not in this replica's snapshot directory {dir}")]
+    Missing { name: String, dir: PathBuf },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotError + '_ {
@@ -133,25 +139,49 @@ pub async fn save(
     Ok(archive.len)
 }
 
-/// Restores snapshot `dir/name` into /workspace of `sandbox` after checking it (see the
-/// module doc); what it held.
-pub async fn restore(
-    sandbox: &dyn Sandbox,
+/// A snapshot file opened and checked, ready to unpack (`check_file`, then `unpack`: a
+/// resume checks it while the container is being made again, see the module doc).
+pub struct Checked {
+    file: File,
+    len: u64,
+    /// What it holds.
+    pub summary: ArchiveSummary,
+}
+
+/// Opens snapshot `dir/name` and checks it by the rules of uploads against a workspace of
+/// `workspace_bytes`; nothing reaches a sandbox.
+pub async fn check_file(
     dir: &Path,
     name: &str,
     workspace_bytes: u64,
-    timeout: Duration,
-) -> Result<ArchiveSummary, SnapshotError> {
+) -> Result<Checked, SnapshotError> {
     let path = path_of(dir, name)?;
-    let file = File::open(&path).map_err(io(&path))?;
+    let file = match File::open(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(SnapshotError::Missing {
+                name: name.to_string(),
+                dir: dir.to_path_buf(),
+            });
+        }
+        other => other.map_err(io(&path))?,
+    };
     let len = file.metadata().map_err(io(&path))?.len();
     let max = workspace_bytes.saturating_add(ARCHIVE_SLACK);
     if len > max {
         return Err(SnapshotError::TooLarge { len, max });
     }
     let summary = check(&file, len, workspace_bytes).await?;
-    transfer::unpack_tar_from(sandbox, WORKSPACE, &file, len, timeout).await?;
-    Ok(summary)
+    Ok(Checked { file, len, summary })
+}
+
+/// Unpacks a checked snapshot into /workspace of `sandbox`; what it held.
+pub async fn unpack(
+    sandbox: &dyn Sandbox,
+    checked: Checked,
+    timeout: Duration,
+) -> Result<ArchiveSummary, SnapshotError> {
+    transfer::unpack_tar_from(sandbox, WORKSPACE, &checked.file, checked.len, timeout).await?;
+    Ok(checked.summary)
 }
 
 /// Deletes snapshot `dir/name`; a missing one is not an error.

@@ -239,6 +239,49 @@ pub struct SessionRow {
     /// Hibernated: the snapshot file its /workspace was saved to; its sandbox is gone and
     /// the next use resumes it (see `SessionSnapshots`). None while its sandbox lives.
     pub snapshot: Option<String>,
+    /// The environment its processes get (`env` at create, E2B's `envVars`), kept so that a
+    /// resume or another replica's attach gives it back.
+    pub env: SessionEnv,
+}
+
+/// A session's environment variables. The values may be secrets: `Debug` shows the names
+/// only, and no view, event or log shows a value.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SessionEnv(pub BTreeMap<String, String>);
+
+impl std::fmt::Debug for SessionEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl SessionEnv {
+    /// As the store keeps it: None when empty, else a JSON object.
+    pub fn to_stored(&self) -> Option<String> {
+        if self.0.is_empty() {
+            None
+        } else {
+            serde_json::to_string(&self.0).ok()
+        }
+    }
+
+    /// From what the store kept (see `to_stored`).
+    pub fn from_stored(stored: Option<&str>) -> Result<Self, StoreError> {
+        match stored {
+            None => Ok(Self::default()),
+            Some(text) => serde_json::from_str(text)
+                .map(Self)
+                .map_err(|e| StoreError::Corrupt {
+                    what: "session env",
+                    message: e.to_string(),
+                }),
+        }
+    }
+
+    /// The variables, for `Sandbox::set_session_env`.
+    pub fn vars(&self) -> Vec<(String, String)> {
+        self.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
 }
 
 impl SessionRow {
@@ -268,6 +311,7 @@ impl SessionRow {
             egress: EgressPolicy::Off,
             template: None,
             snapshot: None,
+            env: SessionEnv::default(),
         }
     }
 }
@@ -288,6 +332,12 @@ impl SessionRow {
     /// Whether it is hibernated: running, but its sandbox saved and removed.
     pub fn hibernated(&self) -> bool {
         self.state == SessionState::Running && self.snapshot.is_some()
+    }
+
+    /// The same row with an environment for its processes (what `reserve_session` records).
+    pub fn with_env(mut self, env: BTreeMap<String, String>) -> Self {
+        self.env = SessionEnv(env);
+        self
     }
 
     /// The same row with another egress policy (what `reserve_session` records).

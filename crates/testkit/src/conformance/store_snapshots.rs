@@ -2,7 +2,8 @@
 //! marked hibernated only when unused since the snapshot began and with no run in flight,
 //! once; it still counts in its owner's quota; it resumes once, only with its own snapshot;
 //! the idle end ends only hibernated sessions past their own timeout and names their
-//! snapshots; the runtime-id idle end never ends a hibernated one; the template is kept.
+//! snapshots; the runtime-id idle end never ends a hibernated one; the template and the
+//! session's environment are kept.
 
 use std::collections::BTreeMap;
 
@@ -25,9 +26,19 @@ pub(super) async fn case_hibernation(f: &dyn StoreFactory) -> Result<()> {
     let store = fresh(f).await?;
     let ann = add_user(&*store, "ann", 1).await?;
     let t0 = now_ms();
+    let env = BTreeMap::from([
+        ("A".to_string(), "1".to_string()),
+        ("TOKEN".to_string(), "x y='z' \"\u{e9}\n".to_string()),
+    ]);
     let new = |id: &str, template: Option<&str>| {
+        let env = if template.is_some() {
+            env.clone()
+        } else {
+            BTreeMap::new()
+        };
         SessionRow::creating(id, &ann, Limits::default(), BTreeMap::new(), 10, t0)
             .with_template(template.map(str::to_string))
+            .with_env(env)
     };
     store.reserve_session(new("z0", Some("data")), 2).await?;
     store.reserve_session(new("z1", None), 2).await?;
@@ -41,6 +52,11 @@ pub(super) async fn case_hibernation(f: &dyn StoreFactory) -> Result<()> {
     ensure!(
         z0.template.as_deref() == Some("data") && z0.snapshot.is_none() && !z0.hibernated(),
         "the template is kept and a new session is not hibernated: {z0:?}"
+    );
+    ensure!(
+        z0.env.0 == env && row_of(&*store, "z1").await?.env.0.is_empty(),
+        "the environment is kept exactly, an empty one stays empty: {:?}",
+        z0.env
     );
     store.touch_session("z0", t0 + 5_000).await?;
     ensure!(
@@ -121,8 +137,9 @@ pub(super) async fn case_hibernation(f: &dyn StoreFactory) -> Result<()> {
         !z0.hibernated()
             && z0.container_id.as_deref() == Some("c-z0b")
             && z0.last_used_at == t0 + 7_000
-            && z0.runtime_id.as_deref() == Some("rt-z0"),
-        "resumed: new container, same runtime id, used now: {z0:?}"
+            && z0.runtime_id.as_deref() == Some("rt-z0")
+            && z0.env.0 == env,
+        "resumed: new container, same runtime id and environment, used now: {z0:?}"
     );
     // The idle end of hibernated sessions: z0 hibernated again, z1 too, at other times.
     ensure!(

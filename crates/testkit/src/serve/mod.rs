@@ -158,12 +158,13 @@ impl Api {
 
     /// Creates a session and returns its id.
     pub async fn session(&self) -> String {
+        self.session_with(serde_json::json!({})).await
+    }
+
+    /// Creates a session from `body` (the create request) and returns its id.
+    pub async fn session_with(&self, body: serde_json::Value) -> String {
         let (s, v) = self
-            .json(
-                reqwest::Method::POST,
-                "/v1/sessions",
-                Some(serde_json::json!({})),
-            )
+            .json(reqwest::Method::POST, "/v1/sessions", Some(body))
             .await;
         assert_eq!(s, 201, "create session: {v}");
         v["id"].as_str().unwrap().to_string()
