@@ -25,8 +25,8 @@ use sandboxd_core::sandbox::{Owner, Sandbox, SandboxError, SandboxState, Usage, 
 
 use state::{start_failure, state_of};
 
-mod calls;
 pub mod agent_sandbox;
+mod calls;
 mod channel;
 pub mod doctor;
 mod exec;
@@ -38,8 +38,8 @@ mod state;
 mod usage;
 mod watch;
 
-pub use calls::{ApiCalls, connect_to};
 pub use agent_sandbox::AgentSandboxRuntime;
+pub use calls::{ApiCalls, connect_to};
 pub use exec::{KubeExec, KubeSandbox};
 pub use spec::PodSettings;
 
