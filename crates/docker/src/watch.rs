@@ -13,7 +13,6 @@
 //! this runtime removed itself are never reported (`remove_container` marks them first).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use bollard::Docker;
@@ -21,7 +20,7 @@ use bollard::models::{ContainerStateStatusEnum, EventMessage};
 use bollard::query_parameters::EventsOptionsBuilder;
 use futures::StreamExt;
 use sandboxd_core::sandbox::runtime::meta_key;
-use sandboxd_core::sandbox::vanished::{OwnRemovals, REPORTS_BUFFERED, VanishKind, Vanished};
+use sandboxd_core::sandbox::vanished::{OwnRemovals, Reports, VanishKind, Vanished};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::labels;
@@ -35,31 +34,22 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 pub(crate) struct Watch {
     /// The containers this runtime removed: never reported.
     pub(crate) own: OwnRemovals,
-    /// The reports and the task's stop (dropped with the runtime), once started.
-    started: Mutex<Option<(broadcast::Sender<Vanished>, oneshot::Sender<()>)>>,
+    /// The reports and the task (stopped when the runtime is dropped), once started.
+    reports: Reports,
 }
 
 impl Watch {
     /// A new follower of the reports; the first one starts the task.
     pub(crate) fn subscribe(&self, docker: &Docker) -> broadcast::Receiver<Vanished> {
-        let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((tx, _)) = started.as_ref() {
-            return tx.subscribe();
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return sandboxd_core::sandbox::vanished::never();
-        };
-        let (tx, rx) = broadcast::channel(REPORTS_BUFFERED);
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let follower = Follower {
-            docker: docker.clone(),
-            tx: tx.clone(),
-            own: self.own.clone(),
-            reported: OwnRemovals::default(),
-        };
-        handle.spawn(follower.run(stop_rx));
-        *started = Some((tx, stop_tx));
-        rx
+        self.reports.subscribe(|tx, stop| {
+            Follower {
+                docker: docker.clone(),
+                tx,
+                own: self.own.clone(),
+                reported: OwnRemovals::default(),
+            }
+            .run(stop)
+        })
     }
 }
 

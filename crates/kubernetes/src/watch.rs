@@ -14,13 +14,12 @@
 //! `VanishKind::evicted`, which cuts it and strips control characters.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
-use sandboxd_core::sandbox::vanished::{OwnRemovals, REPORTS_BUFFERED, VanishKind, Vanished};
+use sandboxd_core::sandbox::vanished::{OwnRemovals, Reports, VanishKind, Vanished};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::meta;
@@ -36,33 +35,24 @@ const WATCH_SECS: u32 = 290;
 pub(crate) struct Watch {
     /// The pods this runtime deleted: never reported.
     pub(crate) own: OwnRemovals,
-    /// The reports and the task's stop (dropped with the runtime), once started.
-    started: Mutex<Option<(broadcast::Sender<Vanished>, oneshot::Sender<()>)>>,
+    /// The reports and the task (stopped when the runtime is dropped), once started.
+    reports: Reports,
 }
 
 impl Watch {
     /// A new follower of the reports; the first one starts the task.
     pub(crate) fn subscribe(&self, pods: Api<Pod>) -> broadcast::Receiver<Vanished> {
-        let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((tx, _)) = started.as_ref() {
-            return tx.subscribe();
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return sandboxd_core::sandbox::vanished::never();
-        };
-        let (tx, rx) = broadcast::channel(REPORTS_BUFFERED);
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let follower = Follower {
-            pods,
-            selector: meta::selector(None),
-            tx: tx.clone(),
-            own: self.own.clone(),
-            reported: OwnRemovals::default(),
-            known: HashMap::new(),
-        };
-        handle.spawn(follower.run(stop_rx));
-        *started = Some((tx, stop_tx));
-        rx
+        self.reports.subscribe(|tx, stop| {
+            Follower {
+                pods,
+                selector: meta::selector(None),
+                tx,
+                own: self.own.clone(),
+                reported: OwnRemovals::default(),
+                known: HashMap::new(),
+            }
+            .run(stop)
+        })
     }
 }
 

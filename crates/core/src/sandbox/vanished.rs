@@ -18,7 +18,11 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast::{Receiver, Sender};
+use tokio::sync::oneshot;
 
 use super::ends::EndReason;
 use super::manager::{SessionManager, lock};
@@ -94,6 +98,37 @@ pub const REPORTS_BUFFERED: usize = 256;
 /// A receiver that never reports: the seam's default for a backend that cannot tell.
 pub fn never() -> tokio::sync::broadcast::Receiver<Vanished> {
     tokio::sync::broadcast::channel(1).1
+}
+
+/// A backend's reports and its one follower task: started by the first subscriber, stopped
+/// when this is dropped (with the runtime). Outside a tokio runtime nothing is started and the
+/// subscriber hears nothing (`never`).
+#[derive(Default)]
+pub struct Reports(Mutex<Option<(Sender<Vanished>, oneshot::Sender<()>)>>);
+
+impl Reports {
+    /// A new follower of the reports; the first one spawns `follow(sender, stop)`, which
+    /// must return once `stop` resolves.
+    pub fn subscribe<F>(
+        &self,
+        follow: impl FnOnce(Sender<Vanished>, oneshot::Receiver<()>) -> F,
+    ) -> Receiver<Vanished>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let mut started = lock(&self.0);
+        if let Some((tx, _)) = started.as_ref() {
+            return tx.subscribe();
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return never();
+        };
+        let (tx, rx) = tokio::sync::broadcast::channel(REPORTS_BUFFERED);
+        let (stop_tx, stop_rx) = oneshot::channel();
+        handle.spawn(follow(tx.clone(), stop_rx));
+        *started = Some((tx, stop_tx));
+        rx
+    }
 }
 
 /// The handles a backend removed itself, so that their ends are not reported; and the

@@ -248,21 +248,6 @@ async fn round_trips(
     Ok(())
 }
 
-/// Refills until `size` warm sandboxes are ready; a few failed rounds are an error.
-async fn fill(m: &SessionManager, size: usize) -> anyhow::Result<()> {
-    for _ in 0..5 {
-        if m.pool_ready() >= size {
-            return Ok(());
-        }
-        m.refill_pool().await;
-    }
-    anyhow::ensure!(
-        m.pool_ready() >= size,
-        "the pool could not fill to {size} (the warnings above say why)"
-    );
-    Ok(())
-}
-
 /// A claim → its first `true` answered; whether the pool gave it (the refill task does not
 /// run here, so the pool shrinks by one exactly when a claim is warm).
 async fn claim(m: &SessionManager) -> anyhow::Result<(Duration, bool, Arc<Session>)> {
@@ -283,7 +268,7 @@ async fn warm_claims(
     let m = manager(runtime, plan, plan.pool.max(1));
     let result = async {
         for _ in 0..plan.rounds() {
-            fill(&m, plan.pool.max(1)).await?;
+            super::support::fill_pool(&m, plan.pool.max(1)).await?;
             let before = count.mark();
             let (took, warm, s) = claim(&m).await?;
             count.add("warm claim", &before);
@@ -307,7 +292,7 @@ async fn drained(
     let size = plan.pool.max(1);
     let m = manager(runtime, plan, size);
     let result = async {
-        fill(&m, size).await?;
+        super::support::fill_pool(&m, size).await?;
         for i in 0..size + plan.beyond {
             let before = count.mark();
             let (took, warm, _kept) = claim(&m).await?;

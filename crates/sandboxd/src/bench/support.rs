@@ -50,3 +50,22 @@ pub fn tool_call_completion(i: impl std::fmt::Display, name: &str, arguments: &s
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
     })
 }
+
+/// Refills the pool of `m` until `size` warm sandboxes are ready; a few failed rounds are an
+/// error, not a hang.
+pub async fn fill_pool(
+    m: &sandboxd_core::sandbox::SessionManager,
+    size: usize,
+) -> anyhow::Result<()> {
+    for _ in 0..5 {
+        if m.pool_ready() >= size {
+            return Ok(());
+        }
+        m.refill_pool().await;
+    }
+    anyhow::ensure!(
+        m.pool_ready() >= size,
+        "the pool could not fill to {size} (the warnings above say why)"
+    );
+    Ok(())
+}

@@ -41,21 +41,6 @@ pub(crate) async fn manager_with(
     ))
 }
 
-/// Refills until `size` warm sandboxes are ready; a few failed rounds are an error, not a hang.
-async fn fill(m: &SessionManager, size: usize) -> anyhow::Result<()> {
-    for _ in 0..5 {
-        if m.pool_ready() >= size {
-            return Ok(());
-        }
-        m.refill_pool().await;
-    }
-    anyhow::ensure!(
-        m.pool_ready() >= size,
-        "the pool could not fill to {size} (the warnings above say why)"
-    );
-    Ok(())
-}
-
 /// Create (or claim) a session and have its first command answered; the time it took.
 async fn create_to_first(m: &SessionManager) -> anyhow::Result<(Duration, String)> {
     let t = Instant::now();
@@ -284,7 +269,7 @@ async fn warm_claims(ctx: &Ctx, n: usize) -> anyhow::Result<Vec<Duration>> {
     let warm = manager(ctx, size).await?;
     let mut claims = Vec::new();
     for _ in 0..n.clamp(10, 50) {
-        fill(&warm, size).await?;
+        sandboxd::bench::support::fill_pool(&warm, size).await?;
         let (t, id) = create_to_first(&warm).await?;
         claims.push(t);
         warm.admin_remove(&id).await?;
@@ -311,7 +296,7 @@ async fn fifty_at_once(
         &format!("P99 beside CubeSandbox's {CUBE_P99_50_MS} ms (96-core bare metal)"),
     );
     let warm50 = manager(ctx, 50).await?;
-    fill(&warm50, 50).await?;
+    sandboxd::bench::support::fill_pool(&warm50, 50).await?;
     let mut ours = concurrent(&warm50, 50).await?;
     warm50.remove_all().await;
     row(
