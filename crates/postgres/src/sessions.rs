@@ -165,7 +165,7 @@ pub(crate) async fn end_idle(
     now: i64,
 ) -> Result<Option<String>, StoreError> {
     let sql = format!(
-        "UPDATE sessions SET state = 'ended', ended_at = $2, end_reason = $3
+        "UPDATE sessions SET state = 'ended', env = NULL, ended_at = $2, end_reason = $3
          WHERE runtime_id = $1 AND state = 'running' AND snapshot IS NULL
            AND last_used_at + idle_timeout_secs * 1000 <= $2 AND NOT {RUN_IN_FLIGHT}
          RETURNING id"
@@ -219,7 +219,7 @@ pub(crate) async fn end_idle_hibernated(
     now: i64,
 ) -> Result<Vec<(String, String)>, StoreError> {
     let sql = format!(
-        "UPDATE sessions SET state = 'ended', ended_at = $1, end_reason = $2
+        "UPDATE sessions SET state = 'ended', env = NULL, ended_at = $1, end_reason = $2
          WHERE state = 'running' AND snapshot IS NOT NULL
            AND last_used_at + idle_timeout_secs * 1000 <= $1 AND NOT {RUN_IN_FLIGHT}
          RETURNING id, snapshot"
@@ -357,7 +357,7 @@ pub(crate) async fn end(
 ) -> Result<bool, StoreError> {
     let n = execute(
         c,
-        "UPDATE sessions SET state = 'ended', ended_at = $2, end_reason = $3
+        "UPDATE sessions SET state = 'ended', env = NULL, ended_at = $2, end_reason = $3
          WHERE id = $1 AND state != 'ended'",
         &[&id, &now, &reason],
     )

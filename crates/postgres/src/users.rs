@@ -102,7 +102,7 @@ pub(crate) async fn remove(
     let id: String = col(&row, 0)?;
     execute(
         c,
-        "UPDATE sessions SET state = 'ended', ended_at = $2, end_reason = 'its user was removed'
+        "UPDATE sessions SET state = 'ended', env = NULL, ended_at = $2, end_reason = 'its user was removed'
          WHERE owner = $1 AND state != 'ended'",
         &[&id, &now],
     )

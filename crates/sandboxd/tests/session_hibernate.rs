@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use sandboxd_core::config::{LimitRequest, Limits, SessionsConfig};
 use sandboxd_core::sandbox::hibernate::Hibernator;
 use sandboxd_core::sandbox::manager::Session;
-use sandboxd_core::sandbox::{CreateOptions, Owner, SessionManager};
+use sandboxd_core::sandbox::{CreateOptions, Owner, SandboxError, SessionManager};
 use support::fake_runtime::FakeRuntime;
 
 const KEPT: CreateOptions = CreateOptions { keep: true };
@@ -170,14 +170,44 @@ async fn recreate_makes_the_same_session_again_within_the_caps() {
     assert!(m.take_idle(&s, Duration::ZERO));
     m.remove_kept(&s).await.unwrap();
     drop(s);
-    let again = m.recreate(&a, &id, &limits, None).await.unwrap();
+    let again = m.recreate(&a, &id, &limits, None, None).await.unwrap();
     assert_eq!(again.id, id);
     assert_eq!(again.limits.memory_mb, 256);
     assert!(again.keep);
     assert_eq!(rt.sessions(), vec![id.clone()]);
     assert!(Arc::ptr_eq(&m.held(&a, &id).unwrap(), &again));
     // A second recreate of a held session is that session, not a second sandbox.
-    let same = m.recreate(&a, &id, &limits, None).await.unwrap();
+    let same = m.recreate(&a, &id, &limits, None, None).await.unwrap();
     assert!(Arc::ptr_eq(&same, &again));
+    assert_eq!(rt.creates(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn recreate_removes_only_the_hibernated_sandbox_never_another_resume() {
+    let rt = FakeRuntime::new();
+    let (m, _rec) = setup(&rt, 60, 600, true);
+    let a = owner();
+    let s = m.create(&a, &LimitRequest::default(), KEPT).await.unwrap();
+    let (id, limits, handle) = (s.id.clone(), s.limits.clone(), s.handle.clone());
+    // Taken out of the table, its sandbox left running: as another process's resume looks.
+    assert!(m.take_idle(&s, Duration::ZERO));
+    drop(s);
+    let busy = m
+        .recreate(&a, &id, &limits, None, Some("another-handle"))
+        .await;
+    assert!(
+        matches!(busy, Err(SandboxError::Busy(_))),
+        "{:?}",
+        busy.err()
+    );
+    assert_eq!(rt.sessions(), vec![id.clone()], "left alone");
+    assert_eq!(rt.creates(), 1);
+    // The hibernated sandbox itself (a hibernation that stopped after its record) goes.
+    let again = m
+        .recreate(&a, &id, &limits, None, Some(&handle))
+        .await
+        .unwrap();
+    assert_ne!(again.handle, handle);
+    assert_eq!(rt.sessions(), vec![id.clone()]);
     assert_eq!(rt.creates(), 2);
 }

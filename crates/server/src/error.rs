@@ -240,7 +240,9 @@ impl From<SandboxError> for ApiError {
     fn from(e: SandboxError) -> Self {
         use SandboxError::*;
         let code = match &e {
-            BackendUnavailable { .. } | ImageMissing { .. } => ErrorCode::SandboxUnavailable,
+            BackendUnavailable { .. } | ImageMissing { .. } | Busy(_) => {
+                ErrorCode::SandboxUnavailable
+            }
             SandboxGone { .. } => ErrorCode::Conflict,
             SessionNotFound { .. } | NotFound { .. } => ErrorCode::NotFound,
             TooManySessions { .. } => ErrorCode::CapacityUnavailable,

@@ -155,10 +155,21 @@ async fn remake(
             )
         })?
         .image;
+    // Opened first: a snapshot this replica cannot read costs no container.
     let dir = snapshot_dir(st);
+    let opened = match snapshot::open(&dir, name, workspace_bytes(row)).await {
+        Ok(opened) => opened,
+        Err(e) => return Err(not_restored(st, row, None, e).await),
+    };
     let (made, checked) = tokio::join!(
-        manager.recreate(owner, runtime_id, &row.limits, image),
-        snapshot::check_file(&dir, name, workspace_bytes(row)),
+        manager.recreate(
+            owner,
+            runtime_id,
+            &row.limits,
+            image,
+            row.container_id.as_deref()
+        ),
+        snapshot::check_opened(opened),
     );
     let session = made?;
     session.set_idle_timeout(idle_timeout(row));
@@ -181,34 +192,36 @@ async fn remake(
     };
     match restored {
         Ok(summary) => Ok((session, summary)),
-        Err(e) => Err(not_restored(st, row, &session, e).await),
+        Err(e) => Err(not_restored(st, row, Some(&session), e).await),
     }
 }
 
-/// What a restore that failed leaves: for the engine's failure, the session hibernated for
-/// the next try (503); for a snapshot refused, the session ended, with why (409).
+/// What a restore that failed leaves (the sandbox it made, if any, removed): for a snapshot
+/// refused (`snapshot::refused`), the session ended, with why (409); for anything else (the
+/// engine, a snapshot this replica cannot see or read now), the session and its snapshot
+/// kept for the next try (503).
 async fn not_restored(
     st: &AppState,
     row: &SessionRow,
-    session: &Arc<Session>,
+    session: Option<&Arc<Session>>,
     e: SnapshotError,
 ) -> ApiError {
-    if let SnapshotError::Sandbox(_) = e {
-        discard(st, session).await;
-        return ApiError::new(
-            ErrorCode::SandboxUnavailable,
-            format!("session {} could not be resumed now ({e}); retry", row.id),
-        );
-    }
-    if let SnapshotError::Missing { .. } = e {
-        // Another replica hibernated it into a directory this one does not see: the session
-        // and its snapshot are kept for a replica that can resume it.
-        discard(st, session).await;
-        tracing::warn!(session = %row.id, error = %e, "a hibernated session's snapshot is not here; set [sessions] snapshot_dir to a directory every replica shares");
+    if !snapshot::refused(&e) {
+        if let Some(session) = session {
+            discard(st, session).await;
+        }
+        let dir = snapshot_dir(st);
+        tracing::warn!(session = %row.id, error = %e, dir = %dir.display(), "a hibernated session could not be resumed here; kept for the next try");
+        // The host's paths stay in the log.
+        let what = match e {
+            SnapshotError::Missing { .. } => format!("{e} (it was hibernated by a replica whose snapshot directory this one does not share: retry through that replica, or have the admin set [sessions] snapshot_dir to a directory every replica shares)"),
+            SnapshotError::Io { .. } => "its snapshot file cannot be read on this replica (the admin finds why in serve's log)".to_string(),
+            other => other.to_string(),
+        };
         return ApiError::new(
             ErrorCode::SandboxUnavailable,
             format!(
-                "session {} is hibernated, but {e}: it was hibernated by a replica whose snapshot directory this one does not share. The session is kept; retry through that replica, or have the admin set [sessions] snapshot_dir to a directory every replica shares",
+                "session {} is hibernated and could not be resumed now: {what}. The session and its files are kept; retry",
                 row.id
             ),
         );

@@ -97,9 +97,9 @@ pub struct CreateSession {
     pub template: Option<String>,
     /// Environment variables every command, process and python interpreter of the session
     /// gets (as `env` on an exec: at most 128, names `[A-Za-z_][A-Za-z0-9_]*` but not
-    /// `SANDBOXD_TAG`, values without NUL); never part of a command line, an event or a view.
-    /// Held by the replica that made the session: one that restarts or attaches it elsewhere
-    /// starts its processes without them.
+    /// `SANDBOXD_TAG`, values without NUL, 32 KiB a variable and 256 KiB in all); never part
+    /// of a command line, an event or a view. Kept with the session (until it ends), so a
+    /// resume, a restart or another replica gives its processes the same variables.
     #[serde(default)]
     #[schema(schema_with = env_schema)]
     pub env: BTreeMap<String, String>,

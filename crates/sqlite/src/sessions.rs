@@ -147,7 +147,7 @@ pub(super) fn end_idle(
 ) -> Result<Option<String>, StoreError> {
     tx.query_row(
         &format!(
-            "UPDATE sessions SET state = 'ended', ended_at = ?2, end_reason = ?3
+            "UPDATE sessions SET state = 'ended', env = NULL, ended_at = ?2, end_reason = ?3
              WHERE runtime_id = ?1 AND state = 'running' AND snapshot IS NULL
                AND last_used_at + idle_timeout_secs * 1000 <= ?2 AND NOT {RUN_IN_FLIGHT}
              RETURNING id"
@@ -206,7 +206,7 @@ pub(super) fn end_idle_hibernated(
 ) -> Result<Vec<(String, String)>, StoreError> {
     let mut st = tx
         .prepare(&format!(
-            "UPDATE sessions SET state = 'ended', ended_at = ?1, end_reason = ?2
+            "UPDATE sessions SET state = 'ended', env = NULL, ended_at = ?1, end_reason = ?2
              WHERE state = 'running' AND snapshot IS NOT NULL
                AND last_used_at + idle_timeout_secs * 1000 <= ?1 AND NOT {RUN_IN_FLIGHT}
              RETURNING id, snapshot"
@@ -340,7 +340,7 @@ pub(super) fn end(
 ) -> Result<bool, StoreError> {
     let n = tx
         .execute(
-            "UPDATE sessions SET state = 'ended', ended_at = ?2, end_reason = ?3
+            "UPDATE sessions SET state = 'ended', env = NULL, ended_at = ?2, end_reason = ?3
              WHERE id = ?1 AND state != 'ended'",
             params![id, now, reason],
         )

@@ -103,7 +103,7 @@ pub(super) fn remove(tx: &Transaction<'_>, name: &str, now: i64) -> Result<bool,
         .map_err(sql)?;
     let Some(id) = id else { return Ok(false) };
     tx.execute(
-        "UPDATE sessions SET state = 'ended', ended_at = ?2, end_reason = 'its user was removed'
+        "UPDATE sessions SET state = 'ended', env = NULL, ended_at = ?2, end_reason = 'its user was removed'
          WHERE owner = ?1 AND state != 'ended'",
         params![id, now],
     )

@@ -27,6 +27,11 @@ pub enum SandboxError {
     #[error("the sandbox image {tag} is missing; build the image, then create the session again")]
     ImageMissing { tag: String },
 
+    /// Another process is doing the same thing to the same sandbox right now (a resume on
+    /// another replica): nothing was changed; the caller retries.
+    #[error("{0}; retry in a moment")]
+    Busy(String),
+
     #[error("no session {id}; list the live sessions for the right id")]
     SessionNotFound { id: String },
 

@@ -178,20 +178,28 @@ impl SessionManager {
     /// Makes a hibernated session's sandbox again: the same session id (so its tool records
     /// and what the service recorded still name it), `limits` as recorded (within today's
     /// ceilings), from `image` (a template's; None: the default), kept, counted in the caps
-    /// like a create. A sandbox left with that id (a hibernation that stopped after its
-    /// record) is removed first.
+    /// like a create. The sandbox that was hibernated (`hibernated`: its handle), if it was
+    /// left (a hibernation that stopped after its record), is removed first; any other
+    /// sandbox with that id is another process's resume of the same session, left alone
+    /// (`Busy`: the caller retries and finds it running).
     pub async fn recreate(
         &self,
         owner: &Owner,
         id: &str,
         limits: &Limits,
         image: Option<String>,
+        hibernated: Option<&str>,
     ) -> Result<Arc<Session>, SandboxError> {
         if let Some(s) = self.held(owner, id) {
             return Ok(s);
         }
         let reservation = self.reserve(owner)?;
         if let Some(left) = self.runtime.find(id).await? {
+            if hibernated != Some(left.handle.as_str()) {
+                return Err(SandboxError::Busy(format!(
+                    "session {id} is being resumed by another process"
+                )));
+            }
             self.runtime.remove(&left.handle).await?;
         }
         // What the host enforces per call, within today's ceilings (as for a re-attach).

@@ -30,6 +30,12 @@ pub const REPLAY_BYTES: usize = 1 << 20;
 const LIVE_CHUNKS: usize = 1024;
 /// Environment variables a start may set (names and values are checked by the caller's API).
 pub const MAX_ENV: usize = 128;
+/// The most bytes one variable (name and value) may take: far below the kernel's 128 KiB
+/// per string, so a process always starts.
+pub const MAX_ENV_ENTRY_BYTES: usize = 32 * 1024;
+/// The most bytes an environment may take in all (a session's is kept in its row and read
+/// with it).
+pub const MAX_ENV_BYTES: usize = 256 * 1024;
 
 /// What to start.
 #[derive(Debug, Clone, Default)]
@@ -342,6 +348,44 @@ pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), SandboxError> {
         if k == "SANDBOXD_TAG" {
             return bad("SANDBOXD_TAG is sandboxd's own variable".into());
         }
+        if k.len() + v.len() > MAX_ENV_ENTRY_BYTES {
+            return bad(format!(
+                "environment variable {k}: name and value are {} bytes; at most {MAX_ENV_ENTRY_BYTES} are allowed (put larger data in a file)",
+                k.len() + v.len()
+            ));
+        }
+    }
+    let total: usize = env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    if total > MAX_ENV_BYTES {
+        return bad(format!(
+            "the environment is {total} bytes; at most {MAX_ENV_BYTES} are allowed (put larger data in a file)"
+        ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, String)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn an_environment_is_bounded_per_variable_and_in_all() {
+        assert!(check_env(&env(&[("A", "x".repeat(30 * 1024))])).is_ok());
+        let one = check_env(&env(&[("A", "x".repeat(MAX_ENV_ENTRY_BYTES))]));
+        assert!(one.unwrap_err().to_string().contains("at most 32768"));
+        let many: Vec<(String, String)> = (0..10)
+            .map(|i| (format!("V{i}"), "x".repeat(30 * 1024)))
+            .collect();
+        let many: Vec<(&str, String)> = many.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let all = check_env(&env(&many));
+        assert!(all.unwrap_err().to_string().contains("at most 262144"));
+        assert!(check_env(&env(&[("BAD=", "x".into())])).is_err());
+    }
 }

@@ -9,12 +9,13 @@
 //! fsyncs the directory. Only then may the caller record it: a crash before leaves at most a
 //! temporary file (`sweep_temporaries`), never a snapshot that looks complete.
 //!
-//! A restore checks the file again before anything reaches the sandbox (`check_file`: the
-//! host file could have been damaged or replaced since): its size against the session's
+//! A restore checks the file again before anything reaches the sandbox (`open`, then
+//! `check_opened`: the host file could have been damaged or replaced since): its size against the session's
 //! workspace, then every entry by the rules of uploads (`tar_safety`: no absolute paths, no
 //! `..`, no link leaving the tree, no device; the total within the workspace); only the
-//! checked file is unpacked (`unpack`), into /workspace only. The two are separate so a resume
-//! can check while the container is being made.
+//! checked file is unpacked (`unpack`), into /workspace only. The steps are separate so a
+//! resume opens the file before it makes a container (a file this replica cannot read costs
+//! no container) and checks it while the container is being made.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -50,9 +51,10 @@ pub enum SnapshotError {
     #[error("the snapshot name {0:?} is not one sandboxd makes")]
     BadName(String),
     /// Not in this process's snapshot directory: another replica saved it into a directory
-    /// this one does not share. Nothing is wrong with the session.
-    #[error("its snapshot {name} is not in this replica's snapshot directory {dir}")]
-    Missing { name: String, dir: PathBuf },
+    /// this one does not share. Nothing is wrong with the session. (The directory is the
+    /// host's: logged, never told to a client.)
+    #[error("its snapshot {name} is not in this replica's snapshot directory")]
+    Missing { name: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotError + '_ {
@@ -139,8 +141,17 @@ pub async fn save(
     Ok(archive.len)
 }
 
-/// A snapshot file opened and checked, ready to unpack (`check_file`, then `unpack`: a
-/// resume checks it while the container is being made again, see the module doc).
+/// A snapshot file opened, its size within the session's workspace (`open`), not yet
+/// checked entry by entry (`check_opened`).
+pub struct Opened {
+    file: File,
+    len: u64,
+    workspace_bytes: u64,
+}
+
+/// A snapshot file opened and checked, ready to unpack (`open`, `check_opened`, then
+/// `unpack`: a resume opens it first, then checks it while the container is being made
+/// again, see the module doc).
 pub struct Checked {
     file: File,
     len: u64,
@@ -148,30 +159,54 @@ pub struct Checked {
     pub summary: ArchiveSummary,
 }
 
-/// Opens snapshot `dir/name` and checks it by the rules of uploads against a workspace of
-/// `workspace_bytes`; nothing reaches a sandbox.
-pub async fn check_file(
-    dir: &Path,
-    name: &str,
-    workspace_bytes: u64,
-) -> Result<Checked, SnapshotError> {
+/// Opens snapshot `dir/name` and checks its size against a workspace of `workspace_bytes`,
+/// on the blocking pool (a shared volume may be slow to answer); nothing reaches a sandbox.
+pub async fn open(dir: &Path, name: &str, workspace_bytes: u64) -> Result<Opened, SnapshotError> {
     let path = path_of(dir, name)?;
-    let file = match File::open(&path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(SnapshotError::Missing {
-                name: name.to_string(),
-                dir: dir.to_path_buf(),
-            });
+    let name = name.to_string();
+    tokio::task::spawn_blocking(move || {
+        let file = match File::open(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(SnapshotError::Missing { name });
+            }
+            other => other.map_err(io(&path))?,
+        };
+        let len = file.metadata().map_err(io(&path))?.len();
+        let max = workspace_bytes.saturating_add(ARCHIVE_SLACK);
+        if len > max {
+            return Err(SnapshotError::TooLarge { len, max });
         }
-        other => other.map_err(io(&path))?,
-    };
-    let len = file.metadata().map_err(io(&path))?.len();
-    let max = workspace_bytes.saturating_add(ARCHIVE_SLACK);
-    if len > max {
-        return Err(SnapshotError::TooLarge { len, max });
-    }
-    let summary = check(&file, len, workspace_bytes).await?;
-    Ok(Checked { file, len, summary })
+        Ok(Opened {
+            file,
+            len,
+            workspace_bytes,
+        })
+    })
+    .await
+    .map_err(|e| SnapshotError::Io {
+        path: dir.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    })?
+}
+
+/// Checks an opened snapshot by the rules of uploads (see the module doc).
+pub async fn check_opened(opened: Opened) -> Result<Checked, SnapshotError> {
+    let summary = check(&opened.file, opened.len, opened.workspace_bytes).await?;
+    Ok(Checked {
+        file: opened.file,
+        len: opened.len,
+        summary,
+    })
+}
+
+/// Whether a restore that failed with `e` must end the session: the snapshot itself is
+/// refused (damaged, too large, hostile, not one of ours). Anything else (the engine, a
+/// file that cannot be read here now) leaves the session and its snapshot for a retry.
+pub fn refused(e: &SnapshotError) -> bool {
+    matches!(
+        e,
+        SnapshotError::Refused(_) | SnapshotError::TooLarge { .. } | SnapshotError::BadName(_)
+    )
 }
 
 /// Unpacks a checked snapshot into /workspace of `sandbox`; what it held.

@@ -307,18 +307,22 @@ impl Python {
     /// any process; a code context's files (its socket, status, last words and lock) go too.
     pub async fn shut_down(&self) -> Result<(), ToolError> {
         let mut slot = self.slot.lock().await;
-        self.ready(&mut slot, &mut Vec::new()).await?;
-        let killed = match slot.driver.take() {
-            Some(d) => d.kill(&*self.sandbox).await.map_err(ToolError::Internal),
-            None => Ok(()),
+        let killed = match self.ready(&mut slot, &mut Vec::new()).await {
+            Ok(()) => match slot.driver.take() {
+                Some(d) => d.kill(&*self.sandbox).await.map_err(ToolError::Internal),
+                None => Ok(()),
+            },
+            Err(e) => Err(e),
         };
-        killed?;
-        match &self.context {
+        // The files go even when the interpreter could not be reached (whatever still runs
+        // ends with the session).
+        let removed = match &self.context {
             Some((id, _)) => driver::remove_context_files(&*self.sandbox, id)
                 .await
                 .map_err(ToolError::Internal),
             None => Ok(()),
-        }
+        };
+        killed.and(removed)
     }
 
     async fn run_locked(

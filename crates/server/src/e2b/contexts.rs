@@ -39,6 +39,8 @@ pub(super) const DEFAULT_CONTEXT: &str = "default";
 const CWD: &str = "/workspace";
 /// Created contexts per sandbox (each is a python process holding its variables).
 pub(super) const MAX_CONTEXTS: u32 = 8;
+/// The longest cwd a context may name (Linux's PATH_MAX).
+const MAX_CWD_BYTES: usize = 4096;
 
 /// This replica's handles of the session's created contexts, by id: only a cache, the
 /// store's rows say which contexts exist.
@@ -102,10 +104,16 @@ async fn held(st: &AppState, live: &Live, row: &CodeContextRow) -> Result<Arc<Py
     let me = st.replica.id();
     if row.holder.as_deref() != Some(me) {
         handles.forget(&row.id);
-        st.store
+        let held = st
+            .store
             .hold_code_context(&live.id, &row.id, me)
             .await
             .map_err(|e| E2bError::from(ApiError::from(e)))?;
+        if !held {
+            // Removed by another replica since `row_of`: no interpreter for a context
+            // without a row.
+            return Err(not_found(&row.id));
+        }
     }
     Ok(handles.get(st, live, row))
 }
@@ -164,9 +172,10 @@ pub(super) async fn create_context(
         .cwd
         .filter(|c| !c.is_empty())
         .unwrap_or_else(|| CWD.into());
-    if !cwd.starts_with('/') {
+    if !cwd.starts_with('/') || cwd.contains('\0') || cwd.len() > MAX_CWD_BYTES {
+        let shown: String = cwd.chars().take(80).filter(|c| !c.is_control()).collect();
         return Err(E2bError::invalid(format!(
-            "the context's cwd '{cwd}' is not an absolute path"
+            "the context's cwd '{shown}' is not an absolute path of at most {MAX_CWD_BYTES} bytes without NUL"
         )));
     }
     let row = CodeContextRow {

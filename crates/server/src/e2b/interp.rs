@@ -67,12 +67,14 @@ pub(super) async fn execute(
 ) -> Result<Response, E2bError> {
     let (live, _) = super::target(&st, &caller, &headers).await?;
     check_language(body.language.as_deref())?;
-    let (python, note) = python_of(&st, &live, body.context_id.as_deref()).await?;
+    // Refused before the context is looked up: taking it over (another replica's connection)
+    // and its one-time note belong to a call that runs.
     if body.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
         return Err(E2bError::invalid(
             "per-execution env_vars are not applied by sandboxd's interpreter: set os.environ in the code, or pass envs to commands.run",
         ));
     }
+    let (python, note) = python_of(&st, &live, body.context_id.as_deref()).await?;
     let guard = st.streams.open(&caller, Kind::Request, &st.shutdown)?;
     let in_use = live.hold();
     let timeout = Duration::from_secs(live.limits.max_timeout_secs.max(1));

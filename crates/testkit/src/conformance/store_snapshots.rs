@@ -166,6 +166,10 @@ pub(super) async fn case_hibernation(f: &dyn StoreFactory) -> Result<()> {
         "ended with its reason: {z0:?}"
     );
     ensure!(
+        z0.env.0.is_empty(),
+        "an ended session keeps no environment (its values may be secrets): {z0:?}"
+    );
+    ensure!(
         store
             .end_idle_hibernated("idle", t0 + 17_000)
             .await?
