@@ -116,7 +116,7 @@ impl Reports {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let mut started = lock(&self.0);
+        let mut started = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((tx, _)) = started.as_ref() {
             return tx.subscribe();
         }
