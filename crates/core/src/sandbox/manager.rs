@@ -210,7 +210,7 @@ pub struct SessionManager {
     /// The replica this manager's process is, recorded on every sandbox it makes (`share`).
     replica: std::sync::OnceLock<String>,
     /// The books shared with other replicas, consulted before reaping and reconciling.
-    shared: std::sync::OnceLock<Arc<dyn super::shared::SharedSessions>>,
+    pub(super) shared: std::sync::OnceLock<Arc<dyn super::shared::SharedSessions>>,
     /// The templates sessions may name (`set_templates`); none but the default until set.
     templates: std::sync::OnceLock<Templates>,
     /// What hibernates idle sessions, if this process does (hibernate.rs).

@@ -8,7 +8,10 @@
 //! a report names a sandbox of a session this manager holds, whose sandbox then goes through
 //! `destroy` (what is left of it is removed; a removal of a sandbox already gone is no error)
 //! and whose end is announced once, as `EndReason::Vanished`. A report of a sandbox the
-//! manager no longer holds (it ended it itself, or never held it) changes nothing.
+//! manager no longer holds (it ended it itself, or never held it) changes nothing. With
+//! shared books (`SessionManager::share`) a session they no longer have live (another
+//! replica hibernated or ended it, which removed its sandbox) is only forgotten here: no end
+//! is announced and its records, which are shared, stay (`SharedSessions::vet_vanished`).
 //!
 //! A backend reports only what it did not do itself: `remove` marks the handle before it
 //! asks, and a report of a marked handle is dropped (`OwnRemovals`).
@@ -26,6 +29,7 @@ use tokio::sync::oneshot;
 
 use super::ends::EndReason;
 use super::manager::{SessionManager, lock};
+use super::shared::VanishVerdict;
 
 /// How many characters of a cluster's message a reason keeps.
 pub const MESSAGE_MAX: usize = 160;
@@ -218,6 +222,16 @@ impl SessionManager {
         let Some(s) = session else {
             return false;
         };
+        let verdict = match self.shared.get() {
+            Some(books) => books.vet_vanished(&s).await,
+            None => VanishVerdict::End,
+        };
+        if verdict == VanishVerdict::Forget {
+            // Another replica hibernated or ended it: what this one held is gone, its
+            // records stay (`forget_held`).
+            tracing::info!(session = %s.id, "a session's sandbox went with another replica's hibernation or end; forgotten here");
+            return false;
+        }
         tracing::info!(session = %s.id, why = %report.kind, "the session's sandbox ended outside sandboxd");
         let reason = EndReason::Vanished(report.kind);
         if let Err(e) = self.destroy(&s.id, &s.handle, reason.clone()).await {
