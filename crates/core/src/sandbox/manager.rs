@@ -430,8 +430,9 @@ impl SessionManager {
     ) -> Result<(), SandboxError> {
         // The last reading for usage metering, of the sandboxes the manager itself decided
         // to remove (idle, over the budget, orphaned); a caller that asked for a removal
-        // takes its own before (serve's DELETE does, so its answer already counts it).
-        let reading = if reason == EndReason::Removed {
+        // takes its own before (serve's DELETE does, so its answer already counts it). A
+        // vanished sandbox has nothing left to read (asking a dead pod waits for a timeout).
+        let reading = if matches!(reason, EndReason::Removed | EndReason::Vanished(_)) {
             None
         } else {
             Some(self.reading_of(handle).await).filter(|r| !r.is_empty())
