@@ -14,7 +14,8 @@
 //! is announced and its records, which are shared, stay (`SharedSessions::vet_vanished`).
 //!
 //! A backend reports only what it did not do itself: `remove` marks the handle before it
-//! asks, and a report of a marked handle is dropped (`OwnRemovals`).
+//! asks (and unmarks it if the removal fails), and a report of a marked handle is dropped
+//! (`OwnRemovals`).
 //!
 //! Every string here came from the engine or the cluster and is hostile: `VanishKind::evicted`
 //! keeps at most `MESSAGE_MAX` characters, with control characters replaced by spaces.
@@ -161,6 +162,16 @@ impl OwnRemovals {
         true
     }
 
+    /// Forgets `handle`'s mark: a removal that failed (its end, later, is not ours), or a
+    /// new sandbox under the same name.
+    pub fn unmark(&self, handle: &str) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (set, order) = &mut *g;
+        if set.remove(handle) {
+            order.retain(|h| h != handle);
+        }
+    }
+
     /// Whether `handle` is marked.
     pub fn contains(&self, handle: &str) -> bool {
         let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -289,5 +300,8 @@ mod tests {
             own.mark(&i.to_string());
         }
         assert!(!own.contains("a"), "the oldest is forgotten first");
+        own.unmark("0");
+        assert!(!own.contains("0"));
+        assert!(own.mark("0"), "marked again after an unmark");
     }
 }
