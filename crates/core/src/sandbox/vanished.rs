@@ -57,14 +57,21 @@ impl VanishKind {
     }
 }
 
-/// At most `MESSAGE_MAX` characters of `raw`, control characters as spaces, trimmed.
+/// At most `MESSAGE_MAX` characters of `raw`, control characters as spaces, invisible
+/// format characters (bidi overrides and isolates, zero-width ones, the BOM) dropped, trimmed.
 pub fn clean(raw: &str) -> String {
     raw.chars()
+        .filter(|c| !invisible(*c))
         .take(MESSAGE_MAX)
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()
         .trim()
         .to_string()
+}
+
+/// A format character that changes how the text around it reads without showing itself.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
 }
 
 impl fmt::Display for VanishKind {
@@ -268,6 +275,16 @@ mod tests {
         assert!(message.chars().count() <= MESSAGE_MAX);
         assert!(!message.chars().any(char::is_control), "{message:?}");
         assert!(message.starts_with("evil  [31mred"));
+    }
+
+    #[test]
+    fn invisible_format_characters_are_dropped() {
+        let raw = "a\u{202E}b\u{2066}c\u{2069}d\u{200B}e\u{200F}f\u{FEFF}g\u{202A}h";
+        assert_eq!(clean(raw), "abcdefgh");
+        let VanishKind::Evicted { message } = VanishKind::evicted("\u{FEFF} evil\u{202D} ") else {
+            panic!("not an eviction");
+        };
+        assert_eq!(message, "evil");
     }
 
     #[test]
