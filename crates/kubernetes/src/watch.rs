@@ -130,8 +130,6 @@ impl Follower {
             let mut events = Box::pin(self.pods.watch(&wp, &version).await?);
             let mut any = false;
             while let Some(event) = events.try_next().await? {
-                any = true;
-                self.delivered = true;
                 match event {
                     WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
                         version = pod.metadata.resource_version.clone().unwrap_or(version);
@@ -147,6 +145,9 @@ impl Follower {
                     WatchEvent::Error(status) if status.code == 410 => return Ok(()),
                     WatchEvent::Error(status) => return Err(kube::Error::Api(status)),
                 }
+                // An event (an error is none: a watch answering 410 at once is not progress).
+                any = true;
+                self.delivered = true;
             }
             // Ended with nothing: not opened again at once (the round is cancelled on stop).
             if !any {
