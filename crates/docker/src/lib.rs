@@ -274,9 +274,9 @@ impl DockerRuntime {
 
     /// Removes a container by id, with its anonymous volumes; a missing one is not an error.
     pub async fn remove_container(&self, container_id: &str) -> Result<(), SandboxError> {
-        // Its end is ours, not news (watch.rs).
+        // Its end is ours, not news (watch.rs); unless the removal fails: then it is not.
         self.watch.own.mark(container_id);
-        match self
+        let removed = match self
             .docker
             .remove_container(
                 container_id,
@@ -298,7 +298,11 @@ impl DockerRuntime {
                 message,
             }) if message.contains("already in progress") => self.wait_removed(container_id).await,
             Err(e) => Err(docker_err("remove the container", container_id, e)),
+        };
+        if removed.is_err() {
+            self.watch.own.unmark(container_id);
         }
+        removed
     }
 
     /// Waits (bounded) until another caller's removal of the container has finished: a

@@ -225,6 +225,9 @@ impl KubeRuntime {
             .create(&PostParams::default(), pod)
             .await
             .map_err(|e| kube_err("create the session pod", session, e))?;
+        // A new pod under a name this runtime deleted before (a resumed session's): its end
+        // is news again.
+        self.watch.own.unmark(&name);
         if let Err(e) = self.wait_running(&name, session).await {
             let _ = self.remove_pod(&name).await;
             return Err(e);
@@ -235,7 +238,7 @@ impl KubeRuntime {
     /// Deletes the pod at once (no grace: nothing in it is worth a clean shutdown) and
     /// waits until the API no longer has it, so a find right after finds nothing.
     pub(crate) async fn remove_pod(&self, handle: &str) -> Result<(), SandboxError> {
-        // Its end is ours, not news (watch.rs).
+        // Its end is ours, not news (watch.rs); unless the deletion is refused: then it is.
         self.watch.own.mark(handle);
         let op = "remove the session pod";
         let dp = DeleteParams {
@@ -243,9 +246,17 @@ impl KubeRuntime {
             ..DeleteParams::default()
         };
         match self.pods().delete(handle, &dp).await {
-            Ok(_) => {}
+            // Its uid too: a late event of this pod is still ours once a new pod has the name.
+            Ok(deleted) => {
+                if let Some(uid) = deleted.left().and_then(|pod| pod.metadata.uid) {
+                    self.watch.own.mark(&watch::uid_key(&uid));
+                }
+            }
             Err(kube::Error::Api(r)) if r.code == 404 => return Ok(()),
-            Err(e) => return Err(kube_err(op, handle, e)),
+            Err(e) => {
+                self.watch.own.unmark(handle);
+                return Err(kube_err(op, handle, e));
+            }
         }
         let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
         while tokio::time::Instant::now() < deadline {

@@ -1,12 +1,16 @@
 //! Pods that end outside sandboxd (`Runtime::vanished`), from a watch on the sandbox pods
 //! (the managed label selector): one evicted (`status.reason == "Evicted"`), one whose
 //! container was OOM-killed, one that stopped, and one deleted by someone else (its
-//! `deletionTimestamp` set, or its DELETED event) are reported once each. Pods this runtime
-//! deletes itself are never reported (`remove_pod` marks them first).
+//! `deletionTimestamp` set, or its DELETED event) are reported once each, by uid: a resumed
+//! session's new pod has the old one's name. Pods this runtime deletes itself are never
+//! reported (`remove_pod` marks their name and uid first; a new pod under a marked name is
+//! unmarked when it is created).
 //!
 //! A plain list then watch, from the list's resourceVersion, with bookmarks; a watch that
 //! times out goes on from the last resourceVersion seen, one the API server no longer has
-//! (410 Gone) lists again, and a failure is logged and retried after a backoff. A pod that
+//! (410 Gone) lists again, and a failure is logged and retried after a backoff (also a 410
+//! or a watch that delivered nothing, so an API server that ends watches at once is not
+//! asked in a busy loop). A pod that
 //! was known before a new list and is missing from it was deleted meanwhile. One task per
 //! runtime, started by the first follower and stopped when the runtime is dropped.
 //!
@@ -50,6 +54,7 @@ impl Watch {
                 own: self.own.clone(),
                 reported: OwnRemovals::default(),
                 known: HashMap::new(),
+                delivered: false,
             }
             .run(stop)
         })
@@ -61,10 +66,12 @@ struct Follower {
     selector: String,
     tx: broadcast::Sender<Vanished>,
     own: OwnRemovals,
-    /// Pods already reported (an eviction, then the deletion).
+    /// Pods already reported (an eviction, then the deletion), by uid.
     reported: OwnRemovals,
-    /// The pods seen, by name, with their session ids.
-    known: HashMap<String, String>,
+    /// The pods seen, by uid (their name if they have none), with their names and session ids.
+    known: HashMap<String, (String, String)>,
+    /// Whether a watch of this round delivered an event.
+    delivered: bool,
 }
 
 impl Follower {
@@ -75,18 +82,21 @@ impl Follower {
                 r = self.round() => r,
                 _ = &mut stop => return,
             };
-            match round {
-                // 410: the resourceVersion is too old; list again at once.
-                Ok(()) => backoff = BACKOFF_MIN,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the watch of the sandbox pods failed; watching again");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = &mut stop => return,
-                    }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+            if std::mem::take(&mut self.delivered) {
+                backoff = BACKOFF_MIN;
+                // 410 after events: the resourceVersion is too old; list again at once.
+                if round.is_ok() {
+                    continue;
                 }
             }
+            if let Err(e) = round {
+                tracing::warn!(error = %e, "the watch of the sandbox pods failed; watching again");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = &mut stop => return,
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 
@@ -97,16 +107,17 @@ impl Follower {
             .pods
             .list(&ListParams::default().labels(&self.selector))
             .await?;
-        let listed: HashSet<String> = list.items.iter().map(name_of).collect();
-        let gone: Vec<(String, String)> = self
+        let listed: HashSet<String> = list.items.iter().map(key_of).collect();
+        let gone: Vec<String> = self
             .known
-            .iter()
-            .filter(|(name, _)| !listed.contains(*name))
-            .map(|(n, s)| (n.clone(), s.clone()))
+            .keys()
+            .filter(|key| !listed.contains(*key))
+            .cloned()
             .collect();
-        for (name, session) in gone {
-            self.known.remove(&name);
-            self.report(name, session, VanishKind::Deleted);
+        for key in gone {
+            if let Some((name, session)) = self.known.remove(&key) {
+                self.report(&key, name, session, VanishKind::Deleted);
+            }
         }
         for pod in &list.items {
             self.seen(pod);
@@ -117,6 +128,7 @@ impl Follower {
                 .labels(&self.selector)
                 .timeout(WATCH_SECS);
             let mut events = Box::pin(self.pods.watch(&wp, &version).await?);
+            let mut any = false;
             while let Some(event) = events.try_next().await? {
                 match event {
                     WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
@@ -125,30 +137,40 @@ impl Follower {
                     }
                     WatchEvent::Deleted(pod) => {
                         version = pod.metadata.resource_version.clone().unwrap_or(version);
-                        let name = name_of(&pod);
-                        self.known.remove(&name);
-                        self.report(name, session_of(&pod), VanishKind::Deleted);
+                        let key = key_of(&pod);
+                        self.known.remove(&key);
+                        self.report(&key, name_of(&pod), session_of(&pod), VanishKind::Deleted);
                     }
                     WatchEvent::Bookmark(b) => version = b.metadata.resource_version,
                     WatchEvent::Error(status) if status.code == 410 => return Ok(()),
                     WatchEvent::Error(status) => return Err(kube::Error::Api(status)),
                 }
+                // An event (an error is none: a watch answering 410 at once is not progress).
+                any = true;
+                self.delivered = true;
+            }
+            // Ended with nothing: not opened again at once (the round is cancelled on stop).
+            if !any {
+                tokio::time::sleep(BACKOFF_MIN).await;
             }
         }
     }
 
     /// A pod as it is now: known, and reported if it ended.
     fn seen(&mut self, pod: &Pod) {
-        let name = name_of(pod);
-        let session = session_of(pod);
-        self.known.insert(name.clone(), session.clone());
+        let (key, name, session) = (key_of(pod), name_of(pod), session_of(pod));
+        self.known
+            .insert(key.clone(), (name.clone(), session.clone()));
         if let Some(kind) = ended(pod) {
-            self.report(name, session, kind);
+            self.report(&key, name, session, kind);
         }
     }
 
-    fn report(&self, handle: String, session_id: String, kind: VanishKind) {
-        if handle.is_empty() || self.own.contains(&handle) || !self.reported.mark(&handle) {
+    /// Reports the end of the pod `key` (its uid) named `handle`, unless this runtime deleted
+    /// it or it was reported before.
+    fn report(&self, key: &str, handle: String, session_id: String, kind: VanishKind) {
+        let own = self.own.contains(&handle) || self.own.contains(key);
+        if handle.is_empty() || own || !self.reported.mark(key) {
             return;
         }
         // No follower is not an error.
@@ -162,6 +184,20 @@ impl Follower {
 
 fn name_of(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
+}
+
+/// What tells one pod from another of the same name (a resumed session's): its uid, or its
+/// name if it has none.
+fn key_of(pod: &Pod) -> String {
+    match pod.metadata.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => uid_key(uid),
+        _ => name_of(pod),
+    }
+}
+
+/// A pod's uid as the watch keys it (apart from names).
+pub(crate) fn uid_key(uid: &str) -> String {
+    format!("uid:{uid}")
 }
 
 fn session_of(pod: &Pod) -> String {

@@ -2,7 +2,9 @@
 //! runtime conformance case (a pod deleted behind the runtime's back is reported, one it
 //! deleted itself is not), and through the core's manager, unchanged, a session whose pod
 //! is evicted (mid-command), OOM-killed or deleted by someone else ends at once with that
-//! reason, also after the watch was cut and its resourceVersion expired (410: list again).
+//! reason, also after the watch was cut and its resourceVersion expired (410: list again);
+//! and a resumed session's pod, which has the name of the one the runtime deleted, is
+//! reported when it is evicted.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +13,7 @@ use async_trait::async_trait;
 use sandboxd_core::config::{LimitRequest, Limits, SessionsConfig};
 use sandboxd_core::sandbox::ends::{EndReason, Ended};
 use sandboxd_core::sandbox::records::NoRecords;
-use sandboxd_core::sandbox::runtime::Runtime;
+use sandboxd_core::sandbox::runtime::{Runtime, SandboxSpec};
 use sandboxd_core::sandbox::vanished::VanishKind;
 use sandboxd_core::sandbox::{CreateOptions, ExecRequest, Owner, SandboxError, SessionManager};
 use sandboxd_testkit::conformance::{OutOfBand, vanish_conformance};
@@ -129,5 +131,46 @@ async fn a_pod_evicted_oom_killed_or_deleted_ends_its_session_with_the_reason() 
     assert!(m.live().await.is_empty(), "every session ended");
     assert!(ends.try_recv().is_err(), "each ended exactly once");
     watch.abort();
+    Ok(())
+}
+
+fn spec(id: &str) -> anyhow::Result<SandboxSpec> {
+    Ok(SandboxSpec {
+        session_id: id.to_string(),
+        owner: Some(Owner::new("alice")?),
+        limits: Limits {
+            memory_mb: 256,
+            ..Limits::default()
+        },
+        keep: true,
+        pooled: false,
+        replica: None,
+        image: None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_sessions_pod_of_the_same_name_is_reported_when_evicted() -> anyhow::Result<()> {
+    let fake = FakeApi::start(false).await?;
+    let rt = runtime(&fake).await;
+    let mut reports = rt.vanished();
+    let id = format!("resumed{:x}", std::process::id());
+    // Hibernated: its pod deleted by the runtime itself (not news)...
+    let (first, _) = rt.create(&spec(&id)?).await?;
+    rt.remove(&first).await?;
+    // ...then resumed under the same session id, so the same pod name.
+    let (second, _) = rt.create(&spec(&id)?).await?;
+    assert_eq!(first, second, "the same pod name");
+    fake.evict("sandboxd", &second);
+    let report = tokio::time::timeout(WAIT, reports.recv())
+        .await
+        .expect("the eviction of the resumed pod is reported")?;
+    assert_eq!(report.handle, second);
+    assert_eq!(report.session_id, id);
+    assert!(
+        matches!(report.kind, VanishKind::Evicted { .. }),
+        "the eviction, not the runtime's own deletion: {report:?}"
+    );
+    rt.remove(&second).await?;
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! Sandboxes that end outside sandboxd, over the fake runtime under paused time: the
 //! manager's watch (`SessionManager::spawn_vanish_watch`) ends the session at once with the
 //! reason the runtime reported, exactly once; a command in progress there fails instead of
-//! waiting for its timeout; a session the manager ended itself is never announced again.
+//! waiting for its timeout; a session the manager ended itself is never announced again; a
+//! session the shared books say another replica hibernated is only forgotten (no end, its
+//! records stay).
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use crate::support;
@@ -11,6 +13,9 @@ use std::time::Duration;
 
 use sandboxd_core::config::{LimitRequest, Limits, SessionsConfig};
 use sandboxd_core::sandbox::ends::{EndReason, Ended};
+use sandboxd_core::sandbox::manager::Session;
+use sandboxd_core::sandbox::records::FileRecords;
+use sandboxd_core::sandbox::shared::{ReapVerdict, SharedSessions, VanishVerdict};
 use sandboxd_core::sandbox::vanished::{VanishKind, Vanished};
 use sandboxd_core::sandbox::{CreateOptions, ExecRequest, Owner, SandboxError, SessionManager};
 use support::fake_runtime::FakeRuntime;
@@ -149,4 +154,70 @@ async fn each_kind_of_end_is_told_as_what_happened() {
     }
     assert!(rt.sessions().is_empty());
     watch.abort();
+}
+
+/// Shared books where some sessions are hibernated (by another replica).
+struct Books(std::collections::HashSet<String>);
+
+#[async_trait::async_trait]
+impl SharedSessions for Books {
+    async fn vet_idle(&self, _: &Session, _: Duration) -> ReapVerdict {
+        ReapVerdict::Unknown
+    }
+    async fn live_replicas(&self) -> Option<Vec<String>> {
+        None
+    }
+    async fn vet_vanished(&self, session: &Session) -> VanishVerdict {
+        if self.0.contains(&session.id) {
+            VanishVerdict::Forget
+        } else {
+            VanishVerdict::End
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_gone_with_another_replicas_hibernation_is_forgotten_and_its_records_stay() {
+    let rt = FakeRuntime::new();
+    let dir = tempfile::tempdir().unwrap();
+    let m = SessionManager::new(
+        rt.clone(),
+        Limits::default(),
+        SessionsConfig::default(),
+        Arc::new(FileRecords::new(dir.path())),
+    );
+    let mut ends = m.subscribe_ends();
+    let owner = Owner::new("a").unwrap();
+    let keep = CreateOptions { keep: true };
+    let hibernated = m
+        .create(&owner, &LimitRequest::default(), keep)
+        .await
+        .unwrap();
+    let live = m
+        .create(&owner, &LimitRequest::default(), keep)
+        .await
+        .unwrap();
+    m.share("b", Arc::new(Books([hibernated.id.clone()].into())));
+    for s in [&hibernated, &live] {
+        m.records().save(&s.id, "plan", b"steps").await.unwrap();
+    }
+    let report = |s: &Session| Vanished {
+        handle: s.handle.clone(),
+        session_id: s.id.clone(),
+        kind: VanishKind::Deleted,
+    };
+
+    assert!(!m.vanished(report(&hibernated)).await, "not ended here");
+    assert!(m.held(&owner, &hibernated.id).is_none(), "forgotten here");
+    assert!(ends.try_recv().is_err(), "no end announced");
+    assert_eq!(
+        m.records().load(&hibernated.id, "plan").await.as_deref(),
+        Some(&b"steps"[..]),
+        "its shared records stay"
+    );
+
+    // A session the books still have live ends as before, its records with it.
+    assert!(m.vanished(report(&live)).await);
+    assert_eq!(ends.recv().await.unwrap().id, live.id);
+    assert_eq!(m.records().load(&live.id, "plan").await, None);
 }

@@ -42,7 +42,7 @@ use crate::AppState;
 use crate::backend::{Live, OWNER_PREFIX};
 use sandboxd_core::sandbox::ends::EndReason;
 use sandboxd_core::sandbox::manager::Session;
-use sandboxd_core::sandbox::shared::{ReapVerdict, SharedSessions, shell_tag_of};
+use sandboxd_core::sandbox::shared::{ReapVerdict, SharedSessions, VanishVerdict, shell_tag_of};
 use sandboxd_core::sandbox::shell::SHELL_TAG;
 use sandboxd_core::sandbox::{SandboxError, SandboxState, SessionInfo};
 use sandboxd_core::store::{SessionKind, SessionRow, SessionState, Store, now_ms};
@@ -101,6 +101,30 @@ impl SharedSessions for Books {
 
     async fn live_replicas(&self) -> Option<Vec<String>> {
         self.store.live_replicas().await.ok()
+    }
+
+    async fn vet_vanished(&self, session: &Session) -> VanishVerdict {
+        // /mcp sandboxes are their replica's alone: nobody else hibernates or ends them.
+        if !session.owner.as_str().starts_with(OWNER_PREFIX) {
+            return VanishVerdict::End;
+        }
+        let rows = match self.store.active_sessions().await {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Not ended here: its records stay, and the next use of its row (or the
+                // sweep) finds the container gone and ends it then.
+                tracing::warn!(session = %session.id, error = %e, "the store failed while vetting a vanished sandbox");
+                return VanishVerdict::Forget;
+            }
+        };
+        let row = rows
+            .iter()
+            .find(|r| r.runtime_id.as_deref() == Some(session.id.as_str()));
+        match row {
+            Some(row) if !row.hibernated() => VanishVerdict::End,
+            // Hibernated, or ended (by another replica, a DELETE, a removed user).
+            _ => VanishVerdict::Forget,
+        }
     }
 }
 

@@ -210,7 +210,7 @@ pub struct SessionManager {
     /// The replica this manager's process is, recorded on every sandbox it makes (`share`).
     replica: std::sync::OnceLock<String>,
     /// The books shared with other replicas, consulted before reaping and reconciling.
-    shared: std::sync::OnceLock<Arc<dyn super::shared::SharedSessions>>,
+    pub(super) shared: std::sync::OnceLock<Arc<dyn super::shared::SharedSessions>>,
     /// The templates sessions may name (`set_templates`); none but the default until set.
     templates: std::sync::OnceLock<Templates>,
     /// What hibernates idle sessions, if this process does (hibernate.rs).
@@ -430,8 +430,9 @@ impl SessionManager {
     ) -> Result<(), SandboxError> {
         // The last reading for usage metering, of the sandboxes the manager itself decided
         // to remove (idle, over the budget, orphaned); a caller that asked for a removal
-        // takes its own before (serve's DELETE does, so its answer already counts it).
-        let reading = if reason == EndReason::Removed {
+        // takes its own before (serve's DELETE does, so its answer already counts it). A
+        // vanished sandbox has nothing left to read (asking a dead pod waits for a timeout).
+        let reading = if matches!(reason, EndReason::Removed | EndReason::Vanished(_)) {
             None
         } else {
             Some(self.reading_of(handle).await).filter(|r| !r.is_empty())

@@ -8,10 +8,14 @@
 //! a report names a sandbox of a session this manager holds, whose sandbox then goes through
 //! `destroy` (what is left of it is removed; a removal of a sandbox already gone is no error)
 //! and whose end is announced once, as `EndReason::Vanished`. A report of a sandbox the
-//! manager no longer holds (it ended it itself, or never held it) changes nothing.
+//! manager no longer holds (it ended it itself, or never held it) changes nothing. With
+//! shared books (`SessionManager::share`) a session they no longer have live (another
+//! replica hibernated or ended it, which removed its sandbox) is only forgotten here: no end
+//! is announced and its records, which are shared, stay (`SharedSessions::vet_vanished`).
 //!
 //! A backend reports only what it did not do itself: `remove` marks the handle before it
-//! asks, and a report of a marked handle is dropped (`OwnRemovals`).
+//! asks (and unmarks it if the removal fails), and a report of a marked handle is dropped
+//! (`OwnRemovals`).
 //!
 //! Every string here came from the engine or the cluster and is hostile: `VanishKind::evicted`
 //! keeps at most `MESSAGE_MAX` characters, with control characters replaced by spaces.
@@ -26,6 +30,7 @@ use tokio::sync::oneshot;
 
 use super::ends::EndReason;
 use super::manager::{SessionManager, lock};
+use super::shared::VanishVerdict;
 
 /// How many characters of a cluster's message a reason keeps.
 pub const MESSAGE_MAX: usize = 160;
@@ -52,14 +57,21 @@ impl VanishKind {
     }
 }
 
-/// At most `MESSAGE_MAX` characters of `raw`, control characters as spaces, trimmed.
+/// At most `MESSAGE_MAX` characters of `raw`, control characters as spaces, invisible
+/// format characters (bidi overrides and isolates, zero-width ones, the BOM) dropped, trimmed.
 pub fn clean(raw: &str) -> String {
     raw.chars()
+        .filter(|c| !invisible(*c))
         .take(MESSAGE_MAX)
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()
         .trim()
         .to_string()
+}
+
+/// A format character that changes how the text around it reads without showing itself.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
 }
 
 impl fmt::Display for VanishKind {
@@ -157,6 +169,16 @@ impl OwnRemovals {
         true
     }
 
+    /// Forgets `handle`'s mark: a removal that failed (its end, later, is not ours), or a
+    /// new sandbox under the same name.
+    pub fn unmark(&self, handle: &str) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (set, order) = &mut *g;
+        if set.remove(handle) {
+            order.retain(|h| h != handle);
+        }
+    }
+
     /// Whether `handle` is marked.
     pub fn contains(&self, handle: &str) -> bool {
         let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -218,6 +240,16 @@ impl SessionManager {
         let Some(s) = session else {
             return false;
         };
+        let verdict = match self.shared.get() {
+            Some(books) => books.vet_vanished(&s).await,
+            None => VanishVerdict::End,
+        };
+        if verdict == VanishVerdict::Forget {
+            // Another replica hibernated or ended it: what this one held is gone, its
+            // records stay (`forget_held`).
+            tracing::info!(session = %s.id, "a session's sandbox went with another replica's hibernation or end; forgotten here");
+            return false;
+        }
         tracing::info!(session = %s.id, why = %report.kind, "the session's sandbox ended outside sandboxd");
         let reason = EndReason::Vanished(report.kind);
         if let Err(e) = self.destroy(&s.id, &s.handle, reason.clone()).await {
@@ -243,6 +275,16 @@ mod tests {
         assert!(message.chars().count() <= MESSAGE_MAX);
         assert!(!message.chars().any(char::is_control), "{message:?}");
         assert!(message.starts_with("evil  [31mred"));
+    }
+
+    #[test]
+    fn invisible_format_characters_are_dropped() {
+        let raw = "a\u{202E}b\u{2066}c\u{2069}d\u{200B}e\u{200F}f\u{FEFF}g\u{202A}h";
+        assert_eq!(clean(raw), "abcdefgh");
+        let VanishKind::Evicted { message } = VanishKind::evicted("\u{FEFF} evil\u{202D} ") else {
+            panic!("not an eviction");
+        };
+        assert_eq!(message, "evil");
     }
 
     #[test]
@@ -275,5 +317,8 @@ mod tests {
             own.mark(&i.to_string());
         }
         assert!(!own.contains("a"), "the oldest is forgotten first");
+        own.unmark("0");
+        assert!(!own.contains("0"));
+        assert!(own.mark("0"), "marked again after an unmark");
     }
 }
