@@ -61,6 +61,7 @@ mod runtime_abuse;
 mod runtime_files;
 mod runtime_hardening;
 mod runtime_lifecycle;
+mod runtime_restore;
 mod runtime_shell;
 mod serve_a2a;
 mod serve_api;

@@ -129,6 +129,7 @@ pub async fn hibernate(
     )
     .await
     .map_err(|e| e.to_string())?;
+    let saved_ms = started.elapsed().as_millis() as u64;
     let manager = st.backend.manager();
     let lock = st.backend.transitions.of(&row.id);
     let _switching = lock.lock().await;
@@ -155,12 +156,15 @@ pub async fn hibernate(
         let _ = st.store.remove_session_holders(&row.id, &of).await;
     }
     // Its last usage reading before its sandbox goes (a resumed one counts from zero).
+    let read_at = started.elapsed().as_millis() as u64;
     let reading = manager.reading_of(&session.handle).await;
     crate::metering::record(st.store.as_ref(), &session.id, reading).await;
+    let removed_at = started.elapsed().as_millis() as u64;
     if let Err(e) = manager.remove_kept(&session).await {
         tracing::warn!(session = %row.id, error = %e, "could not remove a hibernated session's container; the sweep will");
     }
-    tracing::info!(session = %row.id, bytes, ms = started.elapsed().as_millis() as u64, "hibernated");
+    let ms = started.elapsed().as_millis() as u64;
+    tracing::info!(session = %row.id, bytes, ms, saved_ms, reading_ms = removed_at - read_at, removal_ms = ms - removed_at, "hibernated");
     Ok(true)
 }
 

@@ -10,7 +10,7 @@
 //! A resume makes the sandbox again under the same runtime id, with the row's limits, from
 //! the row's template (`SessionManager::recreate`), restores the snapshot into /workspace
 //! after checking it (core/src/sandbox/snapshot.rs; the check runs beside the recreate, the
-//! unpack beside the shell's start), then marks the row running by the
+//! unpack in the persistent shell as it starts), then marks the row running by the
 //! store's conditional update (exactly one resume wins), deletes the snapshot, and tells the
 //! user: `Live::resumed` (the exec answer's `note`, a `Sandboxd-Resumed` header) and a
 //! notice at the start of the next run's events (`ResumeNotice`).
@@ -132,9 +132,9 @@ async fn resume(st: &AppState, row: &SessionRow) -> Result<Live, ApiError> {
 }
 
 /// Makes the sandbox of hibernated session `row` again and restores snapshot `name` into
-/// it. The snapshot is checked on the host while the container is made, and unpacked while
-/// the persistent shell and the file helper start (`warm_up`), so the first command pays for
-/// neither: a resume costs about a cold create plus the transfer.
+/// it. The snapshot is checked on the host while the container is made, and unpacked by the
+/// persistent shell as it starts (`snapshot::unpack`), the one process the first command
+/// needs anyway: a resume costs about a cold create plus the transfer.
 async fn remake(
     st: &AppState,
     row: &SessionRow,
@@ -161,6 +161,7 @@ async fn remake(
         Ok(opened) => opened,
         Err(e) => return Err(not_restored(st, row, None, e).await),
     };
+    let started = Instant::now();
     let (made, checked) = tokio::join!(
         manager.recreate(
             owner,
@@ -172,24 +173,17 @@ async fn remake(
         snapshot::check_opened(opened),
     );
     let session = made?;
+    let made_ms = started.elapsed().as_millis() as u64;
     session.set_idle_timeout(idle_timeout(row));
     // Before the shell starts below.
     session.sandbox.set_session_env(row.env.vars());
     let restored = match checked {
         Ok(checked) => {
-            let sandbox = session.sandbox.as_ref();
-            let (restored, warm) = tokio::join!(
-                snapshot::unpack(sandbox, checked, transfer_timeout(st)),
-                sandbox.warm_up(),
-            );
-            if let Err(e) = warm {
-                // The first command starts what did not start here.
-                tracing::debug!(session = %row.id, error = %e, "a resumed sandbox did not warm up");
-            }
-            restored
+            snapshot::unpack(session.sandbox.as_ref(), checked, transfer_timeout(st)).await
         }
         Err(e) => Err(e),
     };
+    tracing::debug!(session = %row.id, made_ms, restored_ms = started.elapsed().as_millis() as u64 - made_ms, "a hibernated session's sandbox made and restored");
     match restored {
         Ok(summary) => Ok((session, summary)),
         Err(e) => Err(not_restored(st, row, Some(&session), e).await),

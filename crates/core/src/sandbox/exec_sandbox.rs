@@ -437,6 +437,22 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         }
     }
 
+    async fn restore_in_shell(
+        &self,
+        archive: &std::fs::File,
+        len: u64,
+        timeout: Duration,
+    ) -> Result<bool, SandboxError> {
+        let start = super::shell_restore::start_restoring(self, archive, len, timeout);
+        self.watched(async {
+            match self.shell.start_first(start).await {
+                Some(started) => started.map(|()| true),
+                None => Ok(false),
+            }
+        })
+        .await
+    }
+
     /// The shell and the file helper start concurrently: each is one attached process, and
     /// the engine starts execs in parallel.
     async fn warm_up(&self) -> Result<(), SandboxError> {

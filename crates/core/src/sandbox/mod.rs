@@ -32,6 +32,7 @@ pub mod records;
 pub mod runtime;
 pub mod shared;
 pub mod shell;
+mod shell_restore;
 mod shell_scan;
 pub mod slots;
 pub mod snapshot;
@@ -171,6 +172,21 @@ pub trait Sandbox: Send + Sync {
     /// sandbox. A sandbox with nothing to start answers at once.
     async fn warm_up(&self) -> Result<(), SandboxError> {
         Ok(())
+    }
+
+    /// Unpacks the first `len` bytes of `archive`, a tar the caller checked by the rules of
+    /// uploads (`tar_safety`), into /workspace as the persistent shell starts, in the
+    /// shell's own process (shell_restore.rs): a resume's restore without a process of its
+    /// own. Ok(false) when this sandbox has no persistent shell or has started it already:
+    /// nothing was done, and the caller unpacks with a process of its own
+    /// (`transfer::unpack_tar_from`).
+    async fn restore_in_shell(
+        &self,
+        _archive: &std::fs::File,
+        _len: u64,
+        _timeout: std::time::Duration,
+    ) -> Result<bool, SandboxError> {
+        Ok(false)
     }
 
     /// Turns the egress proxy's variables (`egress::proxy_env()`) on or off for this

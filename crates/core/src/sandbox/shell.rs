@@ -68,11 +68,11 @@ pub fn shell_tag() -> &'static str {
     PROCESS_TAG.get().map(String::as_str).unwrap_or(SHELL_TAG)
 }
 
-struct Running {
-    process: AttachedProcess,
-    pid: u32,
+pub(super) struct Running {
+    pub(super) process: AttachedProcess,
+    pub(super) pid: u32,
     /// The generation of the proxy environment this shell has (None: not known yet).
-    proxy_env: Option<u64>,
+    pub(super) proxy_env: Option<u64>,
 }
 
 #[derive(Default)]
@@ -304,7 +304,22 @@ impl PersistentShell {
         None
     }
 
-    /// Drops the current shell; the next call starts a fresh one.
+    /// Starts the shell by `start` when none runs yet, under the lock so no command runs
+    /// before it: None when one runs already (nothing is started).
+    pub(super) async fn start_first(
+        &self,
+        start: impl std::future::Future<Output = Result<Running, SandboxError>>,
+    ) -> Option<Result<(), SandboxError>> {
+        let mut guard = self.inner.lock().await;
+        if guard.is_some() {
+            return None;
+        }
+        Some(start.await.map(|running| {
+            *guard = Some(running);
+            self.ever_started.store(true, Ordering::Relaxed);
+        }))
+    }
+
     /// Forgets the shell without a word to it: for a sandbox found stopped, where nothing can
     /// be killed and a call may have been dropped in the middle of a command.
     pub async fn discard(&self) {
@@ -417,20 +432,10 @@ fn join_notes(a: Option<String>, b: Option<String>) -> Option<String> {
 }
 
 async fn start(host: &dyn Sandbox) -> Result<Running, SandboxError> {
-    // The shell is spawned with the proxy variables of this generation (or a later one,
-    // which the first command then applies again).
-    let proxy_env = host.proxy_env_state().map(|s| s.generation);
-    let mut process = host
-        .spawn(
-            SpawnRequest::new(["bash", "--noprofile", "--norc"])
-                .cwd(super::WORKSPACE)
-                .env("SANDBOXD_SHELL", "1")
-                .env("SANDBOXD_TAG", shell_tag()),
-        )
-        .await?;
+    let (mut process, proxy_env) = spawn_shell(host).await?;
     process
         .stdin
-        .write_all(b"printf 'SBXPID %s\\n' \"$$\"\n")
+        .write_all(GREETING.as_bytes())
         .await
         .map_err(|e| SandboxError::Protocol {
             helper: "bash".into(),
@@ -452,14 +457,7 @@ async fn start(host: &dyn Sandbox) -> Result<Running, SandboxError> {
             }
         }
         if let Some(end) = line.iter().position(|&c| c == b'\n') {
-            let text = String::from_utf8_lossy(&line[..end]);
-            let pid = text
-                .strip_prefix("SBXPID ")
-                .and_then(|p| p.trim().parse().ok())
-                .ok_or_else(|| SandboxError::Protocol {
-                    helper: "bash".into(),
-                    message: format!("unexpected greeting {text:?}"),
-                })?;
+            let pid = greeting_pid(&line[..end])?;
             return Ok(Running {
                 process,
                 pid,
@@ -467,6 +465,38 @@ async fn start(host: &dyn Sandbox) -> Result<Running, SandboxError> {
             });
         }
     }
+}
+
+/// What a new shell is told first: it answers with its pid (`greeting_pid`).
+pub(super) const GREETING: &str = "printf 'SBXPID %s\\n' \"$$\"\n";
+
+/// Starts bash as the persistent shell: in /workspace, tagged, with the proxy variables of
+/// this generation (or a later one, which the first command then applies again), which it
+/// returns.
+pub(super) async fn spawn_shell(
+    host: &dyn Sandbox,
+) -> Result<(AttachedProcess, Option<u64>), SandboxError> {
+    let proxy_env = host.proxy_env_state().map(|s| s.generation);
+    let process = host
+        .spawn(
+            SpawnRequest::new(["bash", "--noprofile", "--norc"])
+                .cwd(super::WORKSPACE)
+                .env("SANDBOXD_SHELL", "1")
+                .env("SANDBOXD_TAG", shell_tag()),
+        )
+        .await?;
+    Ok((process, proxy_env))
+}
+
+/// The pid in the shell's answer to `GREETING` (its first line, newline removed).
+pub(super) fn greeting_pid(line: &[u8]) -> Result<u32, SandboxError> {
+    let text = String::from_utf8_lossy(line);
+    text.strip_prefix("SBXPID ")
+        .and_then(|p| p.trim().parse().ok())
+        .ok_or_else(|| SandboxError::Protocol {
+            helper: "bash".into(),
+            message: format!("unexpected greeting {text:?}"),
+        })
 }
 
 /// The session's proxy variables, exported or unset, when they changed since this shell last

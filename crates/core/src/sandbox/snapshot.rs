@@ -209,13 +209,18 @@ pub fn refused(e: &SnapshotError) -> bool {
     )
 }
 
-/// Unpacks a checked snapshot into /workspace of `sandbox`; what it held.
+/// Unpacks a checked snapshot into /workspace of `sandbox`, through the persistent shell as
+/// it starts where the sandbox has one (`Sandbox::restore_in_shell`: no process of its own),
+/// else with a `tar` process; what it held.
 pub async fn unpack(
     sandbox: &dyn Sandbox,
     checked: Checked,
     timeout: Duration,
 ) -> Result<ArchiveSummary, SnapshotError> {
-    transfer::unpack_tar_from(sandbox, WORKSPACE, &checked.file, checked.len, timeout).await?;
+    let (file, len) = (&checked.file, checked.len);
+    if !sandbox.restore_in_shell(file, len, timeout).await? {
+        transfer::unpack_tar_from(sandbox, WORKSPACE, file, len, timeout).await?;
+    }
     Ok(checked.summary)
 }
 
