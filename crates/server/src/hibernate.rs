@@ -120,17 +120,24 @@ pub async fn hibernate(
     let dir = snapshot_dir(st);
     let short = &uuid::Uuid::new_v4().simple().to_string()[..12];
     let name = format!("{}.{short}.tar", row.id);
-    let bytes = snapshot::save(
-        session.sandbox.as_ref(),
-        &dir,
-        &name,
-        workspace_bytes(row),
-        transfer_timeout(st),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    let saved_ms = started.elapsed().as_millis() as u64;
     let manager = st.backend.manager();
+    // Its last usage reading before its sandbox goes (a resumed one counts from zero), taken
+    // beside the save: the session is idle, so the reading is the same before or after it,
+    // the save's own `tar` is sandboxd's work and not the user's, and Docker's one-shot stats
+    // wait up to a second for its collector's next tick when anything read the container's
+    // stats in the last second (the memory budget, the metering sampler).
+    let (saved, reading) = tokio::join!(
+        snapshot::save(
+            session.sandbox.as_ref(),
+            &dir,
+            &name,
+            workspace_bytes(row),
+            transfer_timeout(st),
+        ),
+        manager.reading_of(&session.handle),
+    );
+    let bytes = saved.map_err(|e| e.to_string())?;
+    let saved_ms = started.elapsed().as_millis() as u64;
     let lock = st.backend.transitions.of(&row.id);
     let _switching = lock.lock().await;
     if !manager.take_idle(&session, started.elapsed()) {
@@ -155,16 +162,13 @@ pub async fn hibernate(
             .collect();
         let _ = st.store.remove_session_holders(&row.id, &of).await;
     }
-    // Its last usage reading before its sandbox goes (a resumed one counts from zero).
-    let read_at = started.elapsed().as_millis() as u64;
-    let reading = manager.reading_of(&session.handle).await;
     crate::metering::record(st.store.as_ref(), &session.id, reading).await;
     let removed_at = started.elapsed().as_millis() as u64;
     if let Err(e) = manager.remove_kept(&session).await {
         tracing::warn!(session = %row.id, error = %e, "could not remove a hibernated session's container; the sweep will");
     }
     let ms = started.elapsed().as_millis() as u64;
-    tracing::info!(session = %row.id, bytes, ms, saved_ms, reading_ms = removed_at - read_at, removal_ms = ms - removed_at, "hibernated");
+    tracing::info!(session = %row.id, bytes, ms, saved_ms, removal_ms = ms - removed_at, "hibernated");
     Ok(true)
 }
 

@@ -1,7 +1,7 @@
 //! `sandboxd bench hibernate` (issue 28, item 5): a real server on loopback in this process,
 //! its own manager (no warm pool, so every create is cold) and temporary data directory:
 //! - a cold create: `POST /v1/sessions`, then the first command (`true` through the exec
-//!   route) answered — the baseline;
+//!   route) answered — the baseline, measured before each cycle below so both meet the same load;
 //! - hibernate of a session whose /workspace holds `size` MiB of random bytes (the save to
 //!   the snapshot file, the row, the container's removal: `hibernate::hibernate`, what the
 //!   reaper and the admin route run);
@@ -26,12 +26,13 @@ pub struct SizeBench {
 }
 
 pub struct HibernateBench {
-    /// Cold create → first command answered, sorted.
+    /// Cold create → first command answered (one before each cycle of every size), sorted.
     pub cold: Vec<Duration>,
     pub sizes: Vec<SizeBench>,
 }
 
-/// `n` cold creates, then `n` hibernate/resume cycles of a session per size in `sizes`.
+/// `n` hibernate/resume cycles of a session per size in `sizes`, each after a cold create
+/// (the baseline, measured interleaved).
 pub async fn bench_hibernate(
     runtime: Arc<dyn Runtime>,
     config: Config,
@@ -52,15 +53,7 @@ pub async fn bench_hibernate(
 
 async fn measure(server: &BenchServer, sizes: &[u64], n: usize) -> anyhow::Result<HibernateBench> {
     let key = server.keys[0].clone();
-    let mut cold = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        let id = server.session(&key).await?;
-        exec(server, &key, &id, "true").await?;
-        cold.push(t.elapsed());
-        server.delete_session(&key, &id).await;
-    }
-    cold.sort();
+    let mut cold = Vec::with_capacity(n * sizes.len());
     let mut out = Vec::new();
     for &mib in sizes {
         let id = server.session(&key).await?;
@@ -72,6 +65,8 @@ async fn measure(server: &BenchServer, sizes: &[u64], n: usize) -> anyhow::Resul
             resume: Vec::with_capacity(n),
         };
         for _ in 0..n {
+            // The baseline interleaved with the resumes, so both meet the same load.
+            cold.push(cold_create(server, &key).await?);
             b.hibernate.push(hibernate_once(server, &id).await?);
             let t = Instant::now();
             let out = exec(server, &key, &id, "stat -c %s /workspace/fill.bin").await?;
@@ -87,7 +82,18 @@ async fn measure(server: &BenchServer, sizes: &[u64], n: usize) -> anyhow::Resul
         out.push(b);
         server.delete_session(&key, &id).await;
     }
+    cold.sort();
     Ok(HibernateBench { cold, sizes: out })
+}
+
+/// A cold create and its first command answered; how long it took.
+async fn cold_create(server: &BenchServer, key: &str) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let id = server.session(key).await?;
+    exec(server, key, &id, "true").await?;
+    let took = t.elapsed();
+    server.delete_session(key, &id).await;
+    Ok(took)
 }
 
 /// Hibernates session `id` as the reaper would; how long it took.
