@@ -198,6 +198,7 @@ pub async fn create(
         Some(s) => s.min(admin_idle),
     };
     let quota = Quota::resolve(&st.config.quotas, &caller.user.quota, &st.config.limits);
+    crate::cpu_quota::admit(st, caller).await?;
     let asked = LimitRequest::from(&body.limits);
     if let Some((name, value)) = quota.exceeded_by(&asked) {
         return Err(ApiError::quota(
@@ -379,6 +380,9 @@ pub async fn exec_target(
     if body.command.contains('\0') {
         return Err(ApiError::invalid("field `command`: contains a NUL byte"));
     }
+    // The caller's own day, so checked first: nothing about the session is told, and a
+    // hibernated one is not resumed for a command that cannot run.
+    crate::cpu_quota::admit(st, caller).await?;
     let live = live_session(st, caller, id).await?;
     let max = live.limits.max_timeout_secs.max(1);
     let timeout = match body.timeout {
@@ -498,6 +502,7 @@ pub async fn call_tool(
     ApiPath((id, name)): ApiPath<(String, String)>,
     ApiJson(args): ApiJson<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<ToolCallResult>, ApiError> {
+    crate::cpu_quota::admit(&st, &caller).await?;
     let live = live_session(&st, &caller, &id).await?;
     // The session's own tools, so a run in it sees what this call leaves (python
     // variables, the browser's tabs, the editor's undo history), and the other way round.

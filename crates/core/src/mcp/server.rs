@@ -256,8 +256,9 @@ async fn run(
     }
 }
 
-/// `run` in a sandbox: not idle while the call lasts (it may outlast the idle timeout), and
-/// counted by the admission once it ran (usage metering).
+/// `run` in a sandbox, unless the admission refuses it (its error is the tool's): not idle
+/// while the call lasts (it may outlast the idle timeout), and counted by the admission
+/// once it ran (usage metering).
 async fn run_in(
     admission: &dyn Admission,
     session: &Session,
@@ -266,6 +267,9 @@ async fn run_in(
     args: JsonObject,
     ctx: &RequestContext<RoleServer>,
 ) -> CallToolResponse {
+    if let Some(why) = admission.refusal(session).await {
+        return error_result(why);
+    }
     let _in_use = session.hold();
     let result = run(registry, name, args, ctx).await;
     admission.tool_called(session).await;

@@ -49,6 +49,7 @@ async fn call(
     let table = ProcessTable::of(live.session());
     match method {
         "Start" => {
+            crate::cpu_quota::admit(st, caller).await?;
             let req: StartRequest = connect::request(headers, body)?;
             let guard = st.streams.open(caller, Kind::Stream, &st.shutdown)?;
             let sub = start(&table, req).await?;

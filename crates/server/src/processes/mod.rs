@@ -121,6 +121,7 @@ pub async fn start_process(
             ));
         }
     };
+    crate::cpu_quota::admit(&st, &caller).await?;
     let table = table(&st, &caller, &id).await?;
     let spec = ProcessSpec {
         argv,

@@ -76,6 +76,31 @@ pub async fn create_run(
     Ok((StatusCode::CREATED, Json((&row).into())))
 }
 
+/// Refuses a new run of the caller past a quota: input tokens or CPU-seconds of today, runs
+/// in flight.
+async fn check_run_quotas(st: &AppState, caller: &Caller, quota: &Quota) -> Result<(), ApiError> {
+    let usage = st.store.usage(caller.id(), now_ms()).await?;
+    if quota.input_tokens_per_day > 0 && usage.input_tokens_today >= quota.input_tokens_per_day {
+        return Err(ApiError::quota(
+            "input_tokens_per_day",
+            quota.input_tokens_per_day,
+            format!(
+                "you spent {} of your {} input tokens of today (UTC); wait for tomorrow or ask the admin to raise the quota",
+                usage.input_tokens_today, quota.input_tokens_per_day
+            ),
+        ));
+    }
+    crate::cpu_quota::admit(st, caller).await?;
+    if usage.active_runs >= quota.runs {
+        return Err(sandboxd_core::store::StoreError::RunQuota {
+            limit: quota.runs,
+            active: usage.active_runs,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Checks a run request (its fields, the caller's quotas, the session) and starts it, making
 /// the session first when it names none: the one way a front end (/v1/runs, A2A) starts a run.
 pub async fn start_run(
@@ -110,24 +135,7 @@ pub async fn start_run(
     }
     st.runs.ready()?;
     let quota = Quota::resolve(&st.config.quotas, &caller.user.quota, &st.config.limits);
-    let usage = st.store.usage(caller.id(), now_ms()).await?;
-    if quota.input_tokens_per_day > 0 && usage.input_tokens_today >= quota.input_tokens_per_day {
-        return Err(ApiError::quota(
-            "input_tokens_per_day",
-            quota.input_tokens_per_day,
-            format!(
-                "you spent {} of your {} input tokens of today (UTC); wait for tomorrow or ask the admin to raise the quota",
-                usage.input_tokens_today, quota.input_tokens_per_day
-            ),
-        ));
-    }
-    if usage.active_runs >= quota.runs {
-        return Err(sandboxd_core::store::StoreError::RunQuota {
-            limit: quota.runs,
-            active: usage.active_runs,
-        }
-        .into());
-    }
+    check_run_quotas(st, caller, &quota).await?;
     let (session_id, live, created) = match body.session_id {
         Some(id) => {
             let live = sessions::live_session(st, caller, &id).await?;
@@ -157,6 +165,7 @@ pub async fn start_run(
                 profile,
                 max_active: quota.runs,
                 tokens_per_day: quota.input_tokens_per_day,
+                cpu_seconds_per_day: quota.cpu_seconds_per_day,
                 mcp_servers: st.config.mcp.servers_for(&caller.user.name),
             })
             .await?;
