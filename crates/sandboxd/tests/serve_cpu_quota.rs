@@ -2,8 +2,10 @@
 //! scripted fake LLM), sampling every second: a user allowed 1 CPU-second whose session burns
 //! 1.5 (a busy loop under the CPU limit) is refused, once the sample lands, a new exec,
 //! session, tool call, process, run and /mcp call (429 `quota_exceeded` naming the quota,
-//! today's figure, the limit and the reset), while reading their files still works and
-//! another user is not affected; `sandboxd users quota` lifts it (0 = no limit) and sets it
+//! today's figure, the limit and the reset; E2B's code cell too, with `Retry-After`), while
+//! reading their files still works and another user is not affected; an admin is held to
+//! the session owner's quota (refused in the spent user's session with a clear day of their
+//! own, let into another user's once their own day is spent); `sandboxd users quota` lifts it (0 = no limit) and sets it
 //! again; and a run whose tool calls burn past the quota stops at its next tool call,
 //! ending `failed` with that quota, as the token quota ends one.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
@@ -120,6 +122,71 @@ async fn assert_new_work_refused(api: &Api, id: &str) {
     let body = json!({"task": "more", "session_id": id});
     let (s, v) = api.json(Method::POST, "/v1/runs", Some(body)).await;
     assert_cpu_refusal("run", s, &v);
+    // E2B's code cell: the same refusal, in E2B's shape, with the same Retry-After.
+    let r = api
+        .req(Method::POST, "/e2b/sandbox/execute")
+        .header("E2b-Sandbox-Id", id)
+        .json(&json!({"code": "1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429, "an E2B cell");
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("cpu_seconds_per_day"),
+        "{body}"
+    );
+    let retry: u64 = retry
+        .expect("E2B's refusal carries Retry-After")
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=86_400).contains(&retry),
+        "seconds to midnight: {retry}"
+    );
+}
+
+/// An admin (quota 1, not yet used) in the spent user's session `spent` is refused, though
+/// their own day is clear; once the admin's own day is spent, they can still work in
+/// `fresh`, another user's session with CPU to spare.
+async fn admin_acts_in_users_sessions(admin: &Api, spent: &str, fresh: &str) {
+    assert_eq!(me(admin).await["usage"]["cpu_seconds_today"], 0.0);
+    let (s, v) = exec(admin, spent, "true").await;
+    assert_cpu_refusal("an admin's exec in a spent user's session", s, &v);
+    let path = format!("/v1/sessions/{spent}/tools/bash");
+    let (s, v) = admin
+        .json(Method::POST, &path, Some(json!({"command": "true"})))
+        .await;
+    assert_cpu_refusal("an admin's tool call in a spent user's session", s, &v);
+    let body = json!({"task": "more", "session_id": spent});
+    let (s, v) = admin.json(Method::POST, "/v1/runs", Some(body)).await;
+    assert_cpu_refusal("an admin's run in a spent user's session", s, &v);
+
+    let own = admin.session().await;
+    assert_eq!(admin.exec(&own, BURN).await["exit_code"], 0);
+    wait_for_cpu(admin, 1.0).await;
+    let (s, v) = exec(admin, &own, "true").await;
+    assert_cpu_refusal("an admin's exec in their own spent session", s, &v);
+    let out = admin.exec(fresh, "echo as-admin").await;
+    assert_eq!(
+        out["stdout"], "as-admin\n",
+        "in a user's session with CPU left: {out}"
+    );
+    let path = format!("/v1/sessions/{fresh}/processes");
+    let (s, v) = admin
+        .json(Method::POST, &path, Some(json!({"command": "true"})))
+        .await;
+    assert_eq!(
+        s, 201,
+        "an admin's process in a user's session with CPU left: {v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -132,8 +199,10 @@ async fn a_spent_daily_cpu_quota_refuses_new_work_and_the_override_lifts_it() {
     let env = env(&llm).await;
     let key = env.add_user("cpu", &["--cpu-seconds-per-day", "1"]);
     let other_key = env.add_user("other", &[]);
+    let admin_key = env.add_user("root", &["--admin", "--cpu-seconds-per-day", "1"]);
     let serve = env.start();
     let (api, other) = (Api::new(&serve, &key), Api::new(&serve, &other_key));
+    let admin = Api::new(&serve, &admin_key);
     let mut cleanup = Cleanup(Vec::new());
     assert_eq!(me(&api).await["quota"]["cpu_seconds_per_day"], 1);
 
@@ -171,6 +240,10 @@ async fn a_spent_daily_cpu_quota_refuses_new_work_and_the_override_lifts_it() {
     // Another user is not affected.
     let theirs = other.session().await;
     assert_eq!(other.exec(&theirs, "echo fine").await["stdout"], "fine\n");
+
+    // The CPU is the session owner's, whoever asks: an admin is held to their quota in
+    // their sessions, and to their own only in their own.
+    admin_acts_in_users_sessions(&admin, &id, &theirs).await;
 
     // 0 is no limit: the override takes effect at the next request.
     set_cpu_quota(&env, "cpu", 0);

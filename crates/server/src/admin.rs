@@ -26,7 +26,11 @@ async fn view(st: &AppState, u: &User) -> Result<UserView, ApiError> {
     let q = Quota::resolve(&st.config.quotas, &u.quota, &st.config.limits);
     let now = now_ms();
     let usage = st.store.usage(&u.id, now).await?;
-    let cpu_today = crate::cpu_quota::cpu_seconds_today(st.store.as_ref(), &u.id, now).await?;
+    // Read only for a user with a CPU quota: the figure is there to be set against it.
+    let cpu_today = match q.cpu_seconds_per_day {
+        0 => 0.0,
+        _ => crate::cpu_quota::cpu_seconds_today(st.store.as_ref(), &u.id, now).await?,
+    };
     Ok(UserView {
         id: u.id.clone(),
         name: u.name.clone(),

@@ -9,7 +9,19 @@
 //! next tool call (runs/sink.rs), as the token quota stops one at its next model answer.
 //!
 //! `admit` (the HTTP front ends) and `spent` (also /mcp's admission, and the run's sink) are
-//! the one composition of the check; every entry of new work calls one of them.
+//! the one composition of the check; every entry of new work calls one of them, once per
+//! request (`Admitted` is the proof a caller passes on, so `sessions::create` under a run
+//! does not check again). The quota and the figure are those of whoever the CPU is metered
+//! to: the session's owner for work in an existing session (`admit_owner`; an admin acting
+//! in a user's session is held to that user's quota, not their own), the caller for a new
+//! session.
+//!
+//! When the figure cannot be read (the store is down), new work is refused: 503
+//! `store_unavailable` over HTTP, the same words as the tool's error over /mcp. A run in
+//! flight carries on (its sink logs a warning): stopping it would lose its work for a blip
+//! of the store, and its next tool call checks again. Not gated, since they start no CPU
+//! work by themselves: resuming a hibernated session, E2B's connect, and restarting a code
+//! context (the commands and cells that follow are).
 //!
 //! The figure is the store's, never a process's: usage metering's day sum of the user
 //! (`Metering::usage_days`), to which whichever replica holds a sandbox adds its cgroup
@@ -25,7 +37,7 @@ use sandboxd_core::store::{Store, StoreError, UsageQuery, now_ms};
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode, STORE_RETRY_SECS};
 use crate::quota::Quota;
 
 /// The quota's name in errors and run outcomes.
@@ -113,14 +125,86 @@ pub fn limit_of(config: &Config, quota: &sandboxd_core::store::QuotaOverride) ->
     Quota::resolve(&config.quotas, quota, &config.limits).cpu_seconds_per_day
 }
 
-/// Refuses new work of the caller (429 `quota_exceeded`) once their CPU quota of today is
-/// spent.
-pub async fn admit(st: &AppState, caller: &Caller) -> Result<(), ApiError> {
-    let limit = limit_of(&st.config, &caller.user.quota);
-    match spent(st.store.as_ref(), limit, caller.id()).await? {
-        Some(s) => Err(s.into()),
-        None => Ok(()),
+/// Proof that a request's work passed the CPU check, so a step further down (the session a
+/// run makes) does not check again, and whose quota it was (a run checks it again at each
+/// tool call). Only `admit` and `admit_owner` make one.
+#[derive(Debug)]
+pub struct Admitted {
+    owner: String,
+    limit: u64,
+}
+
+impl Admitted {
+    /// The user the CPU is metered to (the session's owner).
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
+
+    /// Their daily CPU limit in force; 0 is none.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+}
+
+/// Refuses new work of the caller in a session of their own, or a new session (429
+/// `quota_exceeded`), once their CPU quota of today is spent; 503 when the figure cannot be
+/// read.
+pub async fn admit(st: &AppState, caller: &Caller) -> Result<Admitted, ApiError> {
+    let limit = limit_of(&st.config, &caller.user.quota);
+    check(st, limit, caller.id()).await
+}
+
+/// Refuses new work in a session of `owner` (its row's owner) once that user's CPU quota of
+/// today is spent: the CPU is metered to them, whoever asks (an admin may act in any
+/// session). Their quota override is read from the store when they are not the caller.
+pub async fn admit_owner(
+    st: &AppState,
+    caller: &Caller,
+    owner: &str,
+) -> Result<Admitted, ApiError> {
+    if owner == caller.id() {
+        return admit(st, caller).await;
+    }
+    // Only an admin gets here (`owned_row`), rarely: the store has no lookup by id, so
+    // the list is scanned. A removed owner has no override: the defaults hold.
+    let users = st.store.users().await.map_err(unreadable)?;
+    let quota = users
+        .into_iter()
+        .find(|u| u.id == owner)
+        .map(|u| u.quota)
+        .unwrap_or_default();
+    check(st, limit_of(&st.config, &quota), owner).await
+}
+
+async fn check(st: &AppState, limit: u64, owner: &str) -> Result<Admitted, ApiError> {
+    match spent(st.store.as_ref(), limit, owner).await {
+        Ok(Some(s)) => Err(s.into()),
+        Ok(None) => Ok(Admitted {
+            owner: owner.to_string(),
+            limit,
+        }),
+        Err(e) => Err(unreadable(e)),
+    }
+}
+
+/// The figure (or the owner's quota) cannot be read: new work is refused, as it cannot be
+/// told apart from work past the quota (503, retry shortly).
+fn unreadable(e: StoreError) -> ApiError {
+    tracing::warn!(error = %e, "cannot read a user's CPU-seconds of today; refusing new work");
+    let mut err = ApiError::new(
+        ErrorCode::StoreUnavailable,
+        format!(
+            "{} ({e}); retry in {STORE_RETRY_SECS} s",
+            unreadable_message()
+        ),
+    );
+    err.retry_after = Some(STORE_RETRY_SECS);
+    err
+}
+
+/// Why new work is refused when the store cannot say today's figure (HTTP and /mcp alike).
+pub fn unreadable_message() -> &'static str {
+    "sandboxd could not read your CPU-seconds of today from its store, which your daily CPU quota (cpu_seconds_per_day) is checked against, so no new work starts"
 }
 
 #[cfg(test)]

@@ -160,6 +160,19 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(merged.cpu_seconds_per_day, Some(5));
+        // A later override that names it wins (0 too: it lifts the limit).
+        for later in [9, 0] {
+            let merged = merged.merged(&QuotaOverride {
+                cpu_seconds_per_day: Some(later),
+                ..Default::default()
+            });
+            assert_eq!(
+                merged.cpu_seconds_per_day,
+                Some(later),
+                "a later {later} wins"
+            );
+            assert_eq!(merged.runs, Some(1), "and the rest is kept");
+        }
     }
 
     #[test]

@@ -518,7 +518,8 @@ pub struct UsageView {
     pub active_runs: u32,
     pub input_tokens_today: u64,
     /// CPU-seconds the user's sandboxes used today (UTC), as of their last usage sample
-    /// (`[sessions] usage_sample_secs`).
+    /// (`[sessions] usage_sample_secs`); 0 when the user has no daily CPU quota (it is not
+    /// read then: GET /v1/usage has the figures).
     pub cpu_seconds_today: f64,
 }
 

@@ -68,7 +68,9 @@ pub(crate) struct QuotaArgs {
     #[arg(long)]
     input_tokens_per_day: Option<u64>,
     /// CPU-seconds of the user's sandboxes per UTC day (0 = no limit); once spent, no new
-    /// session, command, tool call or run starts until 00:00 UTC.
+    /// session, command, tool call or run starts until 00:00 UTC. Upgrading replicas: set it
+    /// only once every replica runs this version (an older one cannot read a user whose
+    /// stored quota has it).
     #[arg(long)]
     cpu_seconds_per_day: Option<u64>,
     /// Ceilings of what the user's sessions may ask for (never above [limits]).

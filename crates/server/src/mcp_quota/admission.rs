@@ -269,8 +269,10 @@ impl UserAdmission {
         let limit = crate::cpu_quota::limit_of(&self.ledger.config, &user.quota);
         match crate::cpu_quota::spent(self.ledger.store.as_ref(), limit, &user.id).await {
             Ok(spent) => spent.map(|s| s.message()),
+            // As the HTTP routes refuse (cpu_quota.rs): no new work on an unknown figure.
             Err(e) => Some(format!(
-                "sandboxd could not read your CPU-seconds of today for your daily CPU quota ({e}); try again"
+                "{} ({e}); try again in a few seconds",
+                crate::cpu_quota::unreadable_message()
             )),
         }
     }

@@ -109,7 +109,10 @@ pub struct LiveRun {
     /// Whether the run's row exists (the control loop judges only inserted runs lost).
     inserted: AtomicBool,
     tokens_per_day: u64,
-    /// The owner's daily CPU quota (0: none), checked before each tool call (sink.rs).
+    /// Whom the session's CPU is metered to (its owner, who may not be the run's: an admin's
+    /// run in a user's session) and their daily CPU quota (0: none), checked before each
+    /// tool call (sink.rs).
+    cpu_owner: String,
     cpu_seconds_per_day: u64,
     /// The answer's text while it is written, for this replica's followers (live only).
     deltas: sse::LiveText,
@@ -243,7 +246,8 @@ pub struct StartRun {
     pub max_active: u32,
     /// The owner's daily input-token quota; 0 is none.
     pub tokens_per_day: u64,
-    /// The owner's daily CPU quota in seconds; 0 is none.
+    /// The session owner's id and daily CPU quota in seconds (0 is none): the CPU is theirs.
+    pub cpu_owner: String,
     pub cpu_seconds_per_day: u64,
     /// The admin's MCP servers (an mcp.json) whose tools the run gets, if the owner may.
     pub mcp_servers: Option<std::path::PathBuf>,
@@ -350,6 +354,7 @@ impl RunService {
             reply: Mutex::new(None),
             inserted: AtomicBool::new(false),
             tokens_per_day: req.tokens_per_day,
+            cpu_owner: req.cpu_owner.clone(),
             cpu_seconds_per_day: req.cpu_seconds_per_day,
             deltas: sse::LiveText::new(DELTA_QUEUE),
         });

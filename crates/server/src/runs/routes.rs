@@ -76,8 +76,8 @@ pub async fn create_run(
     Ok((StatusCode::CREATED, Json((&row).into())))
 }
 
-/// Refuses a new run of the caller past a quota: input tokens or CPU-seconds of today, runs
-/// in flight.
+/// Refuses a new run of the caller past a quota: input tokens of today, runs in flight. (The
+/// daily CPU quota is its session owner's, checked in `start_run`.)
 async fn check_run_quotas(st: &AppState, caller: &Caller, quota: &Quota) -> Result<(), ApiError> {
     let usage = st.store.usage(caller.id(), now_ms()).await?;
     if quota.input_tokens_per_day > 0 && usage.input_tokens_today >= quota.input_tokens_per_day {
@@ -90,7 +90,6 @@ async fn check_run_quotas(st: &AppState, caller: &Caller, quota: &Quota) -> Resu
             ),
         ));
     }
-    crate::cpu_quota::admit(st, caller).await?;
     if usage.active_runs >= quota.runs {
         return Err(sandboxd_core::store::StoreError::RunQuota {
             limit: quota.runs,
@@ -136,19 +135,26 @@ pub async fn start_run(
     st.runs.ready()?;
     let quota = Quota::resolve(&st.config.quotas, &caller.user.quota, &st.config.limits);
     check_run_quotas(st, caller, &quota).await?;
-    let (session_id, live, created) = match body.session_id {
+    // The daily CPU quota, checked once: in an existing session, its owner's (the CPU is
+    // metered to them, and the run's tool calls are checked against theirs too); a new one
+    // is the caller's own, checked here and not again by `create`.
+    let (session_id, live, created, cpu) = match body.session_id {
         Some(id) => {
-            let live = sessions::live_session(st, caller, &id).await?;
-            (id, live, false)
+            let (live, admitted) = sessions::admitted_live(st, caller, &id).await?;
+            let cpu = (admitted.owner().to_string(), admitted.limit());
+            (id, live, false, cpu)
         }
         None => {
-            let row = sessions::create(st, caller, body.session.unwrap_or_default()).await?;
+            let admitted = crate::cpu_quota::admit(st, caller).await?;
+            let cpu = (admitted.owner().to_string(), admitted.limit());
+            let new = body.session.unwrap_or_default();
+            let row = sessions::create(st, caller, new, Some(admitted)).await?;
             let live = st
                 .backend
                 .get(&row)
                 .await
                 .ok_or_else(|| ApiError::internal("the new session has no sandbox"))?;
-            (row.id, live, true)
+            (row.id, live, true, cpu)
         }
     };
     let started = async {
@@ -165,7 +171,8 @@ pub async fn start_run(
                 profile,
                 max_active: quota.runs,
                 tokens_per_day: quota.input_tokens_per_day,
-                cpu_seconds_per_day: quota.cpu_seconds_per_day,
+                cpu_owner: cpu.0,
+                cpu_seconds_per_day: cpu.1,
                 mcp_servers: st.config.mcp.servers_for(&caller.user.name),
             })
             .await?;

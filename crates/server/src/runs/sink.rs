@@ -30,14 +30,14 @@ pub struct ServiceSink {
 }
 
 impl ServiceSink {
-    /// As a tool is about to run: stops the run once its owner's daily CPU quota is spent,
+    /// As a tool is about to run: stops the run once its session owner's daily CPU quota is spent,
     /// as a spent token quota stops it (the figure is the store's, as stale as the last
     /// sample: cpu_quota.rs). A command already running is not stopped mid-way by this;
     /// the next tool call of the run is.
     async fn check_cpu(&self) {
         let run = &self.run;
         let store = run.store.as_ref();
-        match crate::cpu_quota::spent(store, run.cpu_seconds_per_day, &run.owner).await {
+        match crate::cpu_quota::spent(store, run.cpu_seconds_per_day, &run.cpu_owner).await {
             Ok(Some(s)) => {
                 tracing::info!(run = %run.id, used = s.used, "the daily CPU quota is spent; stopping the run");
                 run.stop(Stop::Quota {
@@ -46,6 +46,8 @@ impl ServiceSink {
                 });
             }
             Ok(None) => {}
+            // The rule (cpu_quota.rs): new work is refused on an unknown figure, a run in
+            // flight carries on; its next tool call checks again.
             Err(e) => {
                 tracing::warn!(run = %run.id, error = %e, "cannot read the owner's CPU-seconds of today; the run goes on");
             }
@@ -265,6 +267,7 @@ mod tests {
             reply: Mutex::new(None),
             inserted: AtomicBool::new(true),
             tokens_per_day: 0,
+            cpu_owner: "u".into(),
             cpu_seconds_per_day: 0,
             deltas: crate::runs::sse::LiveText::new(4),
         });
