@@ -27,7 +27,8 @@ pub enum FinishReason {
     Error {
         message: String,
     },
-    /// The service stopped the run: a quota of its user (`input_tokens_per_day`) is spent.
+    /// The service stopped the run: a daily quota of its user (`input_tokens_per_day`,
+    /// `cpu_seconds_per_day`) is spent.
     QuotaExceeded {
         quota: String,
         limit: u64,

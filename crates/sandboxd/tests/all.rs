@@ -68,6 +68,7 @@ mod serve_api;
 mod serve_audit;
 mod serve_bench;
 mod serve_connections;
+mod serve_cpu_quota;
 mod serve_docker_tls;
 mod serve_egress;
 mod serve_egress_agent;

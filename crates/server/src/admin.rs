@@ -24,7 +24,13 @@ const RUN_CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn view(st: &AppState, u: &User) -> Result<UserView, ApiError> {
     let q = Quota::resolve(&st.config.quotas, &u.quota, &st.config.limits);
-    let usage = st.store.usage(&u.id, now_ms()).await?;
+    let now = now_ms();
+    let usage = st.store.usage(&u.id, now).await?;
+    // Read only for a user with a CPU quota: the figure is there to be set against it.
+    let cpu_today = match q.cpu_seconds_per_day {
+        0 => 0.0,
+        _ => crate::cpu_quota::cpu_seconds_today(st.store.as_ref(), &u.id, now).await?,
+    };
     Ok(UserView {
         id: u.id.clone(),
         name: u.name.clone(),
@@ -38,6 +44,7 @@ async fn view(st: &AppState, u: &User) -> Result<UserView, ApiError> {
             sessions: q.sessions,
             runs: q.runs,
             input_tokens_per_day: q.input_tokens_per_day,
+            cpu_seconds_per_day: q.cpu_seconds_per_day,
             ceiling: (&q.ceiling).into(),
         },
         usage: UsageView {
@@ -45,6 +52,7 @@ async fn view(st: &AppState, u: &User) -> Result<UserView, ApiError> {
             active_mcp_sessions: usage.active_mcp_sessions,
             active_runs: usage.active_runs,
             input_tokens_today: usage.input_tokens_today,
+            cpu_seconds_today: cpu_today,
         },
     })
 }

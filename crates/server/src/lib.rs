@@ -32,6 +32,7 @@ pub mod attach;
 pub mod audit;
 pub mod auth;
 pub mod backend;
+pub mod cpu_quota;
 pub mod e2b;
 pub mod egress;
 pub mod egress_credentials;

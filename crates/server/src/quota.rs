@@ -1,5 +1,6 @@
 //! How one user's quota in force is worked out: the `[quotas]` defaults, then the user's
-//! overrides from the store, capped by the admin's `[limits]`.
+//! overrides from the store, capped by the admin's `[limits]`. (The daily CPU quota's
+//! check, which reads the store, is `cpu_quota.rs`.)
 
 use sandboxd_core::config::{LimitRequest, Limits, QuotasConfig};
 use sandboxd_core::store::QuotaOverride;
@@ -10,6 +11,8 @@ pub struct Quota {
     pub sessions: u32,
     pub runs: u32,
     pub input_tokens_per_day: u64,
+    /// CPU-seconds of the user's sandboxes per UTC day; 0 is no limit.
+    pub cpu_seconds_per_day: u64,
     /// The most this user's sessions may ask for (never above the admin's limits).
     pub ceiling: Limits,
 }
@@ -38,6 +41,9 @@ impl Quota {
             input_tokens_per_day: user
                 .input_tokens_per_day
                 .unwrap_or(defaults.input_tokens_per_day),
+            cpu_seconds_per_day: user
+                .cpu_seconds_per_day
+                .unwrap_or(defaults.cpu_seconds_per_day),
             ceiling,
         }
     }
@@ -119,5 +125,69 @@ mod tests {
         let filled = q.fill(&LimitRequest::default());
         assert_eq!(filled.memory_mb, Some(512));
         assert!(admin.lowered(&filled).is_ok());
+    }
+
+    #[test]
+    fn the_daily_cpu_quota_is_the_users_override_else_the_default_and_0_is_none() {
+        let admin = Limits::default();
+        let defaults = QuotasConfig {
+            cpu_seconds_per_day: 3600,
+            ..Default::default()
+        };
+        let q = Quota::resolve(&defaults, &QuotaOverride::default(), &admin);
+        assert_eq!(q.cpu_seconds_per_day, 3600, "no override: the default");
+        let user = QuotaOverride {
+            cpu_seconds_per_day: Some(1),
+            ..Default::default()
+        };
+        let q = Quota::resolve(&defaults, &user, &admin);
+        assert_eq!(q.cpu_seconds_per_day, 1, "the override, below the default");
+        let user = QuotaOverride {
+            cpu_seconds_per_day: Some(0),
+            ..Default::default()
+        };
+        let q = Quota::resolve(&defaults, &user, &admin);
+        assert_eq!(q.cpu_seconds_per_day, 0, "an override of 0 lifts the limit");
+        let unset = Quota::resolve(&QuotasConfig::default(), &QuotaOverride::default(), &admin);
+        assert_eq!(unset.cpu_seconds_per_day, 0, "no limit unless configured");
+        // A later override replaces it; one that does not name it keeps it.
+        let merged = QuotaOverride {
+            cpu_seconds_per_day: Some(5),
+            ..Default::default()
+        }
+        .merged(&QuotaOverride {
+            runs: Some(1),
+            ..Default::default()
+        });
+        assert_eq!(merged.cpu_seconds_per_day, Some(5));
+        // A later override that names it wins (0 too: it lifts the limit).
+        for later in [9, 0] {
+            let merged = merged.merged(&QuotaOverride {
+                cpu_seconds_per_day: Some(later),
+                ..Default::default()
+            });
+            assert_eq!(
+                merged.cpu_seconds_per_day,
+                Some(later),
+                "a later {later} wins"
+            );
+            assert_eq!(merged.runs, Some(1), "and the rest is kept");
+        }
+    }
+
+    #[test]
+    fn an_unset_cpu_override_is_left_out_of_the_stored_json() {
+        let json = serde_json::to_string(&QuotaOverride::default()).unwrap();
+        assert!(!json.contains("cpu_seconds_per_day"), "{json}");
+        let set = QuotaOverride {
+            cpu_seconds_per_day: Some(7),
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&set).unwrap();
+        let back: QuotaOverride = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, set);
+        // A row written before the field existed still reads.
+        let old: QuotaOverride = serde_json::from_str(r#"{"runs": 2}"#).unwrap();
+        assert_eq!(old.cpu_seconds_per_day, None);
     }
 }

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::backend::Live;
+use crate::cpu_quota::Admitted;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorCode, ErrorResponses};
 use crate::quota::Quota;
 use crate::streams::Kind;
@@ -83,6 +84,34 @@ pub async fn owned_row(st: &AppState, caller: &Caller, id: &str) -> Result<Sessi
 /// The caller's running session with its sandbox, or 404/409.
 pub async fn live_session(st: &AppState, caller: &Caller, id: &str) -> Result<Arc<Live>, ApiError> {
     let row = owned_row(st, caller, id).await?;
+    live_of(st, row).await
+}
+
+/// `live_session` for new work (a command, a process, a tool call): refused first when the
+/// daily CPU quota of the session's owner is spent (cpu_quota.rs; an admin acting in a
+/// user's session is held to that user's), before a hibernated one is resumed for it.
+pub async fn live_for_work(
+    st: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<Arc<Live>, ApiError> {
+    Ok(admitted_live(st, caller, id).await?.0)
+}
+
+/// `live_for_work`, with the check's `Admitted` (whose quota it was: a run keeps checking it).
+pub async fn admitted_live(
+    st: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<(Arc<Live>, Admitted), ApiError> {
+    let row = owned_row(st, caller, id).await?;
+    let admitted = crate::cpu_quota::admit_owner(st, caller, &row.owner).await?;
+    Ok((live_of(st, row).await?, admitted))
+}
+
+/// The running session of `row` with its sandbox, or 409.
+async fn live_of(st: &AppState, row: SessionRow) -> Result<Arc<Live>, ApiError> {
+    let id = row.id.as_str();
     if row.kind == SessionKind::Mcp {
         return Err(ApiError::new(
             ErrorCode::Conflict,
@@ -140,7 +169,7 @@ pub async fn create_session(
     Extension(caller): Extension<Caller>,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
-    let row = create(&st, &caller, body).await?;
+    let row = create(&st, &caller, body, None).await?;
     let view = Session::of(&row, &st.config.runtime.backend);
     Ok((StatusCode::CREATED, Json(view)))
 }
@@ -165,11 +194,13 @@ pub fn idle_timeout_cap(st: &AppState) -> u64 {
 }
 
 /// Makes a session for the caller (within their quota and ceilings), running; also how
-/// POST /v1/runs makes a new session.
+/// POST /v1/runs makes a new session. `admitted`: the daily CPU check this request already
+/// made for it (a run's); None checks here.
 pub async fn create(
     st: &Arc<AppState>,
     caller: &Caller,
     body: CreateSession,
+    admitted: Option<Admitted>,
 ) -> Result<SessionRow, ApiError> {
     check_metadata(&body.metadata)?;
     sandboxd_core::sandbox::processes::check_env(&body.env)
@@ -198,6 +229,10 @@ pub async fn create(
         Some(s) => s.min(admin_idle),
     };
     let quota = Quota::resolve(&st.config.quotas, &caller.user.quota, &st.config.limits);
+    // A new session is the caller's own: their day, unless the request already checked it.
+    if admitted.is_none() {
+        crate::cpu_quota::admit(st, caller).await?;
+    }
     let asked = LimitRequest::from(&body.limits);
     if let Some((name, value)) = quota.exceeded_by(&asked) {
         return Err(ApiError::quota(
@@ -379,7 +414,7 @@ pub async fn exec_target(
     if body.command.contains('\0') {
         return Err(ApiError::invalid("field `command`: contains a NUL byte"));
     }
-    let live = live_session(st, caller, id).await?;
+    let live = live_for_work(st, caller, id).await?;
     let max = live.limits.max_timeout_secs.max(1);
     let timeout = match body.timeout {
         None => st.config.agent.bash_timeout_secs.clamp(1, max),
@@ -498,7 +533,7 @@ pub async fn call_tool(
     ApiPath((id, name)): ApiPath<(String, String)>,
     ApiJson(args): ApiJson<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<ToolCallResult>, ApiError> {
-    let live = live_session(&st, &caller, &id).await?;
+    let live = live_for_work(&st, &caller, &id).await?;
     // The session's own tools, so a run in it sees what this call leaves (python
     // variables, the browser's tabs, the editor's undo history), and the other way round.
     let registry = live.tools(&st.config);

@@ -503,6 +503,8 @@ pub struct QuotaView {
     pub runs: u32,
     /// 0 means no limit.
     pub input_tokens_per_day: u64,
+    /// CPU-seconds of the user's sandboxes per UTC day; 0 means no limit.
+    pub cpu_seconds_per_day: u64,
     /// The most this user's sessions may ask for.
     pub ceiling: LimitsView,
 }
@@ -515,6 +517,10 @@ pub struct UsageView {
     pub active_mcp_sessions: u32,
     pub active_runs: u32,
     pub input_tokens_today: u64,
+    /// CPU-seconds the user's sandboxes used today (UTC), as of their last usage sample
+    /// (`[sessions] usage_sample_secs`); 0 when the user has no daily CPU quota (it is not
+    /// read then: GET /v1/usage has the figures).
+    pub cpu_seconds_today: f64,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

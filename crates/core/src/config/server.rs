@@ -209,6 +209,9 @@ pub struct QuotasConfig {
     pub runs: u32,
     /// LLM input tokens one user may spend per UTC day; 0 means no limit.
     pub input_tokens_per_day: u64,
+    /// CPU-seconds one user's sandboxes may use per UTC day (usage metering's figure);
+    /// 0 means no limit.
+    pub cpu_seconds_per_day: u64,
     pub memory_mb: u64,
     pub cpus: f64,
     pub pids: i64,
@@ -222,6 +225,7 @@ impl Default for QuotasConfig {
             sessions: 4,
             runs: 2,
             input_tokens_per_day: 0,
+            cpu_seconds_per_day: 0,
             memory_mb: 0,
             cpus: 0.0,
             pids: 0,

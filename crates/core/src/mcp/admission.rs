@@ -2,10 +2,11 @@
 //!
 //! The MCP server makes sandboxes on its own (the first tool call of a session,
 //! `sandbox_create`), so the rules of whoever runs it are asked here: before a sandbox is
-//! made (`admit`: may it be, and with which limits), once it exists (`started`), and when it
-//! goes (`ended`) or never came (`failed`). `sandboxd mcp` admits everything with the
-//! admin's limits (`Open`); `serve` counts each sandbox as a session of its user, in the
-//! same quota and with the same ceilings as API sessions (server/mcp_quota.rs).
+//! made (`admit`: may it be, and with which limits), once it exists (`started`), before
+//! each tool call in it (`refusal`), and when it goes (`ended`) or never came (`failed`).
+//! `sandboxd mcp` admits everything with the admin's limits (`Open`); `serve` counts each
+//! sandbox as a session of its user, in the same quota and with the same ceilings as API
+//! sessions, and refuses a user whose daily CPU quota is spent (server/mcp_quota.rs).
 //!
 //! Several processes may serve one MCP session (serve's replicas, which restore a session
 //! from the store when a request for it lands on them): `record` and `recorded` let the
@@ -37,6 +38,12 @@ pub trait Admission: Send + Sync {
     async fn admit(&self) -> Result<Ticket, SandboxError>;
     /// The sandbox exists, as `session`.
     async fn started(&self, ticket: &Ticket, session: &Session);
+    /// A tool is about to run in `session`, one of this admission's: None to run it, or why
+    /// not, which the client gets as the tool's error (serve: the user's daily CPU quota is
+    /// spent).
+    async fn refusal(&self, _session: &Session) -> Option<String> {
+        None
+    }
     /// A tool ran in `session`, one of this admission's (usage metering counts it).
     async fn tool_called(&self, _session: &Session) {}
     /// The sandbox could not be made: the ticket is given back as if never issued.

@@ -88,6 +88,15 @@ impl LazySandbox {
     /// served the session) is attached if it is still there, and a sandbox held or made
     /// here is recorded for `key`.
     pub async fn session_for(&self, key: Option<&str>) -> Result<Arc<Session>, SandboxError> {
+        Ok(self.session_admitted(key).await?.0)
+    }
+
+    /// `session_for`, and whether the sandbox was admitted just now (made for this call):
+    /// the admission's check then already covered the call (`Admission::refusal`).
+    pub async fn session_admitted(
+        &self,
+        key: Option<&str>,
+    ) -> Result<(Arc<Session>, bool), SandboxError> {
         if let Some(k) = key {
             let _ = self.key.set(k.to_string());
         }
@@ -96,7 +105,7 @@ impl LazySandbox {
         let mut gone = None;
         if let Some(h) = slot.as_ref() {
             match self.manager.get(&self.owner, &h.session.id).await {
-                Ok(s) => return Ok(s),
+                Ok(s) => return Ok((s, false)),
                 Err(e) => {
                     tracing::warn!(session = %h.session.id, error = %e, "the MCP session's sandbox is gone; creating a new one");
                     if let Some(g) = slot.take() {
@@ -115,15 +124,16 @@ impl LazySandbox {
             Some(key) => self.recorded(key, gone.as_deref()).await,
             None => None,
         };
-        let (s, ticket) = match found {
-            Some(found) => found,
+        let (s, ticket, admitted) = match found {
+            Some((s, ticket)) => (s, ticket, false),
             None => {
-                create_admitted(
+                let (s, ticket) = create_admitted(
                     self.admission.clone(),
                     self.manager.clone(),
                     self.owner.clone(),
                 )
-                .await?
+                .await?;
+                (s, ticket, true)
             }
         };
         if let Some(key) = key {
@@ -134,7 +144,7 @@ impl LazySandbox {
             session: s.clone(),
             ticket,
         });
-        Ok(s)
+        Ok((s, admitted))
     }
 
     /// The sandbox recorded for `key`, attached, unless it is the one just found `gone`.

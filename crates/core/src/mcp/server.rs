@@ -256,16 +256,22 @@ async fn run(
     }
 }
 
-/// `run` in a sandbox: not idle while the call lasts (it may outlast the idle timeout), and
-/// counted by the admission once it ran (usage metering).
+/// `run` in a sandbox, unless the admission refuses it (its error is the tool's; not asked
+/// when the sandbox was `admitted` for this very call, whose `admit` made the same check):
+/// not idle while the call lasts (it may outlast the idle timeout), and counted by the
+/// admission once it ran (usage metering).
 async fn run_in(
     admission: &dyn Admission,
+    admitted: bool,
     session: &Session,
     registry: &ToolRegistry,
     name: &str,
     args: JsonObject,
     ctx: &RequestContext<RoleServer>,
 ) -> CallToolResponse {
+    if !admitted && let Some(why) = admission.refusal(session).await {
+        return error_result(why);
+    }
     let _in_use = session.hold();
     let result = run(registry, name, args, ctx).await;
     admission.tool_called(session).await;
@@ -310,14 +316,16 @@ impl ServerHandler for SandboxServer {
                 return Ok(run(&ToolRegistry::new(), &name, args, &ctx).await);
             }
             let key = mcp_session_id(&ctx);
-            return Ok(match self.slot.sandbox.session_for(key.as_deref()).await {
-                Ok(session) => {
-                    let registry = SessionTools::server_registry(&session, &self.state.config);
-                    let admission = self.state.admission.as_ref();
-                    run_in(admission, &session, &registry, &name, args, &ctx).await
-                }
-                Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
-            });
+            return Ok(
+                match self.slot.sandbox.session_admitted(key.as_deref()).await {
+                    Ok((session, admitted)) => {
+                        let registry = SessionTools::server_registry(&session, &self.state.config);
+                        let admission = self.state.admission.as_ref();
+                        run_in(admission, admitted, &session, &registry, &name, args, &ctx).await
+                    }
+                    Err(e) => error_result(format!("sandboxd could not run {name}: {e}")),
+                },
+            );
         };
         let (stateless, manager) = (&self.state.stateless, &self.state.manager);
         let admission = &self.state.admission;
@@ -367,7 +375,7 @@ impl ServerHandler for SandboxServer {
         {
             Some((session, registry)) => {
                 let admission = admission.as_ref();
-                Ok(run_in(admission, &session, &registry, &name, args, &ctx).await)
+                Ok(run_in(admission, false, &session, &registry, &name, args, &ctx).await)
             }
             None => Ok(error_result(format!(
                 "no sandbox {id:?} (it was closed, idled out, or belongs to another token); call sandbox_create"

@@ -94,6 +94,10 @@ pub struct QuotaOverride {
     pub sessions: Option<u32>,
     pub runs: Option<u32>,
     pub input_tokens_per_day: Option<u64>,
+    /// Left out of the JSON when unset, so a row no one gave it reads the same to an
+    /// earlier sandboxd (whose `deny_unknown_fields` would refuse the field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds_per_day: Option<u64>,
     pub memory_mb: Option<u64>,
     pub cpus: Option<f64>,
     pub pids: Option<i64>,
@@ -112,6 +116,7 @@ impl QuotaOverride {
             sessions: other.sessions.or(self.sessions),
             runs: other.runs.or(self.runs),
             input_tokens_per_day: other.input_tokens_per_day.or(self.input_tokens_per_day),
+            cpu_seconds_per_day: other.cpu_seconds_per_day.or(self.cpu_seconds_per_day),
             memory_mb: other.memory_mb.or(self.memory_mb),
             cpus: other.cpus.or(self.cpus),
             pids: other.pids.or(self.pids),

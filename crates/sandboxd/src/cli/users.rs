@@ -67,6 +67,12 @@ pub(crate) struct QuotaArgs {
     /// LLM input tokens per UTC day (0 = no limit).
     #[arg(long)]
     input_tokens_per_day: Option<u64>,
+    /// CPU-seconds of the user's sandboxes per UTC day (0 = no limit); once spent, no new
+    /// session, command, tool call or run starts until 00:00 UTC. Upgrading replicas: set it
+    /// only once every replica runs this version (an older one cannot read a user whose
+    /// stored quota has it).
+    #[arg(long)]
+    cpu_seconds_per_day: Option<u64>,
     /// Ceilings of what the user's sessions may ask for (never above [limits]).
     #[arg(long)]
     memory_mb: Option<u64>,
@@ -90,6 +96,7 @@ impl QuotaArgs {
             sessions: self.sessions,
             runs: self.runs,
             input_tokens_per_day: self.input_tokens_per_day,
+            cpu_seconds_per_day: self.cpu_seconds_per_day,
             memory_mb: self.memory_mb,
             cpus: self.cpus,
             pids: self.pids,
@@ -180,10 +187,11 @@ async fn set_quota(
     audit(ctx, store, "user.quota", name, details).await;
     let q = Quota::resolve(&ctx.config.quotas, &merged, &ctx.config.limits);
     eprintln!(
-        "{name}: {} sessions, {} runs, {} input tokens/day (0 = no limit); ceilings memory {} MB, {} CPUs, {} pids, workspace {} MB, tmp {} MB",
+        "{name}: {} sessions, {} runs, {} input tokens/day, {} CPU-seconds/day (0 = no limit); ceilings memory {} MB, {} CPUs, {} pids, workspace {} MB, tmp {} MB",
         q.sessions,
         q.runs,
         q.input_tokens_per_day,
+        q.cpu_seconds_per_day,
         q.ceiling.memory_mb,
         q.ceiling.cpus,
         q.ceiling.pids,

@@ -28,6 +28,9 @@ const END_STREAM: u8 = 2;
 pub(super) struct ConnectError {
     pub(super) code: &'static str,
     pub(super) message: String,
+    /// `Retry-After` in seconds, carried from the E2B/`/v1` error (unary answers only: a
+    /// stream's error is in its last envelope, after the headers).
+    pub(super) retry_after: Option<u64>,
 }
 
 impl ConnectError {
@@ -35,6 +38,7 @@ impl ConnectError {
         Self {
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -80,7 +84,9 @@ impl From<E2bError> for ConnectError {
             504 => "deadline_exceeded",
             _ => "internal",
         };
-        Self::new(code, e.message)
+        let mut out = Self::new(code, e.message);
+        out.retry_after = e.retry_after;
+        out
     }
 }
 
@@ -92,7 +98,9 @@ impl From<ApiError> for ConnectError {
 
 impl IntoResponse for ConnectError {
     fn into_response(self) -> Response {
-        (self.status(), axum::Json(self.json())).into_response()
+        let mut resp = (self.status(), axum::Json(self.json())).into_response();
+        super::retry_after(&mut resp, self.retry_after);
+        resp
     }
 }
 

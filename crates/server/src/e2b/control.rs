@@ -137,7 +137,7 @@ pub(super) async fn create(
         env: body.env_vars,
         ..CreateSession::default()
     };
-    let row = crate::sessions::create(&st, &caller, request).await?;
+    let row = crate::sessions::create(&st, &caller, request, None).await?;
     let mut answer = json!({
         "templateID": template,
         "sandboxID": row.id,

@@ -67,6 +67,8 @@ pub(super) async fn execute(
 ) -> Result<Response, E2bError> {
     let (live, _) = super::target(&st, &caller, &headers).await?;
     check_language(body.language.as_deref())?;
+    // The session's owner's quota: the CPU is metered to them, whoever asks.
+    crate::cpu_quota::admit_owner(&st, &caller, &live.owner).await?;
     // Refused before the context is looked up: taking it over (another replica's connection)
     // and its one-time note belong to a call that runs.
     if body.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {

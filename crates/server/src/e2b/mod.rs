@@ -94,6 +94,9 @@ pub fn router(st: &AppState) -> Router<Arc<AppState>> {
 pub struct E2bError {
     pub status: StatusCode,
     pub message: String,
+    /// Seconds the client should wait (`Retry-After`), as the `/v1` error said (a quota
+    /// that resets, a store that is back shortly).
+    pub retry_after: Option<u64>,
 }
 
 impl E2bError {
@@ -101,6 +104,7 @@ impl E2bError {
         Self {
             status,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -116,14 +120,26 @@ impl E2bError {
 impl From<ApiError> for E2bError {
     fn from(e: ApiError) -> Self {
         let status = e.status.unwrap_or_else(|| e.detail.code.status());
-        Self::new(status, e.detail.message)
+        let mut out = Self::new(status, e.detail.message);
+        out.retry_after = e.retry_after;
+        out
     }
 }
 
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
-        (self.status, axum::Json(body)).into_response()
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        retry_after(&mut resp, self.retry_after);
+        resp
+    }
+}
+
+/// Sets `Retry-After` on an E2B or Connect error's response, when it has one.
+pub(crate) fn retry_after(resp: &mut Response, secs: Option<u64>) {
+    if let Some(v) = secs.and_then(|s| axum::http::HeaderValue::from_str(&s.to_string()).ok()) {
+        resp.headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, v);
     }
 }
 

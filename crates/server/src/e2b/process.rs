@@ -49,6 +49,8 @@ async fn call(
     let table = ProcessTable::of(live.session());
     match method {
         "Start" => {
+            // The session's owner's quota: the CPU is metered to them, whoever asks.
+            crate::cpu_quota::admit_owner(st, caller, &live.owner).await?;
             let req: StartRequest = connect::request(headers, body)?;
             let guard = st.streams.open(caller, Kind::Stream, &st.shutdown)?;
             let sub = start(&table, req).await?;

@@ -84,6 +84,9 @@ pub fn quota_refusal(limit: u32, active: u32) -> String {
 #[async_trait]
 impl Admission for UserAdmission {
     async fn admit(&self) -> Result<Ticket, SandboxError> {
+        if let Some(message) = self.cpu_refusal().await {
+            return Err(SandboxError::Refused { message });
+        }
         let user = self.user();
         let config = &self.ledger.config;
         let quota = Quota::resolve(&config.quotas, &user.quota, &config.limits);
@@ -142,6 +145,10 @@ impl Admission for UserAdmission {
         }
         self.audit_created(row, session).await;
         self.ledger.follow_egress(row, session).await;
+    }
+
+    async fn refusal(&self, _session: &Session) -> Option<String> {
+        self.cpu_refusal().await
     }
 
     async fn tool_called(&self, session: &Session) {
@@ -255,6 +262,21 @@ impl Admission for UserAdmission {
 }
 
 impl UserAdmission {
+    /// Why no new sandbox or tool call of this user may start: their daily CPU quota is
+    /// spent (cpu_quota.rs, the check the HTTP routes make), or the store cannot say.
+    async fn cpu_refusal(&self) -> Option<String> {
+        let user = self.user();
+        let limit = crate::cpu_quota::limit_of(&self.ledger.config, &user.quota);
+        match crate::cpu_quota::spent(self.ledger.store.as_ref(), limit, &user.id).await {
+            Ok(spent) => spent.map(|s| s.message()),
+            // As the HTTP routes refuse (cpu_quota.rs): no new work on an unknown figure.
+            Err(e) => Some(format!(
+                "{} ({e}); try again in a few seconds",
+                crate::cpu_quota::unreadable_message()
+            )),
+        }
+    }
+
     /// The stored MCP session `key`, if it is this user's.
     async fn mcp_row(&self, key: &str) -> Option<McpSessionRow> {
         match self.ledger.store.mcp_session(key).await {

@@ -121,7 +121,9 @@ pub async fn start_process(
             ));
         }
     };
-    let table = table(&st, &caller, &id).await?;
+    // New work: the CPU quota of the session's owner (cpu_quota.rs).
+    let live = crate::sessions::live_for_work(&st, &caller, &id).await?;
+    let table = ProcessTable::of(live.session());
     let spec = ProcessSpec {
         argv,
         env: body.env,

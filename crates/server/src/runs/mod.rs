@@ -73,7 +73,9 @@ pub enum Stop {
     /// The session's sandbox ended under the run (outside sandboxd, ends.rs): it fails
     /// with why.
     SessionEnded(String),
+    /// A daily quota of the owner is spent (`input_tokens_per_day`, `cpu_seconds_per_day`).
     Quota {
+        quota: &'static str,
         limit: u64,
     },
     Shutdown,
@@ -107,6 +109,11 @@ pub struct LiveRun {
     /// Whether the run's row exists (the control loop judges only inserted runs lost).
     inserted: AtomicBool,
     tokens_per_day: u64,
+    /// Whom the session's CPU is metered to (its owner, who may not be the run's: an admin's
+    /// run in a user's session) and their daily CPU quota (0: none), checked before each
+    /// tool call (sink.rs).
+    cpu_owner: String,
+    cpu_seconds_per_day: u64,
     /// The answer's text while it is written, for this replica's followers (live only).
     deltas: sse::LiveText,
 }
@@ -140,8 +147,8 @@ impl LiveRun {
     /// How `run_finished` names a cancellation the service made.
     fn stop_reason(&self) -> Option<FinishReason> {
         match *self.stop.lock().ok()? {
-            Some(Stop::Quota { limit }) => Some(FinishReason::QuotaExceeded {
-                quota: "input_tokens_per_day".into(),
+            Some(Stop::Quota { quota, limit }) => Some(FinishReason::QuotaExceeded {
+                quota: quota.into(),
                 limit,
             }),
             Some(Stop::Shutdown | Stop::Lost) => Some(FinishReason::Interrupted),
@@ -239,6 +246,9 @@ pub struct StartRun {
     pub max_active: u32,
     /// The owner's daily input-token quota; 0 is none.
     pub tokens_per_day: u64,
+    /// The session owner's id and daily CPU quota in seconds (0 is none): the CPU is theirs.
+    pub cpu_owner: String,
+    pub cpu_seconds_per_day: u64,
     /// The admin's MCP servers (an mcp.json) whose tools the run gets, if the owner may.
     pub mcp_servers: Option<std::path::PathBuf>,
 }
@@ -344,6 +354,8 @@ impl RunService {
             reply: Mutex::new(None),
             inserted: AtomicBool::new(false),
             tokens_per_day: req.tokens_per_day,
+            cpu_owner: req.cpu_owner.clone(),
+            cpu_seconds_per_day: req.cpu_seconds_per_day,
             deltas: sse::LiveText::new(DELTA_QUEUE),
         });
         // Registered before the row exists, so a cancel that finds the row finds it live

@@ -76,6 +76,30 @@ pub async fn create_run(
     Ok((StatusCode::CREATED, Json((&row).into())))
 }
 
+/// Refuses a new run of the caller past a quota: input tokens of today, runs in flight. (The
+/// daily CPU quota is its session owner's, checked in `start_run`.)
+async fn check_run_quotas(st: &AppState, caller: &Caller, quota: &Quota) -> Result<(), ApiError> {
+    let usage = st.store.usage(caller.id(), now_ms()).await?;
+    if quota.input_tokens_per_day > 0 && usage.input_tokens_today >= quota.input_tokens_per_day {
+        return Err(ApiError::quota(
+            "input_tokens_per_day",
+            quota.input_tokens_per_day,
+            format!(
+                "you spent {} of your {} input tokens of today (UTC); wait for tomorrow or ask the admin to raise the quota",
+                usage.input_tokens_today, quota.input_tokens_per_day
+            ),
+        ));
+    }
+    if usage.active_runs >= quota.runs {
+        return Err(sandboxd_core::store::StoreError::RunQuota {
+            limit: quota.runs,
+            active: usage.active_runs,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Checks a run request (its fields, the caller's quotas, the session) and starts it, making
 /// the session first when it names none: the one way a front end (/v1/runs, A2A) starts a run.
 pub async fn start_run(
@@ -110,37 +134,27 @@ pub async fn start_run(
     }
     st.runs.ready()?;
     let quota = Quota::resolve(&st.config.quotas, &caller.user.quota, &st.config.limits);
-    let usage = st.store.usage(caller.id(), now_ms()).await?;
-    if quota.input_tokens_per_day > 0 && usage.input_tokens_today >= quota.input_tokens_per_day {
-        return Err(ApiError::quota(
-            "input_tokens_per_day",
-            quota.input_tokens_per_day,
-            format!(
-                "you spent {} of your {} input tokens of today (UTC); wait for tomorrow or ask the admin to raise the quota",
-                usage.input_tokens_today, quota.input_tokens_per_day
-            ),
-        ));
-    }
-    if usage.active_runs >= quota.runs {
-        return Err(sandboxd_core::store::StoreError::RunQuota {
-            limit: quota.runs,
-            active: usage.active_runs,
-        }
-        .into());
-    }
-    let (session_id, live, created) = match body.session_id {
+    check_run_quotas(st, caller, &quota).await?;
+    // The daily CPU quota, checked once: in an existing session, its owner's (the CPU is
+    // metered to them, and the run's tool calls are checked against theirs too); a new one
+    // is the caller's own, checked here and not again by `create`.
+    let (session_id, live, created, cpu) = match body.session_id {
         Some(id) => {
-            let live = sessions::live_session(st, caller, &id).await?;
-            (id, live, false)
+            let (live, admitted) = sessions::admitted_live(st, caller, &id).await?;
+            let cpu = (admitted.owner().to_string(), admitted.limit());
+            (id, live, false, cpu)
         }
         None => {
-            let row = sessions::create(st, caller, body.session.unwrap_or_default()).await?;
+            let admitted = crate::cpu_quota::admit(st, caller).await?;
+            let cpu = (admitted.owner().to_string(), admitted.limit());
+            let new = body.session.unwrap_or_default();
+            let row = sessions::create(st, caller, new, Some(admitted)).await?;
             let live = st
                 .backend
                 .get(&row)
                 .await
                 .ok_or_else(|| ApiError::internal("the new session has no sandbox"))?;
-            (row.id, live, true)
+            (row.id, live, true, cpu)
         }
     };
     let started = async {
@@ -157,6 +171,8 @@ pub async fn start_run(
                 profile,
                 max_active: quota.runs,
                 tokens_per_day: quota.input_tokens_per_day,
+                cpu_owner: cpu.0,
+                cpu_seconds_per_day: cpu.1,
                 mcp_servers: st.config.mcp.servers_for(&caller.user.name),
             })
             .await?;

@@ -2,7 +2,8 @@
 //!
 //! `ServiceSink` commits every event to the store (images first, so an event never points at
 //! bytes the store lacks), counts the user's input tokens of the day (in the `token_usage`
-//! event's own append) and stops the run when the daily quota is spent, counts the session's
+//! event's own append) and stops the run when the daily quota is spent (and, at each tool
+//! call, when the owner's daily CPU quota is: cpu_quota.rs), counts the session's
 //! tokens per model and tool calls for usage metering (metering.rs), and names the real
 //! ending in `run_finished` when the service stopped the run (quota, shutdown). `ServiceAsker` puts the run in `waiting_for_human` with
 //! a question that expires, answered through POST /v1/runs/{id}/answer on any replica: the
@@ -29,6 +30,30 @@ pub struct ServiceSink {
 }
 
 impl ServiceSink {
+    /// As a tool is about to run: stops the run once its session owner's daily CPU quota is spent,
+    /// as a spent token quota stops it (the figure is the store's, as stale as the last
+    /// sample: cpu_quota.rs). A command already running is not stopped mid-way by this;
+    /// the next tool call of the run is.
+    async fn check_cpu(&self) {
+        let run = &self.run;
+        let store = run.store.as_ref();
+        match crate::cpu_quota::spent(store, run.cpu_seconds_per_day, &run.cpu_owner).await {
+            Ok(Some(s)) => {
+                tracing::info!(run = %run.id, used = s.used, "the daily CPU quota is spent; stopping the run");
+                run.stop(Stop::Quota {
+                    quota: crate::cpu_quota::QUOTA,
+                    limit: s.limit,
+                });
+            }
+            Ok(None) => {}
+            // The rule (cpu_quota.rs): new work is refused on an unknown figure, a run in
+            // flight carries on; its next tool call checks again.
+            Err(e) => {
+                tracing::warn!(run = %run.id, error = %e, "cannot read the owner's CPU-seconds of today; the run goes on");
+            }
+        }
+    }
+
     /// What an event adds to the session's usage: a model answer's tokens, a tool call.
     fn metered(&self, kind: &EventKind) -> Option<Counted> {
         match kind {
@@ -60,6 +85,7 @@ impl EventSink for ServiceSink {
         if let Some(counted) = self.metered(&event.kind) {
             crate::metering::count(run.store.as_ref(), &run.session_id, counted).await;
         }
+        let tool_call = matches!(event.kind, EventKind::ToolCall { .. });
         match &mut event.kind {
             EventKind::TokenUsage {
                 prompt_tokens,
@@ -100,6 +126,7 @@ impl EventSink for ServiceSink {
             }) if run.tokens_per_day > 0 && total >= run.tokens_per_day => {
                 tracing::info!(run = %run.id, total, "the daily input-token quota is spent; stopping the run");
                 run.stop(Stop::Quota {
+                    quota: "input_tokens_per_day",
                     limit: run.tokens_per_day,
                 });
             }
@@ -110,6 +137,9 @@ impl EventSink for ServiceSink {
                 tracing::error!(run = %run.id, error = %e, "cannot commit an event; cancelling the run");
                 run.stop(Stop::User);
             }
+        }
+        if tool_call {
+            self.check_cpu().await;
         }
     }
 
@@ -237,6 +267,8 @@ mod tests {
             reply: Mutex::new(None),
             inserted: AtomicBool::new(true),
             tokens_per_day: 0,
+            cpu_owner: "u".into(),
+            cpu_seconds_per_day: 0,
             deltas: crate::runs::sse::LiveText::new(4),
         });
         let asker = ServiceAsker {

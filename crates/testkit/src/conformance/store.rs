@@ -372,11 +372,15 @@ async fn case_users_and_keys(f: &dyn StoreFactory) -> Result<()> {
 
     let q = QuotaOverride {
         runs: Some(7),
+        cpu_seconds_per_day: Some(90),
         ..Default::default()
     };
     ensure!(store.set_quota("alice", q.clone()).await?, "set_quota true");
     let a = store.user_by_name("alice").await?.context("alice")?;
-    ensure!(a.quota == q, "set_quota replaces the override");
+    ensure!(
+        a.quota == q,
+        "set_quota replaces the override (the daily CPU quota too)"
+    );
     ensure!(
         !store.set_quota("carol", q).await?,
         "set_quota of nobody false"

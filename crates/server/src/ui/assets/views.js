@@ -194,6 +194,8 @@ UI.views.admin = async function () {
         if (d.status === 204) { toast(u.name + ' was removed.'); users(); sessions(); } else toast(UI.errorText(d), true);
       });
       const tokens = u.quota.input_tokens_per_day ? ' / ' + u.quota.input_tokens_per_day.toLocaleString() : '';
+      // The figure is read only for a user with a CPU quota (0 otherwise): no quota, no figure.
+      const cpu = u.quota.cpu_seconds_per_day ? u.usage.cpu_seconds_today.toFixed(1) + ' / ' + u.quota.cpu_seconds_per_day.toLocaleString() : '—';
       return el('tr', { 'data-user': u.name },
         el('td', { text: u.name }), el('td', { text: u.admin ? 'yes' : 'no' }),
         el('td', { class: 'key' }, el('code', { text: u.key_prefix + '…' }),
@@ -203,6 +205,7 @@ UI.views.admin = async function () {
           (u.usage.active_mcp_sessions ? ' (' + u.usage.active_mcp_sessions + ' MCP)' : '') }),
         el('td', { text: u.usage.active_runs + ' / ' + u.quota.runs }),
         el('td', { text: u.usage.input_tokens_today.toLocaleString() + tokens }),
+        el('td', { text: cpu }),
         el('td', { class: 'actions' }, rotate, remove));
     });
     $('#users').replaceChildren(...rows);
