@@ -2,7 +2,7 @@
 //! sandboxd's (its labels and annotations are sandboxd's metadata, read as hostile by
 //! `meta::decode`), with its state from the pod it is bound to; and remove, which deletes the
 //! claim and waits until the claim and its pod are gone (agent-sandbox's owner references
-//! take the Sandbox and the pod with it).
+//! take the Sandbox and the pod with it), and then deletes a template no claim uses any more.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,6 +13,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use sandboxd_core::sandbox::runtime::{FoundSandbox, meta_key};
 use sandboxd_core::sandbox::{SandboxError, SandboxState};
 
+use super::templates::pool_of;
+use super::vanish::own_uid;
 use super::{AgentSandboxRuntime, objects, split};
 use crate::state::state_of;
 use crate::{kube_err, meta};
@@ -150,19 +152,50 @@ impl AgentSandboxRuntime {
     }
 
     /// Deletes the claim of a handle and waits until it and its pod are gone, so a find
-    /// right after finds nothing; a claim already gone is not an error.
+    /// right after finds nothing; a claim already gone is not an error. The pod's end is this
+    /// runtime's, never reported (vanish.rs); a template only this claim used is deleted
+    /// after it (templates.rs).
     pub(super) async fn remove_claim(&self, handle: &str) -> Result<(), SandboxError> {
         let op = "remove the SandboxClaim";
         let (claim, pod) = split(handle);
         if !objects::is_name(claim) {
             return Ok(());
         }
-        let claims = self.api("SandboxClaim");
-        match claims.delete(claim, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(r)) if r.code == 404 => return Ok(()),
-            Err(e) => return Err(kube_err(op, handle, e)),
+        let binding = self.bound.remove(pod);
+        let uid = binding.as_ref().and_then(|b| b.uid.as_deref()).map(own_uid);
+        self.watch.own.mark(handle);
+        if let Some(u) = &uid {
+            self.watch.own.mark(u);
         }
+        let claims = self.api("SandboxClaim");
+        let pool = match claims.delete(claim, &DeleteParams::background()).await {
+            Ok(deleted) => deleted.left().as_ref().and_then(pool_of),
+            Err(kube::Error::Api(r)) if r.code == 404 => return Ok(()),
+            Err(e) => {
+                // Not removed: its end, later, is news.
+                self.watch.own.unmark(handle);
+                if let Some(u) = &uid {
+                    self.watch.own.unmark(u);
+                }
+                if let Some(b) = binding {
+                    self.bound.insert(pod, b);
+                }
+                return Err(kube_err(op, handle, e));
+            }
+        };
+        self.wait_removed(claim, pod, handle).await?;
+        if pool.is_some_and(|p| p != objects::DEFAULT_POOL)
+            && let Err(e) = self.sweep().await
+        {
+            tracing::warn!(error = %e, "could not delete the SandboxTemplates no claim uses; the next removal or new template tries again");
+        }
+        Ok(())
+    }
+
+    /// Waits until the claim and its pod are gone from the API.
+    async fn wait_removed(&self, claim: &str, pod: &str, handle: &str) -> Result<(), SandboxError> {
+        let op = "remove the SandboxClaim";
+        let claims = self.api("SandboxClaim");
         let pods = self.pods_api();
         let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
         while tokio::time::Instant::now() < deadline {
