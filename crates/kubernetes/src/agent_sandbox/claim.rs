@@ -140,15 +140,19 @@ impl AgentSandboxRuntime {
         }
     }
 
-    /// Writes the pool and its template again if they are gone.
+    /// Writes the template and its pool again if either is gone (a sweep deletes the pool
+    /// first, so one cut short leaves the template alone).
     async fn rewrite_if_swept(&self, pool: &str, spec: &PodSpec) -> Result<(), SandboxError> {
-        let have = self.api("SandboxWarmPool").get_opt(pool).await;
-        if have
-            .map_err(|e| kube_err("read the SandboxWarmPool", "", e))?
-            .is_none()
-        {
-            tracing::info!(template = %pool, "the claim's template was deleted meanwhile; writing it again");
-            self.write_template(pool, spec).await?;
+        for kind in ["SandboxTemplate", "SandboxWarmPool"] {
+            let have = self.api(kind).get_opt(pool).await;
+            if have
+                .map_err(|e| kube_err(&format!("read the {kind}"), "", e))?
+                .is_none()
+            {
+                tracing::info!(template = %pool, kind, "the claim's template or pool was deleted meanwhile; writing it again");
+                // Writes only what is missing or differs (templates.rs `write`).
+                return self.write_template(pool, spec).await;
+            }
         }
         Ok(())
     }

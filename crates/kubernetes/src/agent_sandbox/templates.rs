@@ -9,8 +9,11 @@
 //! do; the sweep also runs after a claim of such a template is removed, so a template lives
 //! as long as a claim uses it. A template a create of this process is about to claim from is
 //! never swept (`Claiming`); one another replica is about to claim from may be, and that
-//! create writes it again while it waits for its bind (claim.rs). Replicas each check the cap
-//! before they write, so several writing at once may pass it by one each.
+//! create writes it again while it waits for its bind (claim.rs: the template and the pool,
+//! whichever is gone). Within a process the check of the cap and the write of a new template
+//! are one step (`cap`, an async lock), and a template it admitted but that is not listed yet
+//! counts too, so parallel creates of one replica never pass the cap; replicas each check it
+//! on their own, so several replicas writing at once may pass it by one each.
 //!
 //! An existing object is left as it is only if its spec is ours (`spec_matches`: a template's
 //! exactly), anything else is overwritten.
@@ -64,6 +67,8 @@ impl Drop for Claiming {
             *n -= 1;
             if *n == 0 {
                 c.remove(&self.name);
+                // Its claim exists now (or the create failed): the claim's count is the list's.
+                self.rt.lock_admitted().remove(&self.name);
             }
         }
     }
@@ -136,19 +141,26 @@ impl AgentSandboxRuntime {
         if default && self.lock_written().contains(&name) {
             return Ok(name);
         }
-        if !default {
-            let exists = self
-                .api("SandboxTemplate")
-                .get_opt(&name)
-                .await
-                .map_err(|e| kube_err("read the SandboxTemplate", "", e))?
-                .is_some();
-            if !exists && self.sweep().await? >= self.max_templates {
+        if default {
+            self.write_template(&name, pod).await?;
+            self.lock_written().insert(name.clone());
+            return Ok(name);
+        }
+        // The check and the write are one step: a parallel create waits, then counts this one.
+        let _cap = self.cap.lock().await;
+        let exists = self
+            .api("SandboxTemplate")
+            .get_opt(&name)
+            .await
+            .map_err(|e| kube_err("read the SandboxTemplate", "", e))?
+            .is_some();
+        if !exists {
+            if self.sweep().await? >= self.max_templates {
                 return Err(self.too_many_templates());
             }
+            self.lock_admitted().insert(name.clone());
         }
         self.write_template(&name, pod).await?;
-        self.lock_written().insert(name.clone());
         Ok(name)
     }
 
@@ -174,6 +186,11 @@ impl AgentSandboxRuntime {
         self.written.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Templates this process admitted under the cap whose claim does not exist yet.
+    fn lock_admitted(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.admitted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn too_many_templates(&self) -> SandboxError {
         SandboxError::Conflict(format!(
             "the cluster already holds {} SandboxTemplates sandboxd made for sessions whose limits or \
@@ -186,7 +203,8 @@ impl AgentSandboxRuntime {
 
     /// Deletes sandboxd's templates other than the default one (and their pools) that no
     /// claim of the namespace names and no create of this process is about to claim from;
-    /// the number of such templates left.
+    /// the number of such templates left, with those this process admitted that the list
+    /// does not show yet.
     pub(super) async fn sweep(&self) -> Result<usize, SandboxError> {
         let op = "delete the SandboxTemplates no claim uses";
         let templates = self
@@ -205,8 +223,13 @@ impl AgentSandboxRuntime {
             let c = self.claiming.lock().unwrap_or_else(|e| e.into_inner());
             c.keys().cloned().collect()
         };
-        let mut left = 0;
-        for name in templates.items.iter().map(name_of) {
+        let listed: BTreeSet<String> = templates.items.iter().map(name_of).collect();
+        let mut left = self
+            .lock_admitted()
+            .iter()
+            .filter(|n| !listed.contains(*n))
+            .count();
+        for name in listed {
             let extra = name.starts_with(&format!("{}-", objects::DEFAULT_POOL));
             if !extra {
                 continue;
@@ -215,7 +238,6 @@ impl AgentSandboxRuntime {
                 left += 1;
                 continue;
             }
-            self.lock_written().remove(&name);
             for kind in ["SandboxWarmPool", "SandboxTemplate"] {
                 match self.api(kind).delete(&name, &DeleteParams::default()).await {
                     Ok(_) => {}

@@ -77,6 +77,11 @@ impl FakeApi {
         self.state.agent_sandbox.put(plural, ns, obj);
     }
 
+    /// Deletes an object of a kind (by plural) as someone else would.
+    pub fn agent_sandbox_delete(&self, plural: &str, ns: &str, name: &str) {
+        self.state.agent_sandbox.remove(plural, ns, name);
+    }
+
     /// Every stored object of a kind (by plural) in a namespace, as JSON.
     pub fn agent_sandbox_objects(&self, plural: &str, ns: &str) -> Vec<Value> {
         self.state.agent_sandbox.all(plural, ns)
