@@ -139,13 +139,17 @@ pub struct AgentSandboxRuntime {
     /// `[pool] size`: the default SandboxWarmPool's replicas.
     pool_size: usize,
     bind_timeout: Duration,
-    /// Templates (and their pools) this process has written.
+    /// The default template (and its pool) once this process has written it.
     written: Arc<Mutex<BTreeSet<String>>>,
     /// The most templates beside the default one (`MAX_TEMPLATES`).
     max_templates: usize,
     /// Templates a create of this process is about to claim from, with how many creates:
     /// not deleted meanwhile although no claim names them yet.
     claiming: Arc<Mutex<BTreeMap<String, usize>>>,
+    /// Held across the check of the cap and the write of a new template (templates.rs).
+    cap: Arc<tokio::sync::Mutex<()>>,
+    /// Templates admitted under the cap whose claim does not exist yet (templates.rs).
+    admitted: Arc<Mutex<BTreeSet<String>>>,
     /// The pods of this process's claims, for the vanish watch (vanish.rs).
     bound: Bound,
     /// The watch of the claims' pods; its own removals.
@@ -162,6 +166,8 @@ impl AgentSandboxRuntime {
             written: Arc::default(),
             max_templates: MAX_TEMPLATES,
             claiming: Arc::default(),
+            cap: Arc::default(),
+            admitted: Arc::default(),
             bound: Bound::default(),
             watch: Arc::default(),
         }
@@ -249,12 +255,14 @@ impl Runtime for AgentSandboxRuntime {
                 message: format!("its claim's pod is {}", found.state),
             });
         }
+        // The pod is checked as a create checks it: never a pod that is not its Sandbox's.
+        let uid = self.checked_pod(&found.handle, &found.session_id).await?;
         self.bound.insert(
             pod,
             Binding {
                 handle: found.handle.clone(),
                 session: found.session_id.clone(),
-                uid: None,
+                uid,
             },
         );
         Ok(Arc::new(self.inner.sandbox(
