@@ -29,7 +29,9 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use sandboxd_core::sandbox::runtime::meta_key;
 use sandboxd_core::sandbox::vanished::{OwnRemovals, Reports, VanishKind, Vanished};
 use tokio::sync::{broadcast, oneshot};
 
@@ -182,11 +184,7 @@ impl Follower {
     /// A pod as it is now: known, and reported if it ended.
     fn seen(&mut self, pod: &Pod) {
         let key = key_of(pod);
-        let metadata_only = Pod {
-            metadata: pod.metadata.clone(),
-            ..Pod::default()
-        };
-        self.known.insert(key.clone(), metadata_only);
+        self.known.insert(key.clone(), remembered(pod));
         if let Some(kind) = ended(pod) {
             self.report(&key, pod, kind);
         }
@@ -227,6 +225,36 @@ fn key_of(pod: &Pod) -> String {
 /// A pod's uid as the watch keys it (apart from names).
 pub(crate) fn uid_key(uid: &str) -> String {
     format!("uid:{uid}")
+}
+
+/// What a seen pod is remembered as until it is gone: its name, uid, sandboxd's labels and
+/// the session annotation, what `Resolve` reads; nothing else of its metadata (managed
+/// fields, others' annotations) is kept for every pod the watch sees.
+fn remembered(pod: &Pod) -> Pod {
+    let m = &pod.metadata;
+    let labels = m.labels.as_ref().map(|l| {
+        l.iter()
+            .filter(|(k, _)| k.starts_with(meta::PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    });
+    let session = meta::name(meta_key::SESSION);
+    let annotations = m.annotations.as_ref().map(|a| {
+        a.iter()
+            .filter(|(k, _)| **k == session)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    });
+    Pod {
+        metadata: ObjectMeta {
+            name: m.name.clone(),
+            uid: m.uid.clone(),
+            labels,
+            annotations,
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    }
 }
 
 fn session_of(pod: &Pod) -> String {
