@@ -153,9 +153,8 @@ async fn a_claims_pod_evicted_oom_killed_or_deleted_ends_its_session_with_the_re
         others.push(r);
     }
     assert!(
-        others
-            .iter()
-            .all(|r| !r.handle.is_empty() && r.handle != spare),
+        others.iter().all(|r| !r.handle.is_empty()
+            && r.handle.split_once('/').map(|(_, p)| p) != Some(spare.as_str())),
         "{others:?}"
     );
     assert!(
