@@ -140,8 +140,10 @@ async fn a_claims_pod_evicted_oom_killed_or_deleted_ends_its_session_with_the_re
 
     // The pool's new warm sandbox, nobody's session, deleted: no report.
     let warm = fake.agent_sandbox_objects("sandboxes", "sandboxd");
+    // Still the pool's (an adopted one keeps its name but loses the warm label).
     let spare = warm
         .iter()
+        .filter(|s| s["metadata"]["labels"]["agents.x-k8s.io/warm-pool-sandbox"].is_string())
         .filter_map(|s| s["metadata"]["name"].as_str())
         .find(|n| n.starts_with("sandboxd-w"))
         .expect("the pool refilled")
