@@ -376,7 +376,7 @@ impl Runtime for KubeRuntime {
     fn vanished(
         &self,
     ) -> tokio::sync::broadcast::Receiver<sandboxd_core::sandbox::vanished::Vanished> {
-        self.watch.subscribe(self.pods())
+        self.watch.subscribe(self.pods(), watch::by_labels())
     }
 
     /// The API server answers in the namespace, the deny-all NetworkPolicy is there

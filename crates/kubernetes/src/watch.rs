@@ -14,15 +14,24 @@
 //! was known before a new list and is missing from it was deleted meanwhile. One task per
 //! runtime, started by the first follower and stopped when the runtime is dropped.
 //!
+//! What a pod is reported as is the runtime's say (`Resolve`): in pods mode the pod's name
+//! and the session its labels record; in agent-sandbox mode the handle `<claim>/<pod>` and
+//! the session of the claim this process bound the pod to (agent_sandbox/vanish.rs), and
+//! nothing for a pod bound to no session of its own (a warm one). It is asked when the end is
+//! reported, not when the pod was first seen: a warm pod is claimed after the watch saw it.
+//!
 //! Every string from the cluster is hostile: an eviction's message goes through
 //! `VanishKind::evicted`, which cuts it and strips control characters.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use sandboxd_core::sandbox::runtime::meta_key;
 use sandboxd_core::sandbox::vanished::{OwnRemovals, Reports, VanishKind, Vanished};
 use tokio::sync::{broadcast, oneshot};
 
@@ -33,6 +42,15 @@ const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long one watch request lasts before the API server ends it (and it is opened again).
 const WATCH_SECS: u32 = 290;
+
+/// What an ended pod is reported as: its handle and session id, or None when it is no
+/// session's sandbox this runtime answers for (not reported).
+pub(crate) type Resolve = Arc<dyn Fn(&Pod) -> Option<(String, String)> + Send + Sync>;
+
+/// Pods mode's `Resolve`: the pod's name, and the session its labels record.
+pub(crate) fn by_labels() -> Resolve {
+    Arc::new(|pod: &Pod| Some((name_of(pod), session_of(pod))))
+}
 
 /// The runtime's watch of its pods.
 #[derive(Default)]
@@ -45,11 +63,16 @@ pub(crate) struct Watch {
 
 impl Watch {
     /// A new follower of the reports; the first one starts the task.
-    pub(crate) fn subscribe(&self, pods: Api<Pod>) -> broadcast::Receiver<Vanished> {
+    pub(crate) fn subscribe(
+        &self,
+        pods: Api<Pod>,
+        resolve: Resolve,
+    ) -> broadcast::Receiver<Vanished> {
         self.reports.subscribe(|tx, stop| {
             Follower {
                 pods,
                 selector: meta::selector(None),
+                resolve,
                 tx,
                 own: self.own.clone(),
                 reported: OwnRemovals::default(),
@@ -64,12 +87,14 @@ impl Watch {
 struct Follower {
     pods: Api<Pod>,
     selector: String,
+    resolve: Resolve,
     tx: broadcast::Sender<Vanished>,
     own: OwnRemovals,
     /// Pods already reported (an eviction, then the deletion), by uid.
     reported: OwnRemovals,
-    /// The pods seen, by uid (their name if they have none), with their names and session ids.
-    known: HashMap<String, (String, String)>,
+    /// The pods seen, by uid (their name if they have none): their metadata, what `resolve`
+    /// reads when one of them is gone.
+    known: HashMap<String, Pod>,
     /// Whether a watch of this round delivered an event.
     delivered: bool,
 }
@@ -115,8 +140,8 @@ impl Follower {
             .cloned()
             .collect();
         for key in gone {
-            if let Some((name, session)) = self.known.remove(&key) {
-                self.report(&key, name, session, VanishKind::Deleted);
+            if let Some(pod) = self.known.remove(&key) {
+                self.report(&key, &pod, VanishKind::Deleted);
             }
         }
         for pod in &list.items {
@@ -139,7 +164,7 @@ impl Follower {
                         version = pod.metadata.resource_version.clone().unwrap_or(version);
                         let key = key_of(&pod);
                         self.known.remove(&key);
-                        self.report(&key, name_of(&pod), session_of(&pod), VanishKind::Deleted);
+                        self.report(&key, &pod, VanishKind::Deleted);
                     }
                     WatchEvent::Bookmark(b) => version = b.metadata.resource_version,
                     WatchEvent::Error(status) if status.code == 410 => return Ok(()),
@@ -158,17 +183,19 @@ impl Follower {
 
     /// A pod as it is now: known, and reported if it ended.
     fn seen(&mut self, pod: &Pod) {
-        let (key, name, session) = (key_of(pod), name_of(pod), session_of(pod));
-        self.known
-            .insert(key.clone(), (name.clone(), session.clone()));
+        let key = key_of(pod);
+        self.known.insert(key.clone(), remembered(pod));
         if let Some(kind) = ended(pod) {
-            self.report(&key, name, session, kind);
+            self.report(&key, pod, kind);
         }
     }
 
-    /// Reports the end of the pod `key` (its uid) named `handle`, unless this runtime deleted
-    /// it or it was reported before.
-    fn report(&self, key: &str, handle: String, session_id: String, kind: VanishKind) {
+    /// Reports the end of the pod `key` (its uid) as what `resolve` says it is, unless this
+    /// runtime deleted it, it is none of its sessions', or it was reported before.
+    fn report(&self, key: &str, pod: &Pod, kind: VanishKind) {
+        let Some((handle, session_id)) = (self.resolve)(pod) else {
+            return;
+        };
         let own = self.own.contains(&handle) || self.own.contains(key);
         if handle.is_empty() || own || !self.reported.mark(key) {
             return;
@@ -198,6 +225,36 @@ fn key_of(pod: &Pod) -> String {
 /// A pod's uid as the watch keys it (apart from names).
 pub(crate) fn uid_key(uid: &str) -> String {
     format!("uid:{uid}")
+}
+
+/// What a seen pod is remembered as until it is gone: its name, uid, sandboxd's labels and
+/// the session annotation, what `Resolve` reads; nothing else of its metadata (managed
+/// fields, others' annotations) is kept for every pod the watch sees.
+fn remembered(pod: &Pod) -> Pod {
+    let m = &pod.metadata;
+    let labels = m.labels.as_ref().map(|l| {
+        l.iter()
+            .filter(|(k, _)| k.starts_with(meta::PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    });
+    let session = meta::name(meta_key::SESSION);
+    let annotations = m.annotations.as_ref().map(|a| {
+        a.iter()
+            .filter(|(k, _)| **k == session)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    });
+    Pod {
+        metadata: ObjectMeta {
+            name: m.name.clone(),
+            uid: m.uid.clone(),
+            labels,
+            annotations,
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    }
 }
 
 fn session_of(pod: &Pod) -> String {

@@ -1,14 +1,14 @@
-//! A session's claim: the template and pool its pod spec needs written (create or update,
-//! once per process), the `SandboxClaim` created, and a bounded wait until agent-sandbox's
-//! controller has bound it (the claim's status names a Sandbox, the Sandbox its pod, the pod
-//! runs). A claim that does not bind in time, whose pod fails, or whose create is dropped
-//! half-way is deleted again (`ClaimGuard`), so a failed create leaves nothing behind.
+//! A session's claim: the template and pool its pod spec needs written (templates.rs), the
+//! `SandboxClaim` created, and a bounded wait until agent-sandbox's controller has bound it
+//! (the claim's status names a Sandbox, the Sandbox its pod, the pod runs, and it is the
+//! Sandbox's own pod, labelled by sandboxd's template). A claim that does not bind in time,
+//! whose pod is not its Sandbox's, whose pod fails, or whose create is dropped half-way is
+//! deleted again (`ClaimGuard`), so a failed create leaves nothing behind.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
-use serde_json::Value;
 
 use sandboxd_core::sandbox::SandboxError;
 use sandboxd_core::sandbox::runtime::SandboxSpec;
@@ -54,75 +54,16 @@ async fn delete_claim(api: &Api<DynamicObject>, name: &str) {
     }
 }
 
-/// Whether every field `want` sets has that value in `have` (what the API server added,
-/// defaults and status, is not a difference).
-fn contains(have: &Value, want: &Value) -> bool {
-    match (have, want) {
-        (Value::Object(h), Value::Object(w)) => w
-            .iter()
-            .all(|(k, v)| h.get(k).is_some_and(|hv| contains(hv, v))),
-        _ => have == want,
-    }
-}
-
 impl AgentSandboxRuntime {
-    /// Creates `obj`, or updates it where its spec differs from ours.
-    async fn write(&self, kind: &str, obj: DynamicObject) -> Result<(), SandboxError> {
-        let op = format!("write the {kind}");
-        let api = self.api(kind);
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        match api.get_opt(&name).await.map_err(|e| kube_err(&op, "", e))? {
-            None => match api.create(&PostParams::default(), &obj).await {
-                Ok(_) => Ok(()),
-                // Another replica wrote it this moment, from the same settings.
-                Err(kube::Error::Api(r)) if r.code == 409 => Ok(()),
-                Err(e) => Err(kube_err(&op, "", e)),
-            },
-            Some(have) if contains(&have.data["spec"], &obj.data["spec"]) => Ok(()),
-            Some(have) => {
-                let mut next = obj;
-                next.metadata.resource_version = have.metadata.resource_version;
-                api.replace(&name, &PostParams::default(), &next)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| kube_err(&op, "", e))
-            }
-        }
-    }
-
-    /// The template and pool for a pod spec, written once per process: the default one
-    /// (`sandboxd`, warm with `[pool] size`), or one of its own with no warm sandboxes.
-    pub(super) async fn ensure_template(
+    /// Creates the session's claim and waits until it is bound to a running pod of its own:
+    /// the claim's name, the pod's and its uid. On any failure the claim is deleted again.
+    pub(super) async fn claim(
         &self,
-        pod: &k8s_openapi::api::core::v1::PodSpec,
-    ) -> Result<String, SandboxError> {
-        self.inner.ensure_policy().await?;
-        let name = objects::template_name(pod, &self.default_pod());
-        let done = |w: &std::collections::BTreeSet<String>| w.contains(&name);
-        if done(&self.written.lock().unwrap_or_else(|e| e.into_inner())) {
-            return Ok(name);
-        }
-        let ns = &self.inner.settings().namespace;
-        let replicas = if name == objects::DEFAULT_POOL {
-            self.pool_size
-        } else {
-            0
-        };
-        self.write("SandboxTemplate", objects::template(&name, ns, pod))
-            .await?;
-        self.write("SandboxWarmPool", objects::warm_pool(&name, ns, replicas))
-            .await?;
-        self.written
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.clone());
-        Ok(name)
-    }
-
-    /// Creates the session's claim and waits until it is bound to a running pod: the claim's
-    /// name and the pod's. On any failure the claim is deleted again.
-    pub(super) async fn claim(&self, spec: &SandboxSpec) -> Result<(String, String), SandboxError> {
+        spec: &SandboxSpec,
+    ) -> Result<(String, String, Option<String>), SandboxError> {
         let pod = objects::pod_spec(self.inner.settings(), &spec.limits, spec.image.as_deref());
+        // Not swept until the claim names it (templates.rs).
+        let _claiming = self.claiming(&pod);
         let pool = self.ensure_template(&pod).await?;
         let ns = &self.inner.settings().namespace;
         let claim = objects::claim(ns, spec, &self.inner.creator(), &pool);
@@ -136,11 +77,12 @@ impl AgentSandboxRuntime {
             name: name.clone(),
             armed: true,
         };
-        match self.wait_bound(&name, &pool, &spec.session_id).await {
-            Ok(pod) => {
+        match self.wait_bound(&name, &pod, &pool, &spec.session_id).await {
+            Ok(p) => {
                 let mut guard = guard;
                 guard.armed = false;
-                Ok((name, pod))
+                let uid = p.metadata.uid.filter(|u| !u.is_empty());
+                Ok((name, p.metadata.name.unwrap_or_default(), uid))
             }
             Err(e) => {
                 guard.delete_now().await;
@@ -149,13 +91,15 @@ impl AgentSandboxRuntime {
         }
     }
 
-    /// The pod a claim is bound to, once it runs (module header).
+    /// The pod a claim is bound to, once it runs (module header). A pool that went meanwhile
+    /// (another replica swept it before this claim named it) is written again.
     async fn wait_bound(
         &self,
         name: &str,
+        spec: &PodSpec,
         pool: &str,
         session: &str,
-    ) -> Result<String, SandboxError> {
+    ) -> Result<Pod, SandboxError> {
         let op = "bind the SandboxClaim";
         let (claims, sandboxes) = (self.api("SandboxClaim"), self.api("Sandbox"));
         let pods: Api<Pod> = Api::namespaced(
@@ -163,7 +107,9 @@ impl AgentSandboxRuntime {
             &self.inner.settings().namespace,
         );
         let deadline = tokio::time::Instant::now() + self.bind_timeout;
+        let mut round = 0u64;
         loop {
+            round += 1;
             let Some(claim) = claims
                 .get_opt(name)
                 .await
@@ -187,64 +133,82 @@ impl AgentSandboxRuntime {
                     after: self.bind_timeout,
                 });
             }
+            if round.is_multiple_of(10) && objects::bound_sandbox(&claim).is_none() {
+                self.rewrite_if_swept(pool, spec).await?;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    /// The claim's pod when it runs; None while not yet; an error when it failed to start.
+    /// Writes the template and its pool again if either is gone (a sweep deletes the pool
+    /// first, so one cut short leaves the template alone).
+    async fn rewrite_if_swept(&self, pool: &str, spec: &PodSpec) -> Result<(), SandboxError> {
+        for kind in ["SandboxTemplate", "SandboxWarmPool"] {
+            let have = self.api(kind).get_opt(pool).await;
+            if have
+                .map_err(|e| kube_err(&format!("read the {kind}"), "", e))?
+                .is_none()
+            {
+                tracing::info!(template = %pool, kind, "the claim's template or pool was deleted meanwhile; writing it again");
+                // Writes only what is missing or differs (templates.rs `write`).
+                return self.write_template(pool, spec).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The claim's pod when it runs; None while not yet; an error when it failed to start,
+    /// or when it is not one the claim's Sandbox owns and sandboxd's template made
+    /// (`objects::pod_belongs`): a session never runs in a pod it was not given.
     async fn bound_pod(
         &self,
         claim: &DynamicObject,
         sandboxes: &Api<DynamicObject>,
         pods: &Api<Pod>,
         session: &str,
-    ) -> Result<Option<String>, SandboxError> {
+    ) -> Result<Option<Pod>, SandboxError> {
         let op = "bind the SandboxClaim";
         let Some(sandbox) = objects::bound_sandbox(claim) else {
             return Ok(None);
         };
-        let sandbox = sandboxes
+        let Some(sandbox) = sandboxes
             .get_opt(&sandbox)
             .await
-            .map_err(|e| kube_err(op, session, e))?;
-        let Some(pod) = sandbox.as_ref().and_then(objects::pod_of) else {
+            .map_err(|e| kube_err(op, session, e))?
+        else {
             return Ok(None);
         };
-        match pods
+        let Some(pod) = objects::pod_of(&sandbox) else {
+            return Ok(None);
+        };
+        let Some(p) = pods
             .get_opt(&pod)
             .await
             .map_err(|e| kube_err(op, session, e))?
-        {
-            Some(p) if exec::running(&p) => Ok(Some(pod)),
-            Some(p) => match start_failure(&p) {
-                Some(why) => Err(SandboxError::Backend {
-                    backend: BACKEND,
-                    operation: "start the claim's pod".into(),
-                    message: why,
-                }),
-                None => Ok(None),
-            },
+        else {
+            return Ok(None);
+        };
+        if let Err(why) = objects::pod_belongs(&p, &sandbox) {
+            return Err(SandboxError::Backend {
+                backend: BACKEND,
+                operation: "use the claim's pod".into(),
+                message: format!(
+                    "the SandboxClaim {} is bound to the pod {pod}, which {why}; the claim is deleted \
+                     (is something other than agent-sandbox's controller writing Sandboxes in this namespace?)",
+                    claim.metadata.name.as_deref().unwrap_or_default()
+                ),
+            });
+        }
+        if exec::running(&p) {
+            return Ok(Some(p));
+        }
+        match start_failure(&p) {
+            Some(why) => Err(SandboxError::Backend {
+                backend: BACKEND,
+                operation: "start the claim's pod".into(),
+                message: why,
+            }),
             None => Ok(None),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::contains;
-
-    #[test]
-    fn what_the_server_added_is_no_difference() {
-        let want = json!({"replicas": 2, "sandboxTemplateRef": {"name": "sandboxd"}});
-        let have = json!({"replicas": 2, "sandboxTemplateRef": {"name": "sandboxd"},
-                          "updateStrategy": {"type": "OnReplenish"}});
-        assert!(contains(&have, &want));
-        assert!(!contains(
-            &json!({"replicas": 3, "sandboxTemplateRef": {"name": "sandboxd"}}),
-            &want
-        ));
-        assert!(!contains(&json!({"replicas": 2}), &want));
     }
 }

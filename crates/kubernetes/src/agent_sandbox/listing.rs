@@ -2,7 +2,7 @@
 //! sandboxd's (its labels and annotations are sandboxd's metadata, read as hostile by
 //! `meta::decode`), with its state from the pod it is bound to; and remove, which deletes the
 //! claim and waits until the claim and its pod are gone (agent-sandbox's owner references
-//! take the Sandbox and the pod with it).
+//! take the Sandbox and the pod with it), and then deletes a template no claim uses any more.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,6 +13,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use sandboxd_core::sandbox::runtime::{FoundSandbox, meta_key};
 use sandboxd_core::sandbox::{SandboxError, SandboxState};
 
+use super::templates::pool_of;
+use super::vanish::own_uid;
 use super::{AgentSandboxRuntime, objects, split};
 use crate::state::state_of;
 use crate::{kube_err, meta};
@@ -21,6 +23,8 @@ use crate::{kube_err, meta};
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One claim as the seam sees it; `sandbox` and `pod` are what it is bound to, if anything.
+/// A pod that is not its Sandbox's own (`objects::pod_belongs`) is never the session's: the
+/// claim is then Stopped, with no pod in its handle, so nothing attaches to that pod.
 fn describe(
     claim: &DynamicObject,
     sandbox: Option<&DynamicObject>,
@@ -31,9 +35,18 @@ fn describe(
         claim.metadata.labels.as_ref().unwrap_or(&empty),
         claim.metadata.annotations.as_ref().unwrap_or(&empty),
     );
-    let pod_name = sandbox.and_then(objects::pod_of).unwrap_or_default();
+    let foreign = match (sandbox, pod) {
+        (Some(s), Some(p)) => objects::pod_belongs(p, s).is_err(),
+        _ => false,
+    };
+    let pod_name = match sandbox.and_then(objects::pod_of) {
+        Some(p) if !foreign => p,
+        _ => String::new(),
+    };
     let state = if claim.metadata.deletion_timestamp.is_some() {
         SandboxState::Removing
+    } else if foreign {
+        SandboxState::Stopped
     } else if let Some(p) = pod {
         state_of(p)
     } else if objects::bound_sandbox(claim).is_none() || sandbox.is_some() {
@@ -149,20 +162,97 @@ impl AgentSandboxRuntime {
         Ok((sandboxes, pods))
     }
 
+    /// The pod a handle names, checked as a create checks it: the claim is bound to a
+    /// Sandbox that names this pod, and the pod is that Sandbox's own (`objects::pod_belongs`).
+    /// Its uid, for the vanish watch; an error saying what is wrong otherwise.
+    pub(super) async fn checked_pod(
+        &self,
+        handle: &str,
+        session: &str,
+    ) -> Result<Option<String>, SandboxError> {
+        let op = "attach to the SandboxClaim's pod";
+        let (claim, pod) = split(handle);
+        let gone = |why: String| SandboxError::SandboxGone {
+            session: session.into(),
+            message: why,
+        };
+        let got = self.api("SandboxClaim").get_opt(claim).await;
+        let c = got.map_err(|e| kube_err(op, session, e))?;
+        let Some(sandbox) = c.as_ref().and_then(objects::bound_sandbox) else {
+            return Err(gone(format!(
+                "its SandboxClaim {claim} is gone or not bound"
+            )));
+        };
+        let got = self.api("Sandbox").get_opt(&sandbox).await;
+        let Some(s) = got.map_err(|e| kube_err(op, session, e))? else {
+            return Err(gone(format!("its Sandbox {sandbox} is gone")));
+        };
+        let got = self.pods_api().get_opt(pod).await;
+        let p = got.map_err(|e| kube_err(op, session, e))?;
+        let Some(p) = p.filter(|_| objects::pod_of(&s).as_deref() == Some(pod)) else {
+            return Err(gone(format!(
+                "its Sandbox {sandbox} no longer has the pod {pod}"
+            )));
+        };
+        if let Err(why) = objects::pod_belongs(&p, &s) {
+            return Err(SandboxError::Backend {
+                backend: crate::BACKEND,
+                operation: op.into(),
+                message: format!(
+                    "the SandboxClaim {claim} names the pod {pod}, which {why}; the session is not \
+                     attached to it (is something other than agent-sandbox's controller writing \
+                     Sandboxes in this namespace?): remove the session"
+                ),
+            });
+        }
+        Ok(p.metadata.uid.filter(|u| !u.is_empty()))
+    }
+
     /// Deletes the claim of a handle and waits until it and its pod are gone, so a find
-    /// right after finds nothing; a claim already gone is not an error.
+    /// right after finds nothing; a claim already gone is not an error. The pod's end is this
+    /// runtime's, never reported (vanish.rs); a template only this claim used is deleted
+    /// after it (templates.rs).
     pub(super) async fn remove_claim(&self, handle: &str) -> Result<(), SandboxError> {
         let op = "remove the SandboxClaim";
         let (claim, pod) = split(handle);
         if !objects::is_name(claim) {
             return Ok(());
         }
-        let claims = self.api("SandboxClaim");
-        match claims.delete(claim, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(r)) if r.code == 404 => return Ok(()),
-            Err(e) => return Err(kube_err(op, handle, e)),
+        let binding = self.bound.remove(pod);
+        let uid = binding.as_ref().and_then(|b| b.uid.as_deref()).map(own_uid);
+        self.watch.own.mark(handle);
+        if let Some(u) = &uid {
+            self.watch.own.mark(u);
         }
+        let claims = self.api("SandboxClaim");
+        let pool = match claims.delete(claim, &DeleteParams::background()).await {
+            Ok(deleted) => deleted.left().as_ref().and_then(pool_of),
+            Err(kube::Error::Api(r)) if r.code == 404 => return Ok(()),
+            Err(e) => {
+                // Not removed: its end, later, is news.
+                self.watch.own.unmark(handle);
+                if let Some(u) = &uid {
+                    self.watch.own.unmark(u);
+                }
+                if let Some(b) = binding {
+                    self.bound.insert(pod, b);
+                }
+                return Err(kube_err(op, handle, e));
+            }
+        };
+        self.wait_removed(claim, pod, handle).await?;
+        if pool.is_some_and(|p| p != objects::DEFAULT_POOL)
+            && let Err(e) = self.sweep().await
+        {
+            tracing::warn!(error = %e, "could not delete the SandboxTemplates no claim uses; the next removal or new template tries again");
+        }
+        Ok(())
+    }
+
+    /// Waits until the claim and its pod are gone from the API.
+    async fn wait_removed(&self, claim: &str, pod: &str, handle: &str) -> Result<(), SandboxError> {
+        let op = "remove the SandboxClaim";
+        let claims = self.api("SandboxClaim");
         let pods = self.pods_api();
         let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
         while tokio::time::Instant::now() < deadline {

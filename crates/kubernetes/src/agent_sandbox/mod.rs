@@ -9,13 +9,18 @@
 //! Sandbox, then the pod) goes with it. sandboxd still does itself: the deny-all
 //! NetworkPolicy and the probe that proves it enforced, the limits (in the template), exec,
 //! Leases. The core's warm pool is off in this mode (the binary gives the manager size 0):
-//! `[pool] size` is the SandboxWarmPool's replicas instead.
+//! `[pool] size` is the SandboxWarmPool's replicas instead. A session with other limits or
+//! another image gets a template of its own, bounded in number and deleted once no claim
+//! uses it (templates.rs); a claim's pod that ends behind sandboxd's back is reported by the
+//! watch (vanish.rs).
 
 mod claim;
 mod listing;
 pub mod objects;
+mod templates;
+mod vanish;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,10 +32,14 @@ use sandboxd_core::config::{KubeMode, Limits};
 use sandboxd_core::sandbox::runtime::{FoundSandbox, Runtime, SandboxSpec};
 use sandboxd_core::sandbox::{Sandbox, SandboxError, SandboxState, Usage};
 
-use crate::{BACKEND, KubeRuntime, kube_err};
+use crate::{BACKEND, KubeRuntime, kube_err, watch};
+use vanish::{Binding, Bound};
 
 /// How long a claim may take to be bound to a running pod (a cold start pulls and schedules).
 const BIND_TIMEOUT: Duration = Duration::from_secs(180);
+/// How many templates (each with its pool) sandboxd keeps beside the default one: one per
+/// distinct set of limits and image in use (templates.rs).
+pub const MAX_TEMPLATES: usize = 32;
 
 /// What a process runs sessions as, once `[kubernetes] mode` met the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,8 +139,21 @@ pub struct AgentSandboxRuntime {
     /// `[pool] size`: the default SandboxWarmPool's replicas.
     pool_size: usize,
     bind_timeout: Duration,
-    /// Templates (and their pools) this process has written.
+    /// The default template (and its pool) once this process has written it.
     written: Arc<Mutex<BTreeSet<String>>>,
+    /// The most templates beside the default one (`MAX_TEMPLATES`).
+    max_templates: usize,
+    /// Templates a create of this process is about to claim from, with how many creates:
+    /// not deleted meanwhile although no claim names them yet.
+    claiming: Arc<Mutex<BTreeMap<String, usize>>>,
+    /// Held across the check of the cap and the write of a new template (templates.rs).
+    cap: Arc<tokio::sync::Mutex<()>>,
+    /// Templates admitted under the cap whose claim does not exist yet (templates.rs).
+    admitted: Arc<Mutex<BTreeSet<String>>>,
+    /// The pods of this process's claims, for the vanish watch (vanish.rs).
+    bound: Bound,
+    /// The watch of the claims' pods; its own removals.
+    watch: Arc<watch::Watch>,
 }
 
 impl AgentSandboxRuntime {
@@ -142,7 +164,19 @@ impl AgentSandboxRuntime {
             pool_size,
             bind_timeout: BIND_TIMEOUT,
             written: Arc::default(),
+            max_templates: MAX_TEMPLATES,
+            claiming: Arc::default(),
+            cap: Arc::default(),
+            admitted: Arc::default(),
+            bound: Bound::default(),
+            watch: Arc::default(),
         }
+    }
+
+    /// The most templates beside the default one (default `MAX_TEMPLATES`).
+    pub fn with_max_templates(mut self, most: usize) -> Self {
+        self.max_templates = most;
+        self
     }
 
     /// How long a claim may take to bind (default 180 s).
@@ -190,11 +224,23 @@ impl Runtime for AgentSandboxRuntime {
         self.inner.ensure_policy().await?;
         self.inner.ensure_isolated().await?;
         self.inner.hold_lease().await?;
-        let (claim, pod) = self.claim(spec).await?;
+        let (claim, pod, uid) = self.claim(spec).await?;
+        let handle = format!("{claim}/{pod}");
+        // A new pod under a handle this runtime removed before (a resumed session's cold
+        // pod is named after its claim): its end is news again.
+        self.watch.own.unmark(&handle);
+        self.bound.insert(
+            &pod,
+            Binding {
+                handle: handle.clone(),
+                session: spec.session_id.clone(),
+                uid,
+            },
+        );
         let sandbox = self
             .inner
             .sandbox(pod.clone(), &spec.session_id, &spec.limits);
-        Ok((format!("{claim}/{pod}"), Arc::new(sandbox)))
+        Ok((handle, Arc::new(sandbox)))
     }
 
     async fn attach(
@@ -209,6 +255,16 @@ impl Runtime for AgentSandboxRuntime {
                 message: format!("its claim's pod is {}", found.state),
             });
         }
+        // The pod is checked as a create checks it: never a pod that is not its Sandbox's.
+        let uid = self.checked_pod(&found.handle, &found.session_id).await?;
+        self.bound.insert(
+            pod,
+            Binding {
+                handle: found.handle.clone(),
+                session: found.session_id.clone(),
+                uid,
+            },
+        );
         Ok(Arc::new(self.inner.sandbox(
             pod.to_string(),
             &found.session_id,
@@ -227,6 +283,13 @@ impl Runtime for AgentSandboxRuntime {
 
     async fn remove(&self, handle: &str) -> Result<(), SandboxError> {
         self.remove_claim(handle).await
+    }
+
+    fn vanished(
+        &self,
+    ) -> tokio::sync::broadcast::Receiver<sandboxd_core::sandbox::vanished::Vanished> {
+        self.watch
+            .subscribe(self.inner.pods(), self.bound.resolver())
     }
 
     async fn memory_usage(&self, handle: &str) -> Result<Option<u64>, SandboxError> {

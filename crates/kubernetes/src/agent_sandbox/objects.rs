@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject};
@@ -160,6 +160,31 @@ pub fn pod_of(sandbox: &DynamicObject) -> Option<String> {
     recorded.or_else(|| sandbox.metadata.name.clone().filter(|n| is_name(n)))
 }
 
+/// Whether `pod` is one a session may use as the pod of `sandbox`: labelled
+/// `sandboxd/managed=true` (made from sandboxd's template, so the deny-all NetworkPolicy
+/// selects it) and owned by that Sandbox (an owner reference of kind Sandbox with its name,
+/// and its uid where the Sandbox has one). Else what is wrong, in words.
+pub fn pod_belongs(pod: &Pod, sandbox: &DynamicObject) -> Result<(), String> {
+    let labels = pod.metadata.labels.as_ref();
+    let managed = meta::name(meta_key::MANAGED);
+    if labels.and_then(|l| l.get(&managed)).map(String::as_str) != Some("true") {
+        return Err(format!(
+            "does not carry the label {managed}=true of sandboxd's template (the deny-all NetworkPolicy would not select it)"
+        ));
+    }
+    let name = sandbox.metadata.name.as_deref().unwrap_or_default();
+    let uid = sandbox.metadata.uid.as_deref().filter(|u| !u.is_empty());
+    let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
+    let owned = owners
+        .iter()
+        .any(|o| o.kind == "Sandbox" && o.name == name && uid.is_none_or(|u| o.uid == u));
+    if owned {
+        Ok(())
+    } else {
+        Err(format!("is not owned by its Sandbox {name}"))
+    }
+}
+
 /// The claim's Ready condition, as words for an error (cut, no control characters).
 pub fn ready_condition(claim: &DynamicObject) -> String {
     let conditions = claim.data["status"]["conditions"].as_array();
@@ -188,9 +213,10 @@ pub fn is_name(n: &str) -> bool {
 }
 
 /// The Role this mode needs beside pods mode's (`spec::role`), in the sandbox namespace:
-/// the template and pool written (create or update), claims made, read, listed and
-/// deleted, Sandboxes read to find a claim's pod. Nothing cluster-wide: discovery is open to
-/// every authenticated account (`system:discovery`).
+/// the templates and pools written (create or update) and those no claim uses deleted
+/// (listed first), claims made, read, listed and deleted, Sandboxes read to find a claim's
+/// pod. Nothing cluster-wide: discovery is open to every authenticated account
+/// (`system:discovery`).
 pub fn role(namespace: &str) -> Role {
     let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
         api_groups: Some(vec![group.to_string()]),
@@ -208,7 +234,7 @@ pub fn role(namespace: &str) -> Role {
             rule(
                 EXTENSIONS_GROUP,
                 &["sandboxtemplates", "sandboxwarmpools"],
-                &["create", "get", "update"],
+                &["create", "get", "list", "update", "delete"],
             ),
             rule(
                 EXTENSIONS_GROUP,
@@ -263,6 +289,45 @@ mod tests {
         };
         assert_eq!(pod_of(&sandbox("pod-2")).as_deref(), Some("pod-2"));
         assert_eq!(pod_of(&sandbox("../../x")).as_deref(), Some("sb-1"));
+    }
+
+    #[test]
+    fn a_pod_belongs_to_its_sandbox_only_when_labelled_and_owned() {
+        let sandbox = dynamic(json!({"metadata": {"name": "sb-1", "uid": "u-1"}}));
+        let pod = |labels: Value, owners: Value| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "p", "labels": labels,
+                                                       "ownerReferences": owners}}))
+            .unwrap()
+        };
+        let managed = json!({"sandboxd/managed": "true"});
+        let owner = |name: &str, uid: &str| {
+            json!([{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+                    "name": name, "uid": uid, "controller": true}])
+        };
+        assert_eq!(
+            pod_belongs(&pod(managed.clone(), owner("sb-1", "u-1")), &sandbox),
+            Ok(())
+        );
+        let unlabelled = pod_belongs(&pod(json!({}), owner("sb-1", "u-1")), &sandbox);
+        assert!(unlabelled.unwrap_err().contains("sandboxd/managed=true"));
+        let falsely = json!({"sandboxd/managed": "false"});
+        assert!(pod_belongs(&pod(falsely, owner("sb-1", "u-1")), &sandbox).is_err());
+        for owners in [json!([]), owner("sb-2", "u-1"), owner("sb-1", "u-0")] {
+            let e = pod_belongs(&pod(managed.clone(), owners.clone()), &sandbox);
+            assert!(
+                e.unwrap_err().contains("not owned by its Sandbox sb-1"),
+                "{owners}"
+            );
+        }
+        let mut kind = owner("sb-1", "u-1");
+        kind[0]["kind"] = json!("SandboxWarmPool");
+        assert!(pod_belongs(&pod(managed.clone(), kind), &sandbox).is_err());
+        // A Sandbox whose uid is not known: its name decides.
+        let no_uid = dynamic(json!({"metadata": {"name": "sb-1"}}));
+        assert_eq!(
+            pod_belongs(&pod(managed, owner("sb-1", "u-7")), &no_uid),
+            Ok(())
+        );
     }
 
     #[test]

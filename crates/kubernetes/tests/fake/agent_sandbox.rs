@@ -3,7 +3,8 @@
 //! by label, replace and delete of SandboxTemplate, SandboxWarmPool, SandboxClaim and
 //! Sandbox), only after `install_agent_sandbox` (a fake starts without them, as a cluster
 //! without agent-sandbox), and a minimal controller (controller.rs) that is a client of this
-//! API as the real one is of a cluster. Objects are kept as JSON, as a CRD's are.
+//! API as the real one is of a cluster, and can be made to bind a claim to a pod that is not
+//! its Sandbox's (`misbind_next`). Objects are kept as JSON, as a CRD's are.
 
 mod controller;
 
@@ -40,6 +41,8 @@ pub struct AgentSandbox {
     version: AtomicU64,
     /// Woken at every write, so the controller acts at once.
     pub(crate) wake: tokio::sync::Notify,
+    /// The pod the next cold claim is wrongly bound to (controller.rs).
+    pub(crate) misbind: Mutex<Option<String>>,
 }
 
 impl FakeApi {
@@ -55,6 +58,28 @@ impl FakeApi {
             tokio::spawn(controller::run(store, self.client()?));
         }
         Ok(())
+    }
+
+    /// Binds the next claim that would be a cold start to a Sandbox naming `pod` as its pod,
+    /// a pod that Sandbox does not own (controller.rs).
+    pub fn misbind_next(&self, pod: &str) {
+        let mut next = self
+            .state
+            .agent_sandbox
+            .misbind
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *next = Some(pod.to_string());
+    }
+
+    /// Stores an object of a kind (by plural) as someone else writing it would.
+    pub fn agent_sandbox_put(&self, plural: &str, ns: &str, obj: Value) {
+        self.state.agent_sandbox.put(plural, ns, obj);
+    }
+
+    /// Deletes an object of a kind (by plural) as someone else would.
+    pub fn agent_sandbox_delete(&self, plural: &str, ns: &str, name: &str) {
+        self.state.agent_sandbox.remove(plural, ns, name);
     }
 
     /// Every stored object of a kind (by plural) in a namespace, as JSON.

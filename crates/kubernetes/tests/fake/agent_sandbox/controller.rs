@@ -4,7 +4,11 @@
 //! a SandboxClaim is bound to a warm Sandbox whose pod runs (its warm label removed, the
 //! claim's uid as a label, owned by the claim; the pod relabelled by a merge patch), or, when
 //! the pool has none at all, to a Sandbox cold-created under the claim's name; its status then
-//! names the Sandbox and says Ready. Sandboxes whose owner is gone are deleted with their pod.
+//! names the Sandbox and says Ready. Each pod is owned by its Sandbox (an owner reference
+//! with the Sandbox's name and uid); Sandboxes whose owner is gone are deleted, and with
+//! them the pods they own (what the cluster's garbage collector does). A misbinding can be
+//! asked for (`FakeApi::misbind_next`): the next claim is bound to a Sandbox whose
+//! pod-name annotation names another pod, as a broken or hostile writer of Sandboxes would.
 //! It acts at every write and otherwise every 100 ms (a pod's start is not a write here).
 
 use std::sync::Weak;
@@ -62,15 +66,21 @@ fn name_of(o: &Value) -> String {
         .to_string()
 }
 
+/// An `ownerReferences` list naming `o` as the controller.
 fn owner(kind: &str, o: &Value) -> Value {
     json!([{"apiVersion": o["apiVersion"], "kind": kind, "name": o["metadata"]["name"],
             "uid": o["metadata"]["uid"], "controller": true}])
 }
 
 impl Ctl<'_> {
-    /// Makes a Sandbox and its pod from a template; false when the pod was refused.
-    async fn make(&self, name: &str, template: &Value, labels: Value, owner: Value) -> bool {
+    /// Makes a Sandbox and its pod (owned by it) from a template; false when the pod was
+    /// refused (the Sandbox is deleted again).
+    async fn make(&self, name: &str, template: &Value, labels: Value, owners: Value) -> bool {
         let pod_template = &template["spec"]["podTemplate"];
+        let sandbox = json!({"metadata": {"name": name, "labels": labels,
+                                          "annotations": {POD_NAME: name}, "ownerReferences": owners},
+                             "spec": {"podTemplate": pod_template}});
+        let sandbox = self.s.put("sandboxes", self.ns, sandbox);
         let mut pod_labels = pod_template["metadata"]["labels"].clone();
         if !pod_labels.is_object() {
             pod_labels = json!({});
@@ -78,24 +88,29 @@ impl Ctl<'_> {
         for (k, v) in labels.as_object().into_iter().flatten() {
             pod_labels[k] = v.clone();
         }
-        let pod: Pod = match serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": pod_labels},
+        let pod: Result<Pod, _> = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": pod_labels,
+                         "ownerReferences": owner("Sandbox", &sandbox)},
             "spec": pod_template["spec"],
-        })) {
-            Ok(p) => p,
-            Err(_) => return false,
+        }));
+        let made = match pod {
+            Ok(pod) => self.pods.create(&PostParams::default(), &pod).await,
+            Err(e) => {
+                eprintln!("[fake agent-sandbox] pod {name} unreadable: {e}");
+                self.s.remove("sandboxes", self.ns, name);
+                return false;
+            }
         };
-        if let Err(e) = self.pods.create(&PostParams::default(), &pod).await {
+        if let Err(e) = made {
             eprintln!("[fake agent-sandbox] pod {name} refused: {e}");
+            self.s.remove("sandboxes", self.ns, name);
             return false;
         }
-        let sandbox = json!({"metadata": {"name": name, "labels": labels,
-                                          "annotations": {POD_NAME: name}, "ownerReferences": owner},
-                             "spec": {"podTemplate": pod_template}});
-        self.s.put("sandboxes", self.ns, sandbox);
         true
     }
 
+    /// Deletes a Sandbox, and its pod if the Sandbox owns it (by uid): the garbage
+    /// collector never deletes a pod another object owns.
     async fn delete_sandbox(&self, sandbox: &Value) {
         let name = name_of(sandbox);
         self.s.remove("sandboxes", self.ns, &name);
@@ -103,7 +118,19 @@ impl Ctl<'_> {
             .as_str()
             .unwrap_or(&name)
             .to_string();
-        let _ = self.pods.delete(&pod, &DeleteParams::default()).await;
+        let Ok(Some(p)) = self.pods.get_opt(&pod).await else {
+            return;
+        };
+        let uid = sandbox["metadata"]["uid"].as_str().unwrap_or_default();
+        let owned = p
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .iter()
+            .any(|o| o.kind == "Sandbox" && o.uid == uid);
+        if owned {
+            let _ = self.pods.delete(&pod, &DeleteParams::default()).await;
+        }
     }
 
     fn warm(&self, pool: &str) -> Vec<Value> {
@@ -170,7 +197,15 @@ impl Ctl<'_> {
                 continue;
             };
             let warm = self.warm(pool);
-            let bound = if warm.is_empty() {
+            let misbound = self
+                .s
+                .misbind
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let bound = if let Some(other) = misbound {
+                self.misbind(&name, &claim, &other)
+            } else if warm.is_empty() {
                 let labels = json!({CLAIM_UID_LABEL: uid});
                 self.make(&name, &template, labels, owner("SandboxClaim", &claim))
                     .await
@@ -182,6 +217,15 @@ impl Ctl<'_> {
                 self.status(&claim, Some(&sandbox), "True", "DependenciesReady");
             }
         }
+    }
+
+    /// A Sandbox of the claim whose pod-name annotation names `pod`, someone else's.
+    fn misbind(&self, name: &str, claim: &Value, pod: &str) -> Option<String> {
+        let sandbox = json!({"metadata": {"name": name, "annotations": {POD_NAME: pod},
+                                          "ownerReferences": owner("SandboxClaim", claim)},
+                             "spec": {}});
+        self.s.put("sandboxes", self.ns, sandbox);
+        Some(name.to_string())
     }
 
     /// A warm sandbox whose pod runs becomes the claim's; None while none runs yet.
