@@ -21,10 +21,12 @@
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use futures::stream::BoxStream;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::output::CappedBuffer;
 use super::shell::{GREETING, Running, greeting_pid, spawn_shell};
@@ -44,74 +46,22 @@ pub(super) async fn start_restoring(
     len: u64,
     timeout: Duration,
 ) -> Result<Running, SandboxError> {
-    let failed = |message: String| SandboxError::FileOp {
-        operation: "restore",
-        path: WORKSPACE.to_string(),
-        message,
-    };
-    let mut src = archive
+    let src = archive
         .try_clone()
+        .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
+        .map(tokio::fs::File::from_std)
         .map_err(|e| failed(format!("the host's snapshot file: {e}")))?;
-    src.seek(SeekFrom::Start(0))
-        .map_err(|e| failed(format!("the host's snapshot file: {e}")))?;
-    let mut src = tokio::fs::File::from_std(src);
     let (process, proxy_env) = spawn_shell(host).await?;
     let AttachedProcess {
         mut stdin,
         mut output,
         exit_code,
     } = process;
-    let script = format!(
-        "head -c {len} | {{ tar -C {WORKSPACE} -xf - --no-same-owner --no-same-permissions; s=$?; cat > /dev/null; exit $s; }}; builtin printf 'SBXRST %s %s\\n' \"${{PIPESTATUS[0]}}\" \"${{PIPESTATUS[1]}}\"\n"
-    );
     let mut stdout = Vec::new();
     let mut stderr = CappedBuffer::new(STDERR_CAP);
-    // A host file that cannot be read, or holds less than it should, fails the restore at
-    // once; a shell that stopped reading ended or failed, and its output says which.
-    let feed = async {
-        if stdin.write_all(script.as_bytes()).await.is_err() {
-            return Ok(());
-        }
-        let mut buf = vec![0u8; CHUNK];
-        let mut left = len;
-        while left > 0 {
-            let n = src
-                .read(&mut buf[..(left as usize).min(CHUNK)])
-                .await
-                .map_err(|e| failed(format!("the host's snapshot file: {e}")))?;
-            if n == 0 {
-                return Err(failed(format!(
-                    "the host's snapshot file ended {left} bytes before its checked length"
-                )));
-            }
-            if stdin.write_all(&buf[..n]).await.is_err() {
-                return Ok(());
-            }
-            left -= n as u64;
-        }
-        // Only after the archive: head reads on from the line that starts it.
-        let _ = stdin.write_all(GREETING.as_bytes()).await;
-        let _ = stdin.flush().await;
-        Ok(())
-    };
-    let read = async {
-        while let Some(chunk) = output.next().await {
-            match chunk? {
-                OutputChunk::Stdout(b) => {
-                    stdout.extend_from_slice(&b);
-                    if stdout.len() > STDOUT_CAP {
-                        return Err(failed("the shell printed too much while restoring".into()));
-                    }
-                    if stdout.iter().filter(|&&c| c == b'\n').count() >= 2 {
-                        return Ok(());
-                    }
-                }
-                OutputChunk::Stderr(b) => stderr.push(&b),
-            }
-        }
-        Err(failed("the shell ended while restoring".into()))
-    };
     let both = async {
+        let feed = feed(&mut stdin, src, len);
+        let read = read_answer(&mut output, &mut stdout, &mut stderr);
         tokio::pin!(feed, read);
         let mut fed = false;
         loop {
@@ -125,7 +75,7 @@ pub(super) async fn start_restoring(
         }
     };
     match tokio::time::timeout(timeout, both).await {
-        Ok(r) => r?,
+        Ok(done) => done?,
         Err(_) => {
             return Err(SandboxError::Timeout {
                 what: "the restore of /workspace".into(),
@@ -133,20 +83,7 @@ pub(super) async fn start_restoring(
             });
         }
     }
-    let text = String::from_utf8_lossy(&stdout).into_owned();
-    let mut lines = text.lines();
-    let status = lines.next().unwrap_or_default();
-    let pid = greeting_pid(lines.next().unwrap_or_default().as_bytes())?;
-    if status != "SBXRST 0 0" {
-        let detail = String::from_utf8_lossy(&stderr.finish().0)
-            .trim()
-            .to_string();
-        return Err(failed(if detail.is_empty() {
-            format!("tar ended with {status:?}")
-        } else {
-            detail
-        }));
-    }
+    let pid = answer(&stdout, stderr)?;
     Ok(Running {
         process: AttachedProcess {
             stdin,
@@ -156,4 +93,93 @@ pub(super) async fn start_restoring(
         pid,
         proxy_env,
     })
+}
+
+fn failed(message: String) -> SandboxError {
+    SandboxError::FileOp {
+        operation: "restore",
+        path: WORKSPACE.to_string(),
+        message,
+    }
+}
+
+/// Writes the restoring line, the archive, then the greeting into the shell's stdin. A host
+/// file that cannot be read, or holds less than it should, fails the restore at once; a
+/// shell that stopped reading ended or failed, and its output says which.
+async fn feed(
+    stdin: &mut Pin<Box<dyn AsyncWrite + Send>>,
+    mut src: tokio::fs::File,
+    len: u64,
+) -> Result<(), SandboxError> {
+    let script = format!(
+        "head -c {len} | {{ tar -C {WORKSPACE} -xf - --no-same-owner --no-same-permissions; s=$?; cat > /dev/null; exit $s; }}; builtin printf 'SBXRST %s %s\\n' \"${{PIPESTATUS[0]}}\" \"${{PIPESTATUS[1]}}\"\n"
+    );
+    if stdin.write_all(script.as_bytes()).await.is_err() {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; CHUNK];
+    let mut left = len;
+    while left > 0 {
+        let n = src
+            .read(&mut buf[..(left as usize).min(CHUNK)])
+            .await
+            .map_err(|e| failed(format!("the host's snapshot file: {e}")))?;
+        if n == 0 {
+            return Err(failed(format!(
+                "the host's snapshot file ended {left} bytes before its checked length"
+            )));
+        }
+        if stdin.write_all(&buf[..n]).await.is_err() {
+            return Ok(());
+        }
+        left -= n as u64;
+    }
+    // Only after the archive: head reads on from the line that starts it.
+    let _ = stdin.write_all(GREETING.as_bytes()).await;
+    let _ = stdin.flush().await;
+    Ok(())
+}
+
+/// Reads the shell's output until its two answer lines (the restore's status, the greeting)
+/// are in `stdout`, bounded; stderr, capped, into `stderr`.
+async fn read_answer(
+    output: &mut BoxStream<'static, Result<OutputChunk, SandboxError>>,
+    stdout: &mut Vec<u8>,
+    stderr: &mut CappedBuffer,
+) -> Result<(), SandboxError> {
+    while let Some(chunk) = output.next().await {
+        match chunk? {
+            OutputChunk::Stdout(b) => {
+                stdout.extend_from_slice(&b);
+                if stdout.len() > STDOUT_CAP {
+                    return Err(failed("the shell printed too much while restoring".into()));
+                }
+                if stdout.iter().filter(|&&c| c == b'\n').count() >= 2 {
+                    return Ok(());
+                }
+            }
+            OutputChunk::Stderr(b) => stderr.push(&b),
+        }
+    }
+    Err(failed("the shell ended while restoring".into()))
+}
+
+/// The shell's pid from its answer, once the restore's status says tar and head succeeded;
+/// else tar's own words.
+fn answer(stdout: &[u8], stderr: CappedBuffer) -> Result<u32, SandboxError> {
+    let text = String::from_utf8_lossy(stdout);
+    let mut lines = text.lines();
+    let status = lines.next().unwrap_or_default();
+    let pid = greeting_pid(lines.next().unwrap_or_default().as_bytes())?;
+    if status == "SBXRST 0 0" {
+        return Ok(pid);
+    }
+    let detail = String::from_utf8_lossy(&stderr.finish().0)
+        .trim()
+        .to_string();
+    Err(failed(if detail.is_empty() {
+        format!("tar ended with {status:?}")
+    } else {
+        detail
+    }))
 }
