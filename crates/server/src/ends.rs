@@ -11,8 +11,10 @@
 //! its reason.
 //!
 //! A sandbox that ended outside sandboxd (deleted, evicted, OOM-killed: `EndReason::Vanished`,
-//! the manager's watch of the runtime) fails the runs still in it with that reason; a
-//! hibernated session's container, which hibernation removes on purpose, is not an end.
+//! the manager's watch of the runtime) fails the runs still in it with that reason, whichever
+//! replica drives them (the others through a fail request in the run's row, runs/control.rs);
+//! an /mcp sandbox's row ends with that reason too. A hibernated session's container, which
+//! hibernation removes on purpose, is not an end.
 //!
 //! A listener that lags behind the events has lost some: it then ends the running API rows
 //! whose container is gone from the engine, and the ledger sweeps its own. An idle end is
@@ -49,7 +51,7 @@ pub fn spawn_listener(st: Arc<AppState>) -> tokio::task::JoinHandle<()> {
             match next {
                 Ok(ended) => {
                     crate::metering::on_end(&st, &ended).await;
-                    st.mcp.ledger().on_end(&ended.id).await;
+                    st.mcp.ledger().on_end(&ended).await;
                     api_ended(&st, &ended).await;
                 }
                 Err(RecvError::Lagged(missed)) => {
@@ -92,7 +94,7 @@ async fn api_ended(st: &AppState, ended: &Ended) {
         if row.hibernated() {
             return;
         }
-        // The sandbox went under its runs: they fail, saying why.
+        // The sandbox went under its runs: they fail, saying why, on every replica.
         st.runs.fail_session(&row.id, &reason, RUN_STOP_WAIT).await;
     }
     end_row(st, row, &reason).await;

@@ -223,6 +223,14 @@ impl SessionManager {
                 .find(|s| s.handle == report.handle)
                 .map(|s| s.id.clone());
             let session = id.and_then(|id| t.sessions.remove(&id));
+            if let Some(s) = &session {
+                // Told before the table lock goes: a caller that finds the session gone
+                // from now on can also tell why (`end_of`), not only once it is announced.
+                // (One only forgotten below, which another replica hibernated, is an API
+                // session: only MCP's sandboxes, never hibernated, ask.)
+                self.recent_ends
+                    .note(&s.id, &EndReason::Vanished(report.kind.clone()));
+            }
             let warm = t
                 .pool
                 .iter()

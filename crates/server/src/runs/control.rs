@@ -2,8 +2,9 @@
 //!
 //! The control loop (one per replica) re-reads the rows of the runs this replica drives
 //! whenever a control wake-up (`Wake::Control`: a cancel request, an answer) names one of
-//! them or `WAKE_ALL` comes, and at least every `wait::POLL` while it drives any: a cancel
-//! request (`cancel`) stops the run, a posted answer (`reply`) goes to its pending
+//! them or `WAKE_ALL` comes, and at least every `wait::POLL` while it drives any: a stop
+//! request (`cancel`) stops the run as it asks (cancelled, or failed with why its sandbox
+//! went: `StopRequest`), a posted answer (`reply`) goes to its pending
 //! question, and a run whose row no longer names this replica is stopped as lost. A fenced
 //! replica (its lease ran out) stops every run it drives at once.
 //!
@@ -112,8 +113,8 @@ impl RunService {
                 }
                 continue;
             };
-            if row.cancel.is_some() {
-                run.stop(Stop::User);
+            if let Some(request) = row.stop_request() {
+                run.stop(Stop::requested(request));
             }
             if let (Some(reply), Some(q)) = (&row.reply, &row.question) {
                 run.hand_reply(q.asked_at, reply.clone());
