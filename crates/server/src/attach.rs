@@ -338,10 +338,13 @@ pub async fn sweep(st: &AppState, at_start: bool) -> anyhow::Result<Swept> {
                         .as_deref()
                         .and_then(|rt| st.backend.manager().end_of(rt))
                         .map_or_else(|| "its container is gone".to_string(), |r| r.to_string());
+                    // Stopped once, by the fail request, without waiting for runs driven
+                    // elsewhere: at start-up (before the port is bound) none is driven
+                    // here, and a dead driver's run is failed by whoever takes it over.
                     st.runs
-                        .fail_session(&row.id, &why, Duration::from_secs(10))
+                        .fail_session_here(&row.id, &why, Duration::from_secs(10))
                         .await;
-                    end_row(st, row, &why, &mut out).await;
+                    record_end(st, row, &why, &mut out).await;
                     if let Some(rt) = &row.runtime_id {
                         st.backend.manager().session_ended(rt).await;
                     }
@@ -444,11 +447,17 @@ async fn left_by_hibernation(
     }
 }
 
+/// Cancels the runs still in the session, then ends its row (`record_end`).
 async fn end_row(st: &AppState, row: &SessionRow, why: &str, out: &mut Swept) {
-    tracing::info!(session = %row.id, reason = %why, "ending a stored session");
     st.runs
         .cancel_session(&row.id, Duration::from_secs(10))
         .await;
+    record_end(st, row, why, out).await;
+}
+
+/// Ends the session's row with why, its runs already stopped.
+async fn record_end(st: &AppState, row: &SessionRow, why: &str, out: &mut Swept) {
+    tracing::info!(session = %row.id, reason = %why, "ending a stored session");
     match crate::audit::end(st, &crate::audit::Who::system(), &row.id, why).await {
         Ok(true) => out.ended.push((row.id.clone(), why.to_string())),
         Ok(false) => {}

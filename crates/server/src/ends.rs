@@ -17,7 +17,8 @@
 //! hibernation removes on purpose, is not an end.
 //!
 //! A listener that lags behind the events has lost some: it then ends the running API rows
-//! whose container is gone from the engine, and the ledger sweeps its own. An idle end is
+//! whose container is gone from the engine, their runs failed with why (the manager's
+//! reason if it kept one), and the ledger sweeps its own. An idle end is
 //! written by the reaper's conditional update itself (attach.rs), so its row is no longer
 //! active when its event comes.
 
@@ -120,7 +121,15 @@ async fn api_sweep(st: &AppState) {
                 .as_ref()
                 .is_some_and(|rt| !containers.contains(rt));
         if gone {
-            end_row(st, &row, "its sandbox was removed").await;
+            // Its runs fail with why, as when the end is heard: the watch's reason if this
+            // replica's manager kept it, else that it was removed.
+            let reason = row
+                .runtime_id
+                .as_deref()
+                .and_then(|rt| st.backend.manager().end_of(rt))
+                .map_or_else(|| "its sandbox was removed".to_string(), |r| r.to_string());
+            st.runs.fail_session(&row.id, &reason, RUN_STOP_WAIT).await;
+            end_row(st, &row, &reason).await;
         }
     }
 }

@@ -163,7 +163,12 @@ impl McpLedger {
                     None => match manager.runtime().find(rt).await {
                         Ok(None) => {
                             self.open().remove(rt);
-                            "its sandbox is gone"
+                            // Why, if this replica's manager heard it (a vanish it missed
+                            // the event of).
+                            manager.end_of(rt).map_or_else(
+                                || "its sandbox is gone".to_string(),
+                                |r| r.to_string(),
+                            )
                         }
                         Ok(Some(_)) => continue,
                         Err(e) => {
@@ -177,9 +182,9 @@ impl McpLedger {
                 {
                     continue;
                 }
-                (None, _) => "its sandbox was never made",
+                (None, _) => "its sandbox was never made".to_string(),
             };
-            self.end_row(&row.id, reason).await;
+            self.end_row(&row.id, &reason).await;
         }
         let cutoff = now.saturating_sub(self.keep_alive_ms().saturating_mul(2));
         if let Err(e) = self.store.purge_mcp_sessions(cutoff).await {

@@ -517,6 +517,22 @@ impl RunService {
             .await;
     }
 
+    /// `fail_session` for a sweep that must not stall (at start-up, before the port is
+    /// bound, and in the upkeep): waits (at most `wait`) only for the runs driven here. The
+    /// others get the fail request in their rows: a live driver ends them failed when it
+    /// reads it, and whoever takes over a dead driver's run ends it failed too
+    /// (control.rs's `interrupt`), so nothing is gained by waiting for them.
+    pub async fn fail_session_here(&self, session_id: &str, why: &str, wait: Duration) {
+        tracing::info!(session = %session_id, %why, "the session's sandbox is gone under its runs");
+        let stop = Stop::SessionEnded(why.to_string());
+        let local = self.stop_local_as(|r| r.session_id == session_id, &stop);
+        let scope = RunScope::Session(session_id.to_string());
+        self.request_stop(scope, &stop).await;
+        for run in local {
+            let _ = tokio::time::timeout(wait, run.ended.cancelled()).await;
+        }
+    }
+
     /// Cancels every run in flight here in the manager's session `runtime_id` (its row ended
     /// elsewhere) and waits (at most `wait`) for their endings.
     pub async fn cancel_runtime(&self, runtime_id: &str, wait: Duration) {
@@ -571,17 +587,9 @@ impl RunService {
         wait: Duration,
     ) {
         self.stop_local_as(here, why);
-        let request = why.request().to_column();
-        let ids = match self.store.request_cancel(scope, &request).await {
-            Ok(ids) => ids,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot ask other replicas to cancel runs");
-                return;
-            }
+        let Some(ids) = self.request_stop(scope, why).await else {
+            return;
         };
-        for id in &ids {
-            self.wakes.wake(id).await;
-        }
         let (store, wanted) = (&self.store, &ids);
         let all_ended = move || async move {
             for id in wanted {
@@ -601,6 +609,24 @@ impl RunService {
         {
             tracing::warn!(runs = ?ids, "runs asked to cancel have not all ended yet");
         }
+    }
+
+    /// Asks the drivers of the runs of `scope` still in flight, wherever they are, to stop
+    /// as `why` says (in their rows) and wakes them; the ids asked, or None when the store
+    /// failed.
+    async fn request_stop(&self, scope: RunScope, why: &Stop) -> Option<Vec<String>> {
+        let request = why.request().to_column();
+        let ids = match self.store.request_cancel(scope, &request).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot ask other replicas to cancel runs");
+                return None;
+            }
+        };
+        for id in &ids {
+            self.wakes.wake(id).await;
+        }
+        Some(ids)
     }
 
     /// Shutdown: every run in flight is stopped (it ends `interrupted`); waits at most `wait`
