@@ -101,9 +101,21 @@ impl Cluster {
     /// `start`, with `sessions` (keys of `[sessions]`: `Env::new` writes its extra text right
     /// under that table) at the head of the config.
     async fn start_with(n: usize, llm: &FakeLlm, sessions: &str, extra: &str) -> Option<Cluster> {
+        Self::start_leased(n, llm, sessions, LEASE_SECS, extra).await
+    }
+
+    /// `start_with`, the replicas' leases lasting `lease_secs` (a test that stops a replica
+    /// for a while without its runs being taken over).
+    pub(crate) async fn start_leased(
+        n: usize,
+        llm: &FakeLlm,
+        sessions: &str,
+        lease_secs: u64,
+        extra: &str,
+    ) -> Option<Cluster> {
         let db = Db::create()?;
         let config = format!(
-            "{sessions}{}[store]\nurl = {:?}\n[server]\nlease_secs = {LEASE_SECS}\ndrain_secs = 2\nupload_limit_mb = 4\nauth_failures_per_minute = 10000\n{extra}",
+            "{sessions}{}[store]\nurl = {:?}\n[server]\nlease_secs = {lease_secs}\ndrain_secs = 2\nupload_limit_mb = 4\nauth_failures_per_minute = 10000\n{extra}",
             llm_config(llm),
             db.url
         );
@@ -124,11 +136,16 @@ impl Cluster {
         self.envs[0].add_user(name, args)
     }
 
+    /// The ids of the users `add_user` made.
+    pub(crate) fn user_ids(&self) -> Vec<String> {
+        self.envs[0].user_ids()
+    }
+
     pub(crate) fn serve(&self, i: usize) -> &Serve {
         self.serves[i].as_ref().expect("replica running")
     }
 
-    fn api(&self, i: usize, key: &str) -> Api {
+    pub(crate) fn api(&self, i: usize, key: &str) -> Api {
         Api::new(self.serve(i), key)
     }
 
@@ -143,7 +160,7 @@ impl Cluster {
         self.serves[i] = Some(self.envs[i].start());
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         let mut out = String::new();
         for (i, s) in self.serves.iter().enumerate() {
             if let Some(s) = s {

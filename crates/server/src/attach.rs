@@ -25,10 +25,10 @@
 //! The sweep (`sweep`, at start and every upkeep) does each job once across replicas: a
 //! running session no live replica holds is attached by one replica, chosen by hashing its
 //! id over the live replicas (an orphan after a replica died, or after every replica
-//! restarted); a row whose container is gone ends, whoever notices; a row still `creating`
-//! whose replica is dead ends; a container no active row names is removed only if the
-//! replica that made it is dead (a live replica's containers are its own business: its
-//! creates in flight, its warm pool).
+//! restarted); a row whose container is gone ends, whoever notices (its runs fail, saying
+//! why); a row still `creating` whose replica is dead ends; a container no active row names
+//! is removed only if the replica that made it is dead (a live replica's containers are its
+//! own business: its creates in flight, its warm pool).
 
 use sandboxd_core::config::{AuditConfig, Config};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -330,7 +330,21 @@ pub async fn sweep(st: &AppState, at_start: bool) -> anyhow::Result<Swept> {
             }
             (_, SessionState::Running) => match found {
                 None => {
-                    end_row(st, row, "its container is gone", &mut out).await;
+                    // Its runs fail, on every replica, saying why: what the vanish watch
+                    // told if this replica heard it (a slower end than this sweep), else
+                    // that it is gone.
+                    let why = row
+                        .runtime_id
+                        .as_deref()
+                        .and_then(|rt| st.backend.manager().end_of(rt))
+                        .map_or_else(|| "its container is gone".to_string(), |r| r.to_string());
+                    // Stopped once, by the fail request, without waiting for runs driven
+                    // elsewhere: at start-up (before the port is bound) none is driven
+                    // here, and a dead driver's run is failed by whoever takes it over.
+                    st.runs
+                        .fail_session_here(&row.id, &why, Duration::from_secs(10))
+                        .await;
+                    record_end(st, row, &why, &mut out).await;
                     if let Some(rt) = &row.runtime_id {
                         st.backend.manager().session_ended(rt).await;
                     }
@@ -433,11 +447,17 @@ async fn left_by_hibernation(
     }
 }
 
+/// Cancels the runs still in the session, then ends its row (`record_end`).
 async fn end_row(st: &AppState, row: &SessionRow, why: &str, out: &mut Swept) {
-    tracing::info!(session = %row.id, reason = %why, "ending a stored session");
     st.runs
         .cancel_session(&row.id, Duration::from_secs(10))
         .await;
+    record_end(st, row, why, out).await;
+}
+
+/// Ends the session's row with why, its runs already stopped.
+async fn record_end(st: &AppState, row: &SessionRow, why: &str, out: &mut Swept) {
+    tracing::info!(session = %row.id, reason = %why, "ending a stored session");
     match crate::audit::end(st, &crate::audit::Who::system(), &row.id, why).await {
         Ok(true) => out.ended.push((row.id.clone(), why.to_string())),
         Ok(false) => {}

@@ -11,11 +11,14 @@
 //! its reason.
 //!
 //! A sandbox that ended outside sandboxd (deleted, evicted, OOM-killed: `EndReason::Vanished`,
-//! the manager's watch of the runtime) fails the runs still in it with that reason; a
-//! hibernated session's container, which hibernation removes on purpose, is not an end.
+//! the manager's watch of the runtime) fails the runs still in it with that reason, whichever
+//! replica drives them (the others through a fail request in the run's row, runs/control.rs);
+//! an /mcp sandbox's row ends with that reason too. A hibernated session's container, which
+//! hibernation removes on purpose, is not an end.
 //!
 //! A listener that lags behind the events has lost some: it then ends the running API rows
-//! whose container is gone from the engine, and the ledger sweeps its own. An idle end is
+//! whose container is gone from the engine, their runs failed with why (the manager's
+//! reason if it kept one), and the ledger sweeps its own. An idle end is
 //! written by the reaper's conditional update itself (attach.rs), so its row is no longer
 //! active when its event comes.
 
@@ -49,7 +52,7 @@ pub fn spawn_listener(st: Arc<AppState>) -> tokio::task::JoinHandle<()> {
             match next {
                 Ok(ended) => {
                     crate::metering::on_end(&st, &ended).await;
-                    st.mcp.ledger().on_end(&ended.id).await;
+                    st.mcp.ledger().on_end(&ended).await;
                     api_ended(&st, &ended).await;
                 }
                 Err(RecvError::Lagged(missed)) => {
@@ -92,7 +95,7 @@ async fn api_ended(st: &AppState, ended: &Ended) {
         if row.hibernated() {
             return;
         }
-        // The sandbox went under its runs: they fail, saying why.
+        // The sandbox went under its runs: they fail, saying why, on every replica.
         st.runs.fail_session(&row.id, &reason, RUN_STOP_WAIT).await;
     }
     end_row(st, row, &reason).await;
@@ -118,7 +121,15 @@ async fn api_sweep(st: &AppState) {
                 .as_ref()
                 .is_some_and(|rt| !containers.contains(rt));
         if gone {
-            end_row(st, &row, "its sandbox was removed").await;
+            // Its runs fail with why, as when the end is heard: the watch's reason if this
+            // replica's manager kept it, else that it was removed.
+            let reason = row
+                .runtime_id
+                .as_deref()
+                .and_then(|rt| st.backend.manager().end_of(rt))
+                .map_or_else(|| "its sandbox was removed".to_string(), |r| r.to_string());
+            st.runs.fail_session(&row.id, &reason, RUN_STOP_WAIT).await;
+            end_row(st, &row, &reason).await;
         }
     }
 }

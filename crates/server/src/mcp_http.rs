@@ -175,6 +175,9 @@ impl HttpServer {
 
         // The manager's one reaper removes idle sessions of every kind, stateless ones too.
         let reaper = state.manager.spawn_reaper();
+        // A sandbox that ends outside sandboxd ends its session at once: the client's next
+        // call says why (lazy.rs) instead of failing on a dead container.
+        let vanish = state.manager.spawn_vanish_watch();
         let pool = state.manager.spawn_pool();
 
         let stop = shutdown.clone();
@@ -182,6 +185,7 @@ impl HttpServer {
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await;
         reaper.abort();
+        vanish.abort();
         if let Some(pool) = pool {
             pool.abort();
         }

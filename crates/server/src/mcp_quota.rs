@@ -4,8 +4,10 @@
 //!
 //! `UserAdmission` is the `Admission` of one user's MCP server. `McpLedger` keeps the rows of
 //! the sandboxes alive now (by the manager's session id) and ends a row however its sandbox
-//! goes: closed by the client (the admission hears it), or removed by the manager itself
-//! (the idle reaper, the memory budget: `on_end`, fed by the manager's end events, ends.rs);
+//! goes: closed by the client (the admission hears it), removed by the manager itself (the
+//! idle reaper, the memory budget: `on_end`, fed by the manager's end events, ends.rs), or
+//! ended outside sandboxd (removed, evicted, OOM-killed: the vanish watch's end event, whose
+//! reason the row keeps);
 //! the periodic `sweep` catches anything both missed (a lagged event, a sandbox another
 //! replica held). MCP sandboxes never outlive the replica that serves them: the start-up
 //! sweep (attach.rs) ends the `mcp` rows no live replica holds.
@@ -32,6 +34,7 @@ use crate::AppState;
 use crate::audit::Who;
 use sandboxd_core::config::Config;
 use sandboxd_core::sandbox::SessionManager;
+use sandboxd_core::sandbox::ends::{EndReason, Ended};
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::store::{SessionKind, SessionRow, SessionState, Store, now_ms};
 
@@ -105,16 +108,19 @@ impl McpLedger {
         }
     }
 
-    /// The manager ended session `runtime_id` (its sandbox is gone): end its row, if it is one.
-    pub async fn on_end(&self, runtime_id: &str) {
-        let row = self.open().remove(runtime_id);
-        if let Some(row) = row {
-            self.end_row(
-                &row,
-                "its sandbox was removed (idle, over the memory budget, or its user removed)",
-            )
-            .await;
-        }
+    /// The manager ended a session (its sandbox is gone): end its row, if it is one, with
+    /// why when the sandbox went outside sandboxd (removed, evicted, OOM-killed).
+    pub async fn on_end(&self, ended: &Ended) {
+        let row = self.open().remove(&ended.id);
+        let Some(row) = row else {
+            return;
+        };
+        let reason = match &ended.reason {
+            why @ EndReason::Vanished(_) => why.to_string(),
+            _ => "its sandbox was removed (idle, over the memory budget, or its user removed)"
+                .to_string(),
+        };
+        self.end_row(&row, &reason).await;
     }
 
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
@@ -157,7 +163,12 @@ impl McpLedger {
                     None => match manager.runtime().find(rt).await {
                         Ok(None) => {
                             self.open().remove(rt);
-                            "its sandbox is gone"
+                            // Why, if this replica's manager heard it (a vanish it missed
+                            // the event of).
+                            manager.end_of(rt).map_or_else(
+                                || "its sandbox is gone".to_string(),
+                                |r| r.to_string(),
+                            )
                         }
                         Ok(Some(_)) => continue,
                         Err(e) => {
@@ -171,9 +182,9 @@ impl McpLedger {
                 {
                     continue;
                 }
-                (None, _) => "its sandbox was never made",
+                (None, _) => "its sandbox was never made".to_string(),
             };
-            self.end_row(&row.id, reason).await;
+            self.end_row(&row.id, &reason).await;
         }
         let cutoff = now.saturating_sub(self.keep_alive_ms().saturating_mul(2));
         if let Err(e) = self.store.purge_mcp_sessions(cutoff).await {

@@ -5,6 +5,10 @@
 //! Every call goes through `SessionManager::get`, which marks the session as used (so the
 //! idle reaper only takes sessions nobody calls) and notices a session the reaper already
 //! removed: the next call then gets a fresh container (admitted anew), and a warning is logged.
+//! A sandbox that ended outside sandboxd (removed, evicted, OOM-killed: the manager's vanish
+//! watch, `EndReason::Vanished`) took the client's files with it: the next call fails once,
+//! saying so, and the one after starts a fresh container. Either way the admission is told
+//! why the sandbox ended (`SessionManager::end_of`).
 //!
 //! Named by its MCP session (`session_for`), it first looks for the sandbox the front end
 //! recorded for that session (`Admission::recorded`): serve's replicas restore a session
@@ -17,6 +21,7 @@ use async_trait::async_trait;
 use tokio_util::task::TaskTracker;
 
 use super::admission::{Admission, Open, Ticket, attach_recorded, create_admitted};
+use crate::sandbox::ends::EndReason;
 use crate::sandbox::manager::Session;
 use crate::sandbox::{
     AttachedProcess, DirEntry, ExecOutput, ExecRequest, FileStat, Owner, Sandbox, SandboxError,
@@ -107,14 +112,22 @@ impl LazySandbox {
             match self.manager.get(&self.owner, &h.session.id).await {
                 Ok(s) => return Ok((s, false)),
                 Err(e) => {
-                    tracing::warn!(session = %h.session.id, error = %e, "the MCP session's sandbox is gone; creating a new one");
+                    tracing::warn!(session = %h.session.id, error = %e, "the MCP session's sandbox is gone");
                     if let Some(g) = slot.take() {
+                        let why = self.manager.end_of(&g.session.id);
                         self.admission
-                            .ended(
-                                &g.ticket,
-                                "its sandbox was removed (idle, or over the memory budget)",
-                            )
+                            .ended(&g.ticket, &gone_reason(why.as_ref()))
                             .await;
+                        // A sandbox that went outside sandboxd took the client's files
+                        // with it: this call says so; the next one starts a new sandbox.
+                        if let Some(EndReason::Vanished(kind)) = why {
+                            return Err(SandboxError::SandboxGone {
+                                session: g.session.id.clone(),
+                                message: format!(
+                                    "{kind}; its files are lost, and the next call starts a new, empty sandbox"
+                                ),
+                            });
+                        }
                         gone = Some(g.session.id.clone());
                     }
                 }
@@ -220,6 +233,15 @@ impl Drop for LazySandbox {
                 tracing::warn!("no runtime to remove an MCP sandbox; it will be reconciled")
             }
         }
+    }
+}
+
+/// What a front end records as the end of a sandbox that the manager no longer has: why it
+/// ended, when the manager announced it lately (`SessionManager::end_of`).
+pub(super) fn gone_reason(why: Option<&EndReason>) -> String {
+    match why {
+        Some(why) => why.to_string(),
+        None => "its sandbox was removed (idle, or over the memory budget)".to_string(),
     }
 }
 

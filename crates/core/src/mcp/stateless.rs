@@ -116,11 +116,9 @@ impl StatelessSandboxes {
             Ok(session) => Some((session, registry)),
             Err(_) => {
                 if let Some(e) = self.map.lock().await.remove(id) {
+                    let why = manager.end_of(&session_id);
                     admission
-                        .ended(
-                            &e.ticket,
-                            "its sandbox was removed (idle, or over the memory budget)",
-                        )
+                        .ended(&e.ticket, &super::lazy::gone_reason(why.as_ref()))
                         .await;
                 }
                 None

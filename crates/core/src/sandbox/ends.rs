@@ -5,7 +5,9 @@
 //! so an API client reads "idle for more than 60 s" where the manager's reaper took the
 //! session. The text names no backend and quotes nothing a client or a sandbox wrote.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Why the manager ended a session.
@@ -55,6 +57,35 @@ pub struct Ended {
     pub reading: Option<crate::store::Reading>,
 }
 
+/// How many ends `RecentEnds` remembers.
+const REMEMBERED: usize = 1024;
+
+/// The last ends a manager announced, so that whoever held a session can tell why it is
+/// gone when it next reaches for it (an MCP client's next call after its sandbox vanished
+/// says so instead of silently starting anew). Bounded: the oldest are forgotten first.
+#[derive(Default)]
+pub struct RecentEnds(Mutex<VecDeque<(String, EndReason)>>);
+
+impl RecentEnds {
+    /// Remembers that session `id` ended, and why.
+    pub fn note(&self, id: &str, reason: &EndReason) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.push_back((id.to_string(), reason.clone()));
+        while g.len() > REMEMBERED {
+            g.pop_front();
+        }
+    }
+
+    /// Why session `id` ended, if it did lately.
+    pub fn of(&self, id: &str) -> Option<EndReason> {
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.iter()
+            .rev()
+            .find(|(i, _)| i == id)
+            .map(|(_, r)| r.clone())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +100,19 @@ mod tests {
             EndReason::Idle(Duration::from_secs(600)).to_string(),
             "idle for more than 600 s"
         );
+    }
+
+    #[test]
+    fn recent_ends_say_why_a_session_went_and_forget_the_oldest() {
+        let ends = RecentEnds::default();
+        ends.note("a", &EndReason::MemoryBudget);
+        ends.note("a", &EndReason::Gone);
+        assert_eq!(ends.of("a"), Some(EndReason::Gone), "the latest end counts");
+        assert_eq!(ends.of("b"), None);
+        for i in 0..REMEMBERED {
+            ends.note(&i.to_string(), &EndReason::Removed);
+        }
+        assert_eq!(ends.of("a"), None, "forgotten after REMEMBERED newer ends");
+        assert_eq!(ends.of("0"), Some(EndReason::Removed));
     }
 }

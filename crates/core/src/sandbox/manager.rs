@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::ends::{EndReason, Ended};
+use super::ends::{EndReason, Ended, RecentEnds};
 use super::pool::Warm;
 use super::records::SessionRecords;
 use super::runtime::{Runtime, SandboxSpec, SandboxState};
@@ -207,6 +207,8 @@ pub struct SessionManager {
     /// Ended sessions and why, for whoever keeps its own books on them (`serve`'s rows);
     /// a subscriber that lags must look again itself.
     ends: tokio::sync::broadcast::Sender<Ended>,
+    /// The last ends announced (and vanished sandboxes taken out of the table), for `end_of`.
+    pub(super) recent_ends: RecentEnds,
     /// The replica this manager's process is, recorded on every sandbox it makes (`share`).
     replica: std::sync::OnceLock<String>,
     /// The books shared with other replicas, consulted before reaping and reconciling.
@@ -326,6 +328,7 @@ impl SessionManager {
             records,
             on_end: std::sync::OnceLock::new(),
             ends: tokio::sync::broadcast::channel(ENDS_BUFFERED).0,
+            recent_ends: RecentEnds::default(),
             replica: std::sync::OnceLock::new(),
             shared: std::sync::OnceLock::new(),
             templates: std::sync::OnceLock::new(),
@@ -369,6 +372,11 @@ impl SessionManager {
         self.ends.subscribe()
     }
 
+    /// Why session `id` ended, if this manager announced its end lately (`RecentEnds`).
+    pub fn end_of(&self, id: &str) -> Option<EndReason> {
+        self.recent_ends.of(id)
+    }
+
     /// Sets the hook told the id of every session this manager destroys (its sandbox
     /// removed) and of every one `session_ended` reports. Set once; a second call is ignored.
     pub fn on_session_end(&self, hook: EndHook) {
@@ -393,6 +401,7 @@ impl SessionManager {
         reason: EndReason,
         reading: Option<Reading>,
     ) {
+        self.recent_ends.note(session_id, &reason);
         // No subscriber is not an error.
         let _ = self.ends.send(Ended {
             id: session_id.to_string(),

@@ -252,6 +252,10 @@ impl SessionManager {
         }
         tracing::info!(session = %s.id, why = %report.kind, "the session's sandbox ended outside sandboxd");
         let reason = EndReason::Vanished(report.kind);
+        // Told as soon as it is an end (not for a session another replica hibernated or
+        // ended, forgotten above): a caller that finds the session gone from now on can
+        // also tell why (`end_of`), not only once the removal below announces it.
+        self.recent_ends.note(&s.id, &reason);
         if let Err(e) = self.destroy(&s.id, &s.handle, reason.clone()).await {
             // What is left could not be removed (the backend is out of reach): the session
             // is over all the same, and the reconciler removes the rest later.

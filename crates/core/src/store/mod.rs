@@ -33,8 +33,8 @@ pub use mcp_sessions::{McpSandbox, McpSessionRow, McpSessions};
 pub use metering::{Counted, DayUsage, Metering, Reading, SessionUsage, UsageQuery, UsageTotals};
 pub use replicas::{Replicas, new_replica_id};
 pub use runs::{
-    Appended, RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StoredEvent,
-    StoredQuestion, Turn,
+    Appended, RunControl, RunPage, RunPatch, RunQuery, RunRow, RunScope, RunState, StopRequest,
+    StoredEvent, StoredQuestion, Turn,
 };
 pub use snapshots::SessionSnapshots;
 pub use throttle::{AuthFailures, AuthWindow};

@@ -97,7 +97,8 @@ pub struct RunRow {
     /// The replica that drives the run (the only one whose events are accepted); None for a
     /// run stored before replicas existed.
     pub driver: Option<String>,
-    /// A cancel another replica asked for (its reason), for the driver to act on.
+    /// A stop another replica asked for, for the driver to act on: what to do, as
+    /// `StopRequest::to_column` wrote it (`stop_request` reads it).
     pub cancel: Option<String>,
     /// An answer to the pending question posted on any replica, not yet taken by the driver.
     pub reply: Option<String>,
@@ -107,6 +108,11 @@ pub struct RunRow {
 }
 
 impl RunRow {
+    /// The stop another replica asked for, if any.
+    pub fn stop_request(&self) -> Option<StopRequest> {
+        self.cancel.as_deref().map(StopRequest::from_column)
+    }
+
     /// A run as `insert_run` records it: queued, nothing done or spent, no event yet.
     pub fn queued(
         id: impl Into<String>,
@@ -213,6 +219,39 @@ pub struct RunPage {
     pub next: Option<i64>,
 }
 
+/// What a stop request left in a run's row (`RunRow::cancel`, `RunControl::request_cancel`)
+/// asks its driver to do. The stores keep the text as it is; a replica of an earlier version
+/// that finds a fail request cancels the run (it only asks whether there is one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopRequest {
+    /// End it `cancelled`: a user's cancel, its session deleted, its user removed.
+    Cancel,
+    /// End it `failed`, saying why: its session's sandbox ended under it (removed, evicted,
+    /// OOM-killed outside sandboxd), as the replica that heard of the end tells it.
+    Fail(String),
+}
+
+/// How a fail request starts in the row; anything else is a cancel.
+const FAIL_REQUEST: &str = "fail: ";
+
+impl StopRequest {
+    /// The text the row keeps.
+    pub fn to_column(&self) -> String {
+        match self {
+            StopRequest::Cancel => "user".to_string(),
+            StopRequest::Fail(why) => format!("{FAIL_REQUEST}{why}"),
+        }
+    }
+
+    /// What a row's text asks for.
+    pub fn from_column(text: &str) -> StopRequest {
+        match text.strip_prefix(FAIL_REQUEST) {
+            Some(why) => StopRequest::Fail(why.to_string()),
+            None => StopRequest::Cancel,
+        }
+    }
+}
+
 /// Which runs a cancel request is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunScope {
@@ -255,8 +294,8 @@ pub trait RunControl: Send + Sync {
     /// replicas calling it at once, each run goes to exactly one.
     async fn take_over_orphans(&self, me: &str) -> Result<Vec<RunRow>, StoreError>;
 
-    /// Asks the driver of the runs in flight in `scope` to cancel them with `reason` (a
-    /// request already made is kept); returns their ids.
+    /// Asks the driver of the runs in flight in `scope` to stop them as `reason` says (a
+    /// `StopRequest::to_column`; a request already made is kept); returns their ids.
     async fn request_cancel(
         &self,
         scope: RunScope,

@@ -9,6 +9,7 @@ use sandboxd_core::mcp::{ServerState, serve_stdio};
 use sandboxd_core::sandbox::Owner;
 use sandboxd_server::mcp_http::{HttpServer, resolve_token};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::Ctx;
 
@@ -60,6 +61,10 @@ pub(crate) async fn main(ctx: Ctx, args: McpArgs) -> anyhow::Result<ExitCode> {
             // An idle stdio client's container goes after [sessions] idle_timeout_secs; its
             // next call gets a fresh one.
             let _reaper = manager.spawn_reaper();
+            // One that ends outside sandboxd (`docker rm -f`, an OOM kill, an evicted pod)
+            // ends its session at once, so the client's next call says why (core's
+            // mcp/lazy.rs). Stopped when this returns.
+            let _vanish = AbortOnDropHandle::new(manager.spawn_vanish_watch());
             let _pool = manager.spawn_pool();
             tokio::select! {
                 r = serve_stdio(state) => r.context("the MCP stdio server failed")?,

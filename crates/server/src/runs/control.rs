@@ -2,8 +2,9 @@
 //!
 //! The control loop (one per replica) re-reads the rows of the runs this replica drives
 //! whenever a control wake-up (`Wake::Control`: a cancel request, an answer) names one of
-//! them or `WAKE_ALL` comes, and at least every `wait::POLL` while it drives any: a cancel
-//! request (`cancel`) stops the run, a posted answer (`reply`) goes to its pending
+//! them or `WAKE_ALL` comes, and at least every `wait::POLL` while it drives any: a stop
+//! request (`cancel`) stops the run as it asks (cancelled, or failed with why its sandbox
+//! went: `StopRequest`), a posted answer (`reply`) goes to its pending
 //! question, and a run whose row no longer names this replica is stopped as lost. A fenced
 //! replica (its lease ran out) stops every run it drives at once.
 //!
@@ -28,6 +29,7 @@ use super::journal::Journal;
 use super::wait::POLL;
 use super::{LiveRun, RunService, RunServiceError, Stop};
 use sandboxd_core::agent::{EventKind, FinishReason};
+use sandboxd_core::store::StopRequest;
 use sandboxd_core::store::{RunPatch, RunRow, RunState, Store, StoreError, Wake, now_ms};
 
 /// How long POST …/answer waits for the driver to take the answer before taking it back.
@@ -112,8 +114,8 @@ impl RunService {
                 }
                 continue;
             };
-            if row.cancel.is_some() {
-                run.stop(Stop::User);
+            if let Some(request) = row.stop_request() {
+                run.stop(Stop::requested(request));
             }
             if let (Some(reply), Some(q)) = (&row.reply, &row.question) {
                 run.hand_reply(q.asked_at, reply.clone());
@@ -232,10 +234,20 @@ impl RunService {
 }
 
 /// Ends a run this replica drives (or just took over) `interrupted`: `run_finished
-/// {kind: interrupted}` and `run_state interrupted` after its kept events.
+/// {kind: interrupted}` and `run_state interrupted` after its kept events. One whose
+/// sandbox ended under it (a fail request in its row, left for a driver that died) ends
+/// `failed` saying why, as its driver would have.
 async fn interrupt(store: &Arc<dyn Store>, me: &str, row: RunRow) -> Result<(), StoreError> {
     let journal = Journal::new(store.clone(), row.id.clone(), row.last_seq, me.to_string());
-    let reason = FinishReason::Interrupted;
+    let (reason, state) = match row.stop_request() {
+        Some(StopRequest::Fail(why)) => (
+            FinishReason::Error {
+                message: format!("the session ended: {why}"),
+            },
+            RunState::Failed,
+        ),
+        _ => (FinishReason::Interrupted, RunState::Interrupted),
+    };
     journal
         .emit(
             EventKind::RunFinished {
@@ -250,7 +262,7 @@ async fn interrupt(store: &Arc<dyn Store>, me: &str, row: RunRow) -> Result<(), 
         )
         .await?;
     let patch = RunPatch {
-        state: Some(RunState::Interrupted),
+        state: Some(state),
         outcome: serde_json::to_value(&reason).ok(),
         question: Some(None),
         ended_at: Some(now_ms()),
@@ -259,7 +271,7 @@ async fn interrupt(store: &Arc<dyn Store>, me: &str, row: RunRow) -> Result<(), 
     journal
         .emit(
             EventKind::RunState {
-                state: RunState::Interrupted.as_str().into(),
+                state: state.as_str().into(),
             },
             patch,
         )

@@ -9,8 +9,9 @@
 //! replicas never both drive a run and a replica that lost its lease stops at its next event.
 //! Runs of one session take turns in insert order, wherever they were posted: a run waits,
 //! `queued`, until no earlier run of its session is in flight (wait.rs is the one way it
-//! waits for the store). Cancel requests and answers reach the driver through the run's row
-//! (`cancel`, `reply`), which the driver's control loop reads (control.rs); the control loop
+//! waits for the store). Stop requests (cancel it, or fail it because its session's sandbox
+//! went: `StopRequest`) and answers reach the driver through the run's row (`cancel`,
+//! `reply`), which the driver's control loop reads (control.rs); the control loop
 //! also interrupts the runs of replicas whose lease ran out (one replica takes each over).
 //!
 //! A run is `LiveRun` in the process that drives it; its journal (journal.rs) numbers and
@@ -44,7 +45,7 @@ use sandboxd_core::agent::profiles::Profile;
 use sandboxd_core::agent::{Event, EventKind, FinishReason, RunContext, new_run_id};
 use sandboxd_core::sandbox::manager::Session;
 use sandboxd_core::store::{
-    Appended, RunPatch, RunRow, RunScope, RunState, Store, StoreError, Turn, now_ms,
+    Appended, RunPatch, RunRow, RunScope, RunState, StopRequest, Store, StoreError, Turn, now_ms,
 };
 
 /// What a run does: one agent run, or the planning flow.
@@ -84,8 +85,24 @@ pub enum Stop {
     Lost,
 }
 
-/// The reason a cancel request names in a run's row (the only one there is).
-const CANCEL_BY_USER: &str = "user";
+impl Stop {
+    /// The stop a request left in the run's row asks for (control.rs).
+    fn requested(request: StopRequest) -> Stop {
+        match request {
+            StopRequest::Cancel => Stop::User,
+            StopRequest::Fail(why) => Stop::SessionEnded(why),
+        }
+    }
+
+    /// What a request in the row asks the driver of a run stopped this way elsewhere for:
+    /// a run whose sandbox went fails with why on every replica, any other stop cancels.
+    fn request(&self) -> StopRequest {
+        match self {
+            Stop::SessionEnded(why) => StopRequest::Fail(why.clone()),
+            _ => StopRequest::Cancel,
+        }
+    }
+}
 
 /// A pending question's answer slot: the question's `asked_at` (so an answer posted to an
 /// earlier question is never handed to a later one) and where the answer goes.
@@ -501,14 +518,31 @@ impl RunService {
             .await;
     }
 
-    /// Stops the runs driven here in the session whose sandbox ended under them (they end
-    /// failed, saying `why`), then cancels the rest as `cancel_session` does.
+    /// Stops every run of the session in flight, on any replica, whose sandbox ended under
+    /// them: they end failed, saying `why` (the drivers elsewhere are asked to fail them
+    /// through their rows), and waits (at most `wait`) for their endings.
     pub async fn fail_session(&self, session_id: &str, why: &str, wait: Duration) {
+        tracing::info!(session = %session_id, %why, "the session's sandbox ended under its runs");
+        let scope = RunScope::Session(session_id.to_string());
         let stop = Stop::SessionEnded(why.to_string());
-        for run in self.stop_local_as(|r| r.session_id == session_id, &stop) {
-            tracing::info!(run = %run.id, %why, "the run's session ended under it");
+        self.stop_scope(scope, |r| r.session_id == session_id, &stop, wait)
+            .await;
+    }
+
+    /// `fail_session` for a sweep that must not stall (at start-up, before the port is
+    /// bound, and in the upkeep): waits (at most `wait`) only for the runs driven here. The
+    /// others get the fail request in their rows: a live driver ends them failed when it
+    /// reads it, and whoever takes over a dead driver's run ends it failed too
+    /// (control.rs's `interrupt`), so nothing is gained by waiting for them.
+    pub async fn fail_session_here(&self, session_id: &str, why: &str, wait: Duration) {
+        tracing::info!(session = %session_id, %why, "the session's sandbox is gone under its runs");
+        let stop = Stop::SessionEnded(why.to_string());
+        let local = self.stop_local_as(|r| r.session_id == session_id, &stop);
+        let scope = RunScope::Session(session_id.to_string());
+        self.request_stop(scope, &stop).await;
+        for run in local {
+            let _ = tokio::time::timeout(wait, run.ended.cancelled()).await;
         }
-        self.cancel_session(session_id, wait).await;
     }
 
     /// Cancels every run in flight here in the manager's session `runtime_id` (its row ended
@@ -549,20 +583,25 @@ impl RunService {
         runs
     }
 
-    /// Stops the runs of `scope` driven here at once, asks the drivers of the others (in
-    /// their rows), then waits until every one of them has ended, by the store.
+    /// Cancels the runs of `scope` on any replica (`stop_scope` with a user's stop).
     async fn cancel_scope(&self, scope: RunScope, here: impl Fn(&LiveRun) -> bool, wait: Duration) {
-        self.stop_local(here);
-        let ids = match self.store.request_cancel(scope, CANCEL_BY_USER).await {
-            Ok(ids) => ids,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot ask other replicas to cancel runs");
-                return;
-            }
+        self.stop_scope(scope, here, &Stop::User, wait).await;
+    }
+
+    /// Stops the runs of `scope` driven here at once as `why` says, asks the drivers of the
+    /// others to do the same (in their rows: `Stop::request`), then waits until every one
+    /// of them has ended, by the store.
+    async fn stop_scope(
+        &self,
+        scope: RunScope,
+        here: impl Fn(&LiveRun) -> bool,
+        why: &Stop,
+        wait: Duration,
+    ) {
+        self.stop_local_as(here, why);
+        let Some(ids) = self.request_stop(scope, why).await else {
+            return;
         };
-        for id in &ids {
-            self.wakes.wake(id).await;
-        }
         let (store, wanted) = (&self.store, &ids);
         let all_ended = move || async move {
             for id in wanted {
@@ -582,6 +621,24 @@ impl RunService {
         {
             tracing::warn!(runs = ?ids, "runs asked to cancel have not all ended yet");
         }
+    }
+
+    /// Asks the drivers of the runs of `scope` still in flight, wherever they are, to stop
+    /// as `why` says (in their rows) and wakes them; the ids asked, or None when the store
+    /// failed.
+    async fn request_stop(&self, scope: RunScope, why: &Stop) -> Option<Vec<String>> {
+        let request = why.request().to_column();
+        let ids = match self.store.request_cancel(scope, &request).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot ask other replicas to cancel runs");
+                return None;
+            }
+        };
+        for id in &ids {
+            self.wakes.wake(id).await;
+        }
+        Some(ids)
     }
 
     /// Shutdown: every run in flight is stopped (it ends `interrupted`); waits at most `wait`

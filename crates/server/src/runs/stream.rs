@@ -413,4 +413,34 @@ mod tests {
             ["notice", "run_finished", "run_state"]
         );
     }
+
+    /// A gone replica's run whose sandbox ended under it (a fail request left in its row for
+    /// the driver that died) ends `failed` saying why, not `interrupted`.
+    #[tokio::test]
+    async fn a_gone_replicas_run_asked_to_fail_ends_failed_saying_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        let why = "its sandbox was removed outside sandboxd";
+        let fail = sandboxd_core::store::StopRequest::Fail(why.into()).to_column();
+        let scope = sandboxd_core::store::RunScope::Run("run-1".into());
+        assert_eq!(
+            store.request_cancel(scope, &fail).await.unwrap(),
+            vec!["run-1".to_string()]
+        );
+        let me = Replica::register(store.as_ref(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        store.replica_leave(DRIVER).await.unwrap();
+        let ended = RunService::interrupt_orphans(&store, me.id())
+            .await
+            .unwrap();
+        assert_eq!(ended, vec!["run-1".to_string()]);
+        let row = store.run("run-1").await.unwrap().unwrap();
+        assert_eq!(row.state, RunState::Failed);
+        let outcome = row.outcome.unwrap().to_string();
+        assert!(
+            outcome.contains(&format!("the session ended: {why}")),
+            "{outcome}"
+        );
+    }
 }

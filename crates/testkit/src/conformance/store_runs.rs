@@ -1,14 +1,15 @@
 //! The store conformance cases of `RunControl`: how replicas on one store share runs. A
 //! session's runs take turns in insert order (also when inserted concurrently), an event is
 //! accepted only from the run's driver while its lease is live and the run is in flight, a
-//! dead replica's runs go to exactly one of two replicas taking them over at once, and cancel
-//! requests and answers round-trip through the row.
+//! dead replica's runs go to exactly one of two replicas taking them over at once, and stop
+//! requests (a cancel, a fail with its reason: the first one stands) and answers round-trip
+//! through the row.
 
 use std::collections::BTreeSet;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use sandboxd_core::store::{
-    RunPatch, RunScope, RunState, Store, StoreError, StoredQuestion, Turn, now_ms,
+    RunPatch, RunScope, RunState, StopRequest, Store, StoreError, StoredQuestion, Turn, now_ms,
 };
 
 use super::store::{
@@ -303,37 +304,50 @@ pub(super) async fn case_run_cancel_and_reply(f: &dyn StoreFactory) -> Result<()
         store.insert_run(run_row(id, s, owner), 10).await?;
     }
     end(&*store, "done", 0, RunState::Succeeded).await?;
-    let cancel = |scope: RunScope, reason: &'static str| {
+    let cancel = |scope: RunScope, reason: String| {
         let store = store.clone();
         async move {
-            let mut ids = store.request_cancel(scope, reason).await?;
+            let mut ids = store.request_cancel(scope, &reason).await?;
             ids.sort();
             Ok::<_, StoreError>(ids)
         }
     };
+    let user = StopRequest::Cancel.to_column();
     ensure!(
-        cancel(RunScope::Run("r1".into()), "user").await? == ["r1"],
+        cancel(RunScope::Run("r1".into()), user.clone()).await? == ["r1"],
         "one run"
     );
     ensure!(
-        must_run(&*store, "r1").await?.cancel.as_deref() == Some("user"),
+        must_run(&*store, "r1").await?.stop_request() == Some(StopRequest::Cancel),
         "the request is in the row"
     );
     ensure!(
         must_run(&*store, "r2").await?.cancel.is_none(),
         "and only in that run's"
     );
+    // A fail request (its session's sandbox went) keeps its reason whole, and is the one
+    // that stands when a cancel follows it (serve ends the row after failing its runs).
+    let why = "its sandbox was evicted: The node was low on resource: memory.";
+    let fail = StopRequest::Fail(why.into());
     ensure!(
-        cancel(RunScope::Session("s1".into()), "other").await? == ["r1", "r2"],
+        cancel(RunScope::Session("s1".into()), fail.to_column()).await? == ["r1", "r2"],
         "a session's runs in flight"
     );
     ensure!(
-        must_run(&*store, "r1").await?.cancel.as_deref() == Some("user"),
-        "the first request's reason stands"
+        must_run(&*store, "r1").await?.stop_request() == Some(StopRequest::Cancel),
+        "the first request stands"
     );
     ensure!(
-        cancel(RunScope::Owner(alice.clone()), "user").await? == ["r1", "r2", "r3"],
+        must_run(&*store, "r2").await?.stop_request() == Some(fail.clone()),
+        "a fail request is kept with its reason"
+    );
+    ensure!(
+        cancel(RunScope::Owner(alice.clone()), user).await? == ["r1", "r2", "r3"],
         "an owner's runs in flight, not an ended one nor another owner's"
+    );
+    ensure!(
+        must_run(&*store, "r2").await?.stop_request() == Some(fail),
+        "a cancel after a fail request leaves the fail"
     );
     ensure!(
         must_run(&*store, "r4").await?.cancel.is_none(),
