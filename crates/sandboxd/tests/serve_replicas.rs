@@ -137,10 +137,6 @@ impl Cluster {
     }
 
     /// The ids of the users `add_user` made.
-    pub(crate) fn user_ids(&self) -> Vec<String> {
-        self.envs[0].user_ids()
-    }
-
     pub(crate) fn serve(&self, i: usize) -> &Serve {
         self.serves[i].as_ref().expect("replica running")
     }
