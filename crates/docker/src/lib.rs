@@ -15,14 +15,14 @@ use bollard::models::{
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder, StartContainerOptions, StatsOptionsBuilder,
+    RemoveContainerOptionsBuilder, StartContainerOptions,
 };
-use futures::StreamExt;
 
 use sandboxd_core::config::Limits;
 use sandboxd_core::sandbox::runtime::{FoundSandbox, Runtime, SandboxSpec, meta_key};
 use sandboxd_core::sandbox::{Sandbox, SandboxError, SandboxState, Usage, host};
 
+mod cgroup;
 mod exec;
 pub mod image;
 mod labels;
@@ -30,6 +30,7 @@ mod usage;
 mod watch;
 
 pub use exec::{DockerExec, DockerSandbox};
+pub use usage::{UsageReading, UsageSource};
 
 /// How the Docker backend names itself in errors.
 pub(crate) const BACKEND: &str = "Docker";
@@ -42,6 +43,8 @@ pub struct DockerRuntime {
     oci_runtime: Option<String>,
     /// Containers that end outside sandboxd, from the engine's events (watch.rs).
     watch: Arc<watch::Watch>,
+    /// Where this host keeps the containers' cgroup files, learned once (usage.rs).
+    cgroups: Arc<tokio::sync::OnceCell<Option<cgroup::Host>>>,
 }
 
 /// The engine client, named so that callers outside this module need not import bollard.
@@ -98,23 +101,7 @@ impl DockerRuntime {
             image,
             oci_runtime,
             watch: Arc::default(),
-        }
-    }
-
-    /// One reading of the container's stats (None: the engine sent none).
-    async fn stats_once(
-        &self,
-        handle: &str,
-        doing: &'static str,
-    ) -> Result<Option<bollard::models::ContainerStatsResponse>, SandboxError> {
-        let options = StatsOptionsBuilder::new()
-            .stream(false)
-            .one_shot(true)
-            .build();
-        let mut stream = self.docker.stats(handle, Some(options));
-        match stream.next().await {
-            None => Ok(None),
-            Some(stats) => stats.map(Some).map_err(|e| docker_err(doing, handle, e)),
+            cgroups: Arc::default(),
         }
     }
 
@@ -411,26 +398,20 @@ impl Runtime for DockerRuntime {
         }
     }
 
-    /// The cgroup's memory use without the reclaimable page cache, as `docker stats` shows.
+    /// The cgroup's memory use without the reclaimable page cache, as `docker stats` shows
+    /// (usage.rs: from the host's cgroup files, else the engine's stats).
     async fn memory_usage(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
-        let stats = self.stats_once(handle, "read the container's memory use");
-        Ok(stats.await?.as_ref().and_then(usage::memory_of))
+        self.memory_reading(handle).await
     }
 
-    /// The cgroup's CPU time (the engine counts nanoseconds; metering keeps microseconds).
+    /// The cgroup's CPU time in microseconds.
     async fn cpu_usage_usec(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
-        let stats = self.stats_once(handle, "read the container's CPU use");
-        Ok(stats.await?.as_ref().and_then(usage::cpu_of))
+        self.cpu_reading(handle).await
     }
 
-    /// Both from one stats call.
+    /// Both from one reading.
     async fn usage(&self, handle: &str) -> Result<Usage, SandboxError> {
-        let stats = self.stats_once(handle, "read the container's CPU and memory use");
-        Ok(stats
-            .await?
-            .as_ref()
-            .map(usage::usage_of)
-            .unwrap_or_default())
+        Ok(self.usage_reading(handle).await?.usage)
     }
 
     async fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {

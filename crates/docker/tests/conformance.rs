@@ -13,6 +13,14 @@ use sandboxd_testkit::conformance::{
 };
 
 async fn runtime() -> DockerRuntime {
+    let oci_runtime = std::env::var("SANDBOXD_DOCKER_RUNTIME")
+        .ok()
+        .filter(|r| !r.is_empty());
+    runtime_under(oci_runtime).await
+}
+
+/// The runtime on the real engine and image, under an OCI runtime (None: the engine's default).
+pub async fn runtime_under(oci_runtime: Option<String>) -> DockerRuntime {
     let engine = sandboxd_docker::connect()
         .await
         .expect("this test needs a running Docker engine (CI starts one)");
@@ -22,9 +30,6 @@ async fn runtime() -> DockerRuntime {
             .await
             .expect("the sandbox image is missing and could not be built"),
     };
-    let oci_runtime = std::env::var("SANDBOXD_DOCKER_RUNTIME")
-        .ok()
-        .filter(|r| !r.is_empty());
     DockerRuntime::new(engine, image, oci_runtime)
 }
 
