@@ -123,9 +123,9 @@ pub async fn hibernate(
     let manager = st.backend.manager();
     // Its last usage reading before its sandbox goes (a resumed one counts from zero), taken
     // beside the save: the session is idle, so the reading is the same before or after it,
-    // the save's own `tar` is sandboxd's work and not the user's, and Docker's one-shot stats
-    // wait up to a second for its collector's next tick when anything read the container's
-    // stats in the last second (the memory budget, the metering sampler).
+    // the save's own `tar` is sandboxd's work and not the user's, and a reading can be slow:
+    // where Docker's cgroup files are not on this host it is the engine's one-shot stats,
+    // which wait up to a second for its collector's next tick (docker/src/cgroup.rs).
     let (saved, reading) = tokio::join!(
         snapshot::save(
             session.sandbox.as_ref(),
