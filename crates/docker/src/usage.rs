@@ -31,7 +31,7 @@ pub struct UsageReading {
 impl DockerRuntime {
     /// Both measures, from the host's files when it can, else from the engine.
     pub async fn usage_reading(&self, handle: &str) -> Result<UsageReading, SandboxError> {
-        if let Some(usage) = self.from_host(handle, HostRead::Both).await {
+        if let Some(usage) = self.read_host(handle, HostRead::Both).await {
             return Ok(UsageReading {
                 usage,
                 source: UsageSource::HostCgroup,
@@ -51,7 +51,7 @@ impl DockerRuntime {
 
     /// The memory measure alone (the memory budget's reads).
     pub(crate) async fn memory_reading(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
-        if let Some(usage) = self.from_host(handle, HostRead::Memory).await {
+        if let Some(usage) = self.read_host(handle, HostRead::Memory).await {
             return Ok(usage.memory_bytes);
         }
         let stats = self.stats_once(handle, "read the container's memory use");
@@ -60,7 +60,7 @@ impl DockerRuntime {
 
     /// The CPU measure alone.
     pub(crate) async fn cpu_reading(&self, handle: &str) -> Result<Option<u64>, SandboxError> {
-        if let Some(usage) = self.from_host(handle, HostRead::Cpu).await {
+        if let Some(usage) = self.read_host(handle, HostRead::Cpu).await {
             return Ok(usage.cpu_usec);
         }
         let stats = self.stats_once(handle, "read the container's CPU use");
@@ -91,7 +91,7 @@ impl DockerRuntime {
     /// A reading from the host's files, None (after saying why at debug) when they cannot
     /// give it: the caller asks the engine. Read off the async workers: files of sysfs are
     /// quick but still blocking reads.
-    async fn from_host(&self, handle: &str, what: HostRead) -> Option<Usage> {
+    async fn read_host(&self, handle: &str, what: HostRead) -> Option<Usage> {
         let host = self.host_cgroups().await?.clone();
         let id = handle.to_string();
         let read = tokio::task::spawn_blocking(move || {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use sandboxd_core::config::Limits;
 use sandboxd_core::sandbox::runtime::SandboxSpec;
-use sandboxd_core::sandbox::{ExecRequest, Owner, Runtime, Sandbox, SandboxError};
+use sandboxd_core::sandbox::{ExecRequest, Owner, Runtime, SandboxError};
 use sandboxd_docker::{DockerRuntime, UsageReading, UsageSource};
 
 use crate::conformance::runtime_under;
@@ -103,6 +103,7 @@ async fn readings_of_a_busy_container(rt: DockerRuntime, what: &str) -> Result<(
     let (cpu2, memory2) = both(&after)?;
     let api_cpu = api.cpu_usec.context("no CPU from the API")?;
     let api_memory = api.memory_bytes.context("no memory from the API")?;
+    eprintln!("[usage] {what}: ours {grown:?} then {after:?}, the API's {api:?}");
     assert!(
         cpu1.saturating_sub(CPU_SLACK_USEC) <= api_cpu && api_cpu <= cpu2 + CPU_SLACK_USEC,
         "{what}: the API's CPU {api_cpu} µs is not between ours, {cpu1} and {cpu2}"
