@@ -2,6 +2,7 @@
 //! attached `docker exec`), and the container's liveness. Everything else a sandbox does is
 //! built on these two in exec_sandbox.rs.
 
+use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,6 +12,7 @@ use bollard::exec::{StartExecOptions, StartExecResults};
 use bollard::models::ExecConfig;
 use bollard::query_parameters::InspectContainerOptions;
 use futures::StreamExt;
+use tokio::io::AsyncWrite;
 
 use crate::{BACKEND, SANDBOX_USER, docker_err};
 use sandboxd_core::sandbox::exec_sandbox::{ExecBackend, ExecSandbox};
@@ -25,11 +27,23 @@ pub struct DockerExec {
     pub(super) container_id: String,
     /// For error messages: which session's container failed.
     pub(super) session_id: String,
+    /// A resume's container: its main process's stdin, until the restore takes it
+    /// (restore.rs).
+    pub(super) main_stdin: std::sync::Mutex<Option<Pin<Box<dyn AsyncWrite + Send>>>>,
 }
 
 impl DockerExec {
     pub fn container_id(&self) -> &str {
         &self.container_id
+    }
+
+    /// Whether a resume's archive can still go to the main process (restore.rs): made for
+    /// one, and not yet taken.
+    pub fn main_stdin_pending(&self) -> bool {
+        self.main_stdin
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 }
 
@@ -116,6 +130,13 @@ impl ExecBackend for DockerExec {
 
     /// Running, and not being removed: during `docker rm -f` the engine may still say
     /// `running` for a moment while the status already reads `removing`.
+    fn take_main_stdin(&self) -> Option<Pin<Box<dyn AsyncWrite + Send>>> {
+        self.main_stdin
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
     async fn is_alive(&self) -> bool {
         use bollard::models::ContainerStateStatusEnum as S;
         let info = self

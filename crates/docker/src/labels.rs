@@ -56,6 +56,7 @@ mod tests {
             keep: true,
             replica: None,
             image: None,
+            restore_bytes: None,
         };
         let labels = encode(&spec.meta("1234:5678"));
         let expected: HashMap<String, String> = [

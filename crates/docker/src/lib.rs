@@ -26,6 +26,7 @@ mod cgroup;
 mod exec;
 pub mod image;
 mod labels;
+mod restore;
 mod usage;
 mod watch;
 
@@ -173,6 +174,18 @@ impl DockerRuntime {
                 }
                 _ => docker_err("create the session container", &spec.session_id, e),
             })?;
+        let main_stdin = match spec.restore_bytes {
+            Some(_) => {
+                match restore::attach_stdin(&self.docker, &created.id, &spec.session_id).await {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        let _ = self.remove_container(&created.id).await;
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
         if let Err(e) = self
             .docker
             .start_container(&created.id, None::<StartContainerOptions>)
@@ -196,11 +209,13 @@ impl DockerRuntime {
                 _ => docker_err("start the session container", &spec.session_id, e),
             });
         }
-        Ok(Arc::new(self.sandbox(
-            created.id,
-            &spec.session_id,
-            &spec.limits,
-        )))
+        let sandbox = self.sandbox(created.id, &spec.session_id, &spec.limits);
+        *sandbox
+            .backend()
+            .main_stdin
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = main_stdin;
+        Ok(Arc::new(sandbox))
     }
 
     fn sandbox(&self, container_id: String, session_id: &str, limits: &Limits) -> DockerSandbox {
@@ -208,6 +223,7 @@ impl DockerRuntime {
             docker: self.docker.clone(),
             container_id,
             session_id: session_id.to_string(),
+            main_stdin: Default::default(),
         };
         DockerSandbox::new(exec, session_id.to_string(), limits.clone())
     }
@@ -544,10 +560,11 @@ fn container_body(
         image: Some(image.into()),
         user: Some(SANDBOX_USER.into()),
         labels: Some(labels),
-        cmd: Some(vec![format!(
-            "{}/init.sh",
-            sandboxd_core::sandbox::HELPERS_DIR
-        )]),
+        cmd: Some(restore::main_command(spec.restore_bytes)),
+        // A resume's archive comes on the main process's stdin, for one attach (restore.rs).
+        open_stdin: spec.restore_bytes.map(|_| true),
+        stdin_once: spec.restore_bytes.map(|_| true),
+        attach_stdin: spec.restore_bytes.map(|_| true),
         working_dir: Some(sandboxd_core::sandbox::WORKSPACE.into()),
         env: Some(vec![
             "HOME=/workspace".into(),

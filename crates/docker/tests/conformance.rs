@@ -80,6 +80,7 @@ async fn a_container_killed_outside_sandboxd_is_reported_with_its_exit_code() ->
         keep: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     };
     let (handle, _) = rt.create(&spec).await?;
     let out = tokio::process::Command::new("docker")

@@ -124,6 +124,7 @@ mod tests {
             keep: true,
             replica: Some("replica-1".into()),
             image: None,
+            restore_bytes: None,
         }
     }
 

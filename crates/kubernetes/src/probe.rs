@@ -92,6 +92,7 @@ pub(crate) fn probe_spec() -> SandboxSpec {
     SandboxSpec {
         session_id: format!("probe{suffix}"),
         image: None,
+        restore_bytes: None,
         owner: None,
         pooled: false,
         limits: Limits {

@@ -37,6 +37,7 @@ fn session(id: &str, limits: Limits) -> SandboxSpec {
         keep: true,
         replica: None,
         image: None,
+        restore_bytes: None,
     }
 }
 

@@ -26,6 +26,7 @@ fn session(id: &str, memory_mb: u64) -> SandboxSpec {
         keep: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     }
 }
 

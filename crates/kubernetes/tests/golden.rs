@@ -46,6 +46,7 @@ fn session(id: &str, owner: &str) -> SandboxSpec {
         keep: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     }
 }
 

@@ -107,6 +107,7 @@ fn session(id: &str) -> SandboxSpec {
         keep: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     }
 }
 

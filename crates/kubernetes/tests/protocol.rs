@@ -30,6 +30,7 @@ pub(crate) fn spec(what: &str) -> SandboxSpec {
         keep: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     }
 }
 

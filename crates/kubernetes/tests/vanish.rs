@@ -146,6 +146,7 @@ fn spec(id: &str) -> anyhow::Result<SandboxSpec> {
         pooled: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     })
 }
 

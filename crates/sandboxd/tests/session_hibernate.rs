@@ -170,14 +170,20 @@ async fn recreate_makes_the_same_session_again_within_the_caps() {
     assert!(m.take_idle(&s, Duration::ZERO));
     m.remove_kept(&s).await.unwrap();
     drop(s);
-    let again = m.recreate(&a, &id, &limits, None, None).await.unwrap();
+    let again = m
+        .recreate(&a, &id, &limits, None, None, None)
+        .await
+        .unwrap();
     assert_eq!(again.id, id);
     assert_eq!(again.limits.memory_mb, 256);
     assert!(again.keep);
     assert_eq!(rt.sessions(), vec![id.clone()]);
     assert!(Arc::ptr_eq(&m.held(&a, &id).unwrap(), &again));
     // A second recreate of a held session is that session, not a second sandbox.
-    let same = m.recreate(&a, &id, &limits, None, None).await.unwrap();
+    let same = m
+        .recreate(&a, &id, &limits, None, None, None)
+        .await
+        .unwrap();
     assert!(Arc::ptr_eq(&same, &again));
     assert_eq!(rt.creates(), 2);
 }
@@ -193,7 +199,7 @@ async fn recreate_removes_only_the_hibernated_sandbox_never_another_resume() {
     assert!(m.take_idle(&s, Duration::ZERO));
     drop(s);
     let busy = m
-        .recreate(&a, &id, &limits, None, Some("another-handle"))
+        .recreate(&a, &id, &limits, None, Some("another-handle"), None)
         .await;
     assert!(
         matches!(busy, Err(SandboxError::Busy(_))),
@@ -204,7 +210,7 @@ async fn recreate_removes_only_the_hibernated_sandbox_never_another_resume() {
     assert_eq!(rt.creates(), 1);
     // The hibernated sandbox itself (a hibernation that stopped after its record) goes.
     let again = m
-        .recreate(&a, &id, &limits, None, Some(&handle))
+        .recreate(&a, &id, &limits, None, Some(&handle), None)
         .await
         .unwrap();
     assert_ne!(again.handle, handle);

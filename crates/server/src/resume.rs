@@ -134,7 +134,8 @@ async fn resume(st: &AppState, row: &SessionRow) -> Result<Live, ApiError> {
 /// Makes the sandbox of hibernated session `row` again and restores snapshot `name` into
 /// it. The snapshot is checked on the host while the container is made, and unpacked by the
 /// persistent shell as it starts (`snapshot::unpack`), the one process the first command
-/// needs anyway: a resume costs about a cold create plus the transfer.
+/// needs anyway, the archive fed to the sandbox's main process while the shell starts where
+/// the backend can (`SandboxSpec::restore_bytes`): a resume costs about a cold create.
 async fn remake(
     st: &AppState,
     row: &SessionRow,
@@ -161,6 +162,7 @@ async fn remake(
         Ok(opened) => opened,
         Err(e) => return Err(not_restored(st, row, None, e).await),
     };
+    let bytes = opened.bytes();
     let started = Instant::now();
     let (made, checked) = tokio::join!(
         manager.recreate(
@@ -168,7 +170,8 @@ async fn remake(
             runtime_id,
             &row.limits,
             image,
-            row.container_id.as_deref()
+            row.container_id.as_deref(),
+            Some(bytes),
         ),
         snapshot::check_opened(opened),
     );

@@ -51,6 +51,13 @@ pub trait ExecBackend: Send + Sync + 'static {
     async fn stop_reason(&self) -> Option<String> {
         None
     }
+
+    /// The stdin of the sandbox's main process, once, where it was made to take a resume's
+    /// archive there (`SandboxSpec::restore_bytes`; the image's init.sh unpacks it and hands
+    /// its status to the shell, shell_restore.rs); None: the shell takes the archive itself.
+    fn take_main_stdin(&self) -> Option<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>> {
+        None
+    }
 }
 
 /// One session's sandbox over an exec backend.
@@ -443,7 +450,8 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         len: u64,
         timeout: Duration,
     ) -> Result<bool, SandboxError> {
-        let start = super::shell_restore::start_restoring(self, archive, len, timeout);
+        let main_stdin = self.backend.take_main_stdin();
+        let start = super::shell_restore::start_restoring(self, archive, len, main_stdin, timeout);
         self.watched(async {
             match self.shell.start_first(start).await {
                 Some(started) => started.map(|()| true),

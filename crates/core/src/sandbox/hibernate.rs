@@ -181,7 +181,8 @@ impl SessionManager {
     /// like a create. The sandbox that was hibernated (`hibernated`: its handle), if it was
     /// left (a hibernation that stopped after its record), is removed first; any other
     /// sandbox with that id is another process's resume of the same session, left alone
-    /// (`Busy`: the caller retries and finds it running).
+    /// (`Busy`: the caller retries and finds it running). `restore_bytes`: the size of the
+    /// archive the resume restores (`SandboxSpec::restore_bytes`).
     pub async fn recreate(
         &self,
         owner: &Owner,
@@ -189,6 +190,7 @@ impl SessionManager {
         limits: &Limits,
         image: Option<String>,
         hibernated: Option<&str>,
+        restore_bytes: Option<u64>,
     ) -> Result<Arc<Session>, SandboxError> {
         if let Some(s) = self.held(owner, id) {
             return Ok(s);
@@ -215,6 +217,7 @@ impl SessionManager {
             pooled: false,
             replica: self.replica().map(str::to_string),
             image,
+            restore_bytes,
         };
         let (handle, sandbox) = self.runtime.create(&spec).await?;
         let session = Session::new(

@@ -520,6 +520,7 @@ impl SessionManager {
             pooled: false,
             replica: self.replica().map(str::to_string),
             image,
+            restore_bytes: None,
         };
         // The creation runs as its own task, so a caller that gives up (a client that
         // disconnects, a cancelled future) cannot leave a sandbox nobody knows about: the

@@ -177,9 +177,10 @@ pub trait Sandbox: Send + Sync {
     /// Unpacks the first `len` bytes of `archive`, a tar the caller checked by the rules of
     /// uploads (`tar_safety`), into /workspace as the persistent shell starts, in the
     /// shell's own process (shell_restore.rs): a resume's restore without a process of its
-    /// own. Ok(false) when this sandbox has no persistent shell or has started it already:
-    /// nothing was done, and the caller unpacks with a process of its own
-    /// (`transfer::unpack_tar_from`).
+    /// own (taken on the sandbox's main process's stdin where it was made for this,
+    /// `SandboxSpec::restore_bytes`). Ok(false) when this sandbox has no persistent shell or
+    /// has started it already: nothing was done, and the caller unpacks with a process of
+    /// its own (`transfer::unpack_tar_from`).
     async fn restore_in_shell(
         &self,
         _archive: &std::fs::File,

@@ -319,6 +319,7 @@ impl SessionManager {
                     pooled: true,
                     replica: self.replica().map(str::to_string),
                     image: None,
+                    restore_bytes: None,
                 };
                 let revision = revision.clone();
                 self.fills.spawn(async move {

@@ -145,6 +145,12 @@ pub struct SandboxSpec {
     /// The image to make it from, a template's (`templates::Templates`); None: the
     /// runtime's own image.
     pub image: Option<String>,
+    /// A resume's: the size of the archive of /workspace that follows. A backend that can
+    /// have the sandbox's main process take it on its stdin as it starts does (Docker:
+    /// `ExecBackend::take_main_stdin`), so the transfer runs while the shell is started
+    /// (shell_restore.rs); another ignores it, and the shell takes the archive on its own
+    /// stdin. None for every other sandbox.
+    pub restore_bytes: Option<u64>,
 }
 
 impl SandboxSpec {
@@ -373,6 +379,7 @@ mod tests {
             keep: true,
             replica: None,
             image: None,
+            restore_bytes: None,
         }
     }
 

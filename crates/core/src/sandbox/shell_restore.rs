@@ -13,6 +13,14 @@
 //! read to the end by `cat`, so head never stops early and not a byte of the archive is
 //! ever read by bash as a command.
 //!
+//! Where the sandbox's main process was made to take the archive on its stdin (Docker:
+//! `SandboxSpec::restore_bytes`, `ExecBackend::take_main_stdin`, the image's init.sh), the
+//! archive goes there instead, fed from the moment the shell's start is asked for: its
+//! transfer through the engine's attached stream (dockerd, the shim, a FIFO; ~2-3 ms a MiB
+//! here) then runs while the engine starts the shell (~70 ms), instead of after it. The
+//! shell's first line waits for init.sh's statuses of head and tar on a FIFO in /tmp, and
+//! answers exactly as if it had unpacked the archive itself.
+//!
 //! The archive was checked on the host by the rules of uploads before it comes here
 //! (snapshot.rs); tar runs as the sandbox user, into /workspace, keeping no owner and no
 //! permission bits beyond the umask's, exactly as `transfer::unpack_tar_from` does. Nothing
@@ -26,24 +34,32 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::output::CappedBuffer;
 use super::shell::{GREETING, Running, greeting_pid, spawn_shell};
-use super::transfer::STDERR_CAP;
-use super::{AttachedProcess, OutputChunk, Sandbox, SandboxError, WORKSPACE};
+use super::transfer::{Copied, STDERR_CAP, copy_in, while_feeding};
+use super::{OutputChunk, Sandbox, SandboxError, WORKSPACE};
 
 /// The most stdout a restoring shell may print before its greeting (two short lines).
 const STDOUT_CAP: usize = 4096;
-/// The size of one read from the archive into the shell's stdin.
-const CHUNK: usize = 256 << 10;
+/// What the restoring line prints after its pipeline: the statuses of head and tar.
+const STATUS: &str = r#"builtin printf 'SBXRST %s %s\n' "${PIPESTATUS[0]}" "${PIPESTATUS[1]}""#;
+/// The shell's first line where init.sh unpacks the archive (images/sandbox/helpers/init.sh):
+/// it waits for init.sh's statuses on the FIFO, passes on tar's stderr (bounded), says them
+/// as `STATUS` would, and leaves nothing behind in /tmp or the shell's variables.
+const AWAIT_INIT: &str = r#"__f=/tmp/.sandboxd-restore; mkfifo -m 600 "$__f" 2> /dev/null; read -r __st < "$__f"; [ -s "$__f.err" ] && head -c 4096 "$__f.err" >&2; rm -f "$__f" "$__f.err"; builtin printf 'SBXRST %s\n' "$__st"; unset __f __st
+"#;
 
 /// Starts the persistent shell of `host` with the first `len` bytes of `archive` (a checked
-/// tar) unpacked into /workspace first; the shell, ready for its first command.
+/// tar) unpacked into /workspace first: by the sandbox's main process from `main_stdin`
+/// when it was made to take it (see the module doc), else through the shell's own stdin.
+/// The shell, ready for its first command.
 pub(super) async fn start_restoring(
     host: &dyn Sandbox,
     archive: &File,
     len: u64,
+    main_stdin: Option<Pin<Box<dyn AsyncWrite + Send>>>,
     timeout: Duration,
 ) -> Result<Running, SandboxError> {
     let src = archive
@@ -51,30 +67,34 @@ pub(super) async fn start_restoring(
         .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
         .map(tokio::fs::File::from_std)
         .map_err(|e| failed(format!("the host's snapshot file: {e}")))?;
-    let (process, proxy_env) = spawn_shell(host).await?;
-    let AttachedProcess {
-        mut stdin,
-        mut output,
-        exit_code,
-    } = process;
     let mut stdout = Vec::new();
     let mut stderr = CappedBuffer::new(STDERR_CAP);
-    let both = async {
-        let feed = feed(&mut stdin, src, len);
-        let read = read_answer(&mut output, &mut stdout, &mut stderr);
-        tokio::pin!(feed, read);
-        let mut fed = false;
-        loop {
-            tokio::select! {
-                r = &mut feed, if !fed => {
-                    r?;
-                    fed = true;
-                }
-                r = &mut read => return r,
+    let restore = async {
+        match main_stdin {
+            Some(main) => {
+                // Fed while the shell starts: the transfer no longer waits for it.
+                let shell = async {
+                    let started = spawn_shell(host).await?;
+                    let mut process = started.0;
+                    let line = format!("{AWAIT_INIT}{GREETING}");
+                    // A shell that stopped reading ended or failed: its output says which.
+                    let _ = process.stdin.write_all(line.as_bytes()).await;
+                    let _ = process.stdin.flush().await;
+                    read_answer(&mut process.output, &mut stdout, &mut stderr).await?;
+                    Ok((process, started.1))
+                };
+                while_feeding(feed_main(main, src, len), shell).await
+            }
+            None => {
+                let (mut process, proxy_env) = spawn_shell(host).await?;
+                let feed = feed_shell(&mut process.stdin, src, len);
+                let read = read_answer(&mut process.output, &mut stdout, &mut stderr);
+                while_feeding(feed, read).await?;
+                Ok((process, proxy_env))
             }
         }
     };
-    match tokio::time::timeout(timeout, both).await {
+    let (process, proxy_env) = match tokio::time::timeout(timeout, restore).await {
         Ok(done) => done?,
         Err(_) => {
             return Err(SandboxError::Timeout {
@@ -82,14 +102,10 @@ pub(super) async fn start_restoring(
                 after: timeout,
             });
         }
-    }
+    };
     let pid = answer(&stdout, stderr)?;
     Ok(Running {
-        process: AttachedProcess {
-            stdin,
-            output,
-            exit_code,
-        },
+        process,
         pid,
         proxy_env,
     })
@@ -103,36 +119,53 @@ fn failed(message: String) -> SandboxError {
     }
 }
 
+/// The archive's bytes, all `len` of them, else why not.
+async fn copy_archive(
+    into: &mut Pin<Box<dyn AsyncWrite + Send>>,
+    src: &mut tokio::fs::File,
+    len: u64,
+) -> Result<Copied, SandboxError> {
+    match copy_in(into, src, len)
+        .await
+        .map_err(|e| failed(format!("the host's snapshot file: {e}")))?
+    {
+        Copied::Short(left) => Err(failed(format!(
+            "the host's snapshot file ended {left} bytes before its checked length"
+        ))),
+        copied => Ok(copied),
+    }
+}
+
+/// Writes the archive into the main process's stdin, then closes it. One that stopped
+/// reading ended or failed, and the statuses the shell passes on say which.
+async fn feed_main(
+    mut main: Pin<Box<dyn AsyncWrite + Send>>,
+    mut src: tokio::fs::File,
+    len: u64,
+) -> Result<(), SandboxError> {
+    if let Copied::All = copy_archive(&mut main, &mut src, len).await? {
+        let _ = main.shutdown().await;
+    }
+    Ok(())
+}
+
 /// Writes the restoring line, the archive, then the greeting into the shell's stdin. A host
 /// file that cannot be read, or holds less than it should, fails the restore at once; a
 /// shell that stopped reading ended or failed, and its output says which.
-async fn feed(
+async fn feed_shell(
     stdin: &mut Pin<Box<dyn AsyncWrite + Send>>,
     mut src: tokio::fs::File,
     len: u64,
 ) -> Result<(), SandboxError> {
+    // tar may stop at the end marker: `cat` reads the rest of `len`, never bash.
     let script = format!(
-        "head -c {len} | {{ tar -C {WORKSPACE} -xf - --no-same-owner --no-same-permissions; s=$?; cat > /dev/null; exit $s; }}; builtin printf 'SBXRST %s %s\\n' \"${{PIPESTATUS[0]}}\" \"${{PIPESTATUS[1]}}\"\n"
+        "head -c {len} | {{ tar -C {WORKSPACE} -xf - --no-same-owner --no-same-permissions; s=$?; cat > /dev/null; exit $s; }}; {STATUS}\n"
     );
     if stdin.write_all(script.as_bytes()).await.is_err() {
         return Ok(());
     }
-    let mut buf = vec![0u8; CHUNK];
-    let mut left = len;
-    while left > 0 {
-        let n = src
-            .read(&mut buf[..(left as usize).min(CHUNK)])
-            .await
-            .map_err(|e| failed(format!("the host's snapshot file: {e}")))?;
-        if n == 0 {
-            return Err(failed(format!(
-                "the host's snapshot file ended {left} bytes before its checked length"
-            )));
-        }
-        if stdin.write_all(&buf[..n]).await.is_err() {
-            return Ok(());
-        }
-        left -= n as u64;
+    if let Copied::Closed = copy_archive(stdin, &mut src, len).await? {
+        return Ok(());
     }
     // Only after the archive: head reads on from the line that starts it.
     let _ = stdin.write_all(GREETING.as_bytes()).await;
@@ -164,7 +197,7 @@ async fn read_answer(
     Err(failed("the shell ended while restoring".into()))
 }
 
-/// The shell's pid from its answer, once the restore's status says tar and head succeeded;
+/// The shell's pid from its answer, once the restore's status says head and tar succeeded;
 /// else tar's own words.
 fn answer(stdout: &[u8], stderr: CappedBuffer) -> Result<u32, SandboxError> {
     let text = String::from_utf8_lossy(stdout);
@@ -182,4 +215,18 @@ fn answer(stdout: &[u8], stderr: CappedBuffer) -> Result<u32, SandboxError> {
     } else {
         detail
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_awaiting_init_is_one_line_that_leaves_nothing_behind() {
+        assert_eq!(AWAIT_INIT.matches('\n').count(), 1);
+        assert!(AWAIT_INIT.ends_with('\n'));
+        assert!(AWAIT_INIT.contains(r"builtin printf 'SBXRST %s\n'"));
+        assert!(AWAIT_INIT.contains("unset __f __st"));
+        assert!(STATUS.contains(r"'SBXRST %s %s\n'"));
+    }
 }

@@ -189,6 +189,13 @@ pub async fn open(dir: &Path, name: &str, workspace_bytes: u64) -> Result<Opened
     })?
 }
 
+impl Opened {
+    /// The snapshot's size in bytes, as opened.
+    pub fn bytes(&self) -> u64 {
+        self.len
+    }
+}
+
 /// Checks an opened snapshot by the rules of uploads (see the module doc).
 pub async fn check_opened(opened: Opened) -> Result<Checked, SnapshotError> {
     let summary = check(&opened.file, opened.len, opened.workspace_bytes).await?;

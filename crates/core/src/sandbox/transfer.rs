@@ -108,21 +108,7 @@ pub(super) async fn run(
     let mut stderr = CappedBuffer::new(STDERR_CAP);
     let feed = feed(stdin, input, &io);
     let drain = drain(&mut stream, output, &mut stderr, path, &io);
-    // The output ends when the process exits: then what was not fed is not wanted (tar stops
-    // at the end-of-archive marker), so the feed is dropped rather than waited for.
-    let both = async {
-        tokio::pin!(feed, drain);
-        let mut fed = false;
-        loop {
-            tokio::select! {
-                r = &mut feed, if !fed => {
-                    r?;
-                    fed = true;
-                }
-                r = &mut drain => return r,
-            }
-        }
-    };
+    let both = while_feeding(feed, drain);
     // Watched: under gVisor a sandbox that died keeps the exec's stream open.
     let watched = super::watch::while_alive(sandbox, both);
     let out_len = match tokio::time::timeout(timeout, watched).await {
@@ -160,27 +146,68 @@ fn spawn_request(argv: Vec<String>, tag: &str) -> SpawnRequest {
     req.env("SANDBOXD_TAG", tag)
 }
 
+/// Drives a process's `feed` and the `drain` of its output together until the drain
+/// answers, which is the result: the output ends when the process has what it wants (tar
+/// stops at the end-of-archive marker), so what was not fed is not waited for. A feed that
+/// fails ends both.
+pub(super) async fn while_feeding<T>(
+    feed: impl std::future::Future<Output = Result<(), SandboxError>>,
+    drain: impl std::future::Future<Output = Result<T, SandboxError>>,
+) -> Result<T, SandboxError> {
+    tokio::pin!(feed, drain);
+    let mut fed = false;
+    loop {
+        tokio::select! {
+            r = &mut feed, if !fed => {
+                r?;
+                fed = true;
+            }
+            r = &mut drain => return r,
+        }
+    }
+}
+
+/// How a `copy_in` ended.
+pub(super) enum Copied {
+    /// All `len` bytes were written.
+    All,
+    /// The host file ended this many bytes early.
+    Short(u64),
+    /// The process stopped reading: it ended or failed, and its status says which.
+    Closed,
+}
+
+/// Writes `len` bytes of `src`, from where it stands, into a process's stdin in chunks.
+pub(super) async fn copy_in(
+    stdin: &mut Pin<Box<dyn AsyncWrite + Send>>,
+    src: &mut tokio::fs::File,
+    len: u64,
+) -> std::io::Result<Copied> {
+    let mut buf = vec![0u8; CHUNK.min(len as usize)];
+    let mut left = len;
+    while left > 0 {
+        let n = src.read(&mut buf[..(left as usize).min(CHUNK)]).await?;
+        if n == 0 {
+            return Ok(Copied::Short(left));
+        }
+        if stdin.write_all(&buf[..n]).await.is_err() {
+            return Ok(Copied::Closed);
+        }
+        left -= n as u64;
+    }
+    Ok(Copied::All)
+}
+
 /// Feeds `len` bytes of `src` into the process's stdin, then closes it.
 async fn feed(
     mut stdin: Pin<Box<dyn AsyncWrite + Send>>,
     input: Option<(tokio::fs::File, u64)>,
     io: &(dyn Fn(std::io::Error) -> SandboxError + Sync),
 ) -> Result<(), SandboxError> {
-    if let Some((mut src, len)) = input {
-        let mut buf = vec![0u8; CHUNK];
-        let mut left = len;
-        while left > 0 {
-            let want = (left as usize).min(CHUNK);
-            let n = src.read(&mut buf[..want]).await.map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            // A process that stopped reading ended or failed: its status says which.
-            if stdin.write_all(&buf[..n]).await.is_err() {
-                return Ok(());
-            }
-            left -= n as u64;
-        }
+    if let Some((mut src, len)) = input
+        && let Copied::Closed = copy_in(&mut stdin, &mut src, len).await.map_err(io)?
+    {
+        return Ok(());
     }
     let _ = stdin.shutdown().await;
     drop(stdin);

@@ -65,6 +65,7 @@ pub fn pod_spec(settings: &PodSettings, limits: &Limits, image: Option<&str>) ->
         keep: false,
         replica: None,
         image: image.map(str::to_string),
+        restore_bytes: None,
     };
     spec::pod(settings, &template, "").spec.unwrap_or_default()
 }

@@ -153,6 +153,7 @@ fn spec(what: &str, limits: Limits) -> Result<SandboxSpec> {
         keep: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     })
 }
 
@@ -239,6 +240,7 @@ async fn case_create_labels_find_list(cx: &Cx, made: Made) -> Result<()> {
         keep: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     };
     let (pool_handle, _) = create(cx, &made, &pool).await?;
     let p = found(cx, &pool.session_id).await?;

@@ -69,6 +69,7 @@ fn spec(what: &str) -> Result<SandboxSpec> {
         keep: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     })
 }
 
