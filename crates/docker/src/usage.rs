@@ -28,6 +28,9 @@ pub struct UsageReading {
     pub source: UsageSource,
 }
 
+/// How long the one `docker info` that learns the cgroup layout may take.
+const INFO_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl DockerRuntime {
     /// Both measures, from the host's files when it can, else from the engine.
     pub async fn usage_reading(&self, handle: &str) -> Result<UsageReading, SandboxError> {
@@ -73,7 +76,15 @@ impl DockerRuntime {
     /// does not answer is asked again next time.
     async fn host_cgroups(&self) -> Option<&cgroup::Host> {
         let learned = self.cgroups.get_or_try_init(|| async {
-            let info = self.docker.info().await.map_err(engine_err)?;
+            // Bounded: callers queue behind this one, and an engine that takes connections
+            // but does not answer would hold each of them for the client's whole timeout.
+            let info = tokio::time::timeout(INFO_WAIT, self.docker.info())
+                .await
+                .map_err(|_| SandboxError::Timeout {
+                    what: "the engine's info (for its cgroup layout)".into(),
+                    after: INFO_WAIT,
+                })?
+                .map_err(engine_err)?;
             let driver = info
                 .cgroup_driver
                 .map(|d| d.to_string())

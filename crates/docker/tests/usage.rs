@@ -31,10 +31,18 @@ impl Drop for Cleanup {
 /// CPU: the engine's collector samples up to a second away from the request.
 const CPU_SLACK_USEC: u64 = 2_000_000;
 
-/// The engine is this host's, so its containers' cgroup files are here.
-fn engine_is_local() -> bool {
-    let host = std::env::var("DOCKER_HOST").unwrap_or_default();
-    host.is_empty() || host.starts_with("unix://")
+/// Whether this host shows the container's cgroup where the engine's usual layouts put it
+/// (v1 and v2, cgroupfs and systemd): then the reading must come from those files. Not
+/// where it cannot (a remote or rootless engine, a test in a cgroup namespace of its own).
+fn host_shows_cgroup_of(id: &str) -> bool {
+    [
+        format!("/sys/fs/cgroup/memory/docker/{id}"),
+        format!("/sys/fs/cgroup/memory/system.slice/docker-{id}.scope"),
+        format!("/sys/fs/cgroup/docker/{id}"),
+        format!("/sys/fs/cgroup/system.slice/docker-{id}.scope"),
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).is_dir())
 }
 
 async fn reading(rt: &DockerRuntime, handle: &str) -> Result<UsageReading> {
@@ -62,10 +70,11 @@ async fn readings_of_a_busy_container(rt: DockerRuntime, what: &str) -> Result<(
         keep: false,
         replica: None,
         image: None,
+        restore_bytes: None,
     };
     let (handle, sandbox) = Runtime::create(&rt, &spec).await?;
     let _cleanup = Cleanup(handle.clone());
-    let expected = if engine_is_local() {
+    let expected = if host_shows_cgroup_of(&handle) {
         UsageSource::HostCgroup
     } else {
         UsageSource::StatsApi
