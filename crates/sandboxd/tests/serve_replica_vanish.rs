@@ -11,13 +11,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use reqwest::Method;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::serve::runs::{follow_all, start_run, until};
-use crate::serve::{Api, Serve};
+use crate::serve::runs::{get_run, start_run, until};
+use crate::serve::{Serve, assert_run_failed_with, ended_session};
 use crate::serve_replicas::Cluster;
 use crate::support::fake_llm::{FakeLlm, Gate, Reply};
 
@@ -45,25 +44,6 @@ impl Drop for Stopped<'_> {
         let _ = Command::new("kill")
             .args(["-CONT", &self.0.pid().to_string()])
             .output();
-    }
-}
-
-/// Polls the session on `api` until it has ended (a bound, not a pause).
-async fn ended_session(api: &Api, id: &str) -> Value {
-    let t = Instant::now();
-    loop {
-        let (s, v) = api
-            .json(Method::GET, &format!("/v1/sessions/{id}"), None)
-            .await;
-        assert_eq!(s, 200, "{v}");
-        if v["state"] == "ended" {
-            return v;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "the session did not end: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -121,20 +101,8 @@ async fn a_run_driven_by_another_replica_fails_with_the_reason_its_sandbox_went(
     drop(stopped);
 
     // B, continued, fails the run with the reason A's request carried.
-    let evs = follow_all(&a, &id).await;
-    let last = evs.last().unwrap();
-    assert_eq!(last.data["state"], "failed", "{evs:?}\n{}", c.logs());
-    let finished = evs
-        .iter()
-        .find(|e| e.event == "run_finished")
-        .expect("a run_finished event");
-    assert!(
-        finished.data.to_string().contains(REASON),
-        "{}",
-        finished.data
-    );
-    let (s, v) = b.json(Method::GET, &format!("/v1/runs/{id}"), None).await;
-    assert_eq!((s, v["state"].as_str()), (200, Some("failed")), "{v}");
-    assert!(v.to_string().contains(REASON), "{v}");
+    assert_run_failed_with(&a, &id, REASON).await;
+    let v = get_run(&b, &id).await;
+    assert_eq!(v["state"], "failed", "{v}\n{}", c.logs());
     gate.open();
 }
