@@ -57,6 +57,11 @@ impl Store for PgStore {
         users::one(&c, "WHERE u.name = $1", &[&name]).await
     }
 
+    async fn user_by_id(&self, id: &str) -> Result<Option<User>, StoreError> {
+        let c = self.client().await?;
+        users::one(&c, "WHERE u.id = $1", &[&id]).await
+    }
+
     async fn users(&self) -> Result<Vec<User>, StoreError> {
         let c = self.client().await?;
         users::select(&c, "ORDER BY u.name", &[]).await

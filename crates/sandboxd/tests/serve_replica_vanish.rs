@@ -5,25 +5,25 @@
 //! Replica A made the session; the run is posted to (and driven by) replica B. B is stopped
 //! (SIGSTOP) before the container goes, so only A hears the engine's event in time: A fails
 //! the run through its row (a fail request with the reason, not a cancel) and ends the
-//! session; B, continued, finds the session ended (its own report of the container is only
-//! forgotten) and ends the run `failed` with the reason, as a run driven by A would.
+//! session without waiting for a run it does not drive (B is stopped all that while); B,
+//! continued, finds the session ended (its own report of the container is only forgotten)
+//! and ends the run `failed` with the reason, as a run driven by A would.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)] // a test crate: panics are its failures
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use reqwest::Method;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::serve::runs::{follow_all, start_run, until};
-use crate::serve::{Api, Serve};
+use crate::serve::runs::{get_run, start_run, until};
+use crate::serve::{Serve, assert_run_failed_with, ended_session};
 use crate::serve_replicas::Cluster;
 use crate::support::fake_llm::{FakeLlm, Gate, Reply};
 
 const REASON: &str = "its sandbox was removed outside sandboxd";
 
-/// Longer than replica B stays stopped (A waits for the run twice, 10 s each, before it
-/// ends the session), so B's run is never taken over as a dead replica's.
+/// Longer than replica B stays stopped (until A has ended the session, and a little while
+/// if A were to wait for B's run), so B's run is never taken over as a dead replica's.
 const LEASE_SECS: u64 = 90;
 
 /// Sends `signal` (STOP, CONT) to the replica's process.
@@ -44,25 +44,6 @@ impl Drop for Stopped<'_> {
         let _ = Command::new("kill")
             .args(["-CONT", &self.0.pid().to_string()])
             .output();
-    }
-}
-
-/// Polls the session on `api` until it has ended (a bound, not a pause).
-async fn ended_session(api: &Api, id: &str) -> Value {
-    let t = Instant::now();
-    loop {
-        let (s, v) = api
-            .json(Method::GET, &format!("/v1/sessions/{id}"), None)
-            .await;
-        assert_eq!(s, 200, "{v}");
-        if v["state"] == "ended" {
-            return v;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "the session did not end: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -110,23 +91,18 @@ async fn a_run_driven_by_another_replica_fails_with_the_reason_its_sandbox_went(
     // A heard it: the session ends, saying why, while B still sleeps.
     let v = ended_session(&a, &session).await;
     assert_eq!(v["end_reason"], REASON, "{v}\n{}", c.logs());
+    // Without waiting for B's run: one that waited would have given up on it (B never
+    // answers while stopped) and said so before ending the session.
+    let log_a = c.serve(0).log.lock().unwrap().clone();
+    assert!(
+        !log_a.contains("have not all ended yet"),
+        "A waited for a run B drives:\n{log_a}"
+    );
     drop(stopped);
 
     // B, continued, fails the run with the reason A's request carried.
-    let evs = follow_all(&a, &id).await;
-    let last = evs.last().unwrap();
-    assert_eq!(last.data["state"], "failed", "{evs:?}\n{}", c.logs());
-    let finished = evs
-        .iter()
-        .find(|e| e.event == "run_finished")
-        .expect("a run_finished event");
-    assert!(
-        finished.data.to_string().contains(REASON),
-        "{}",
-        finished.data
-    );
-    let (s, v) = b.json(Method::GET, &format!("/v1/runs/{id}"), None).await;
-    assert_eq!((s, v["state"].as_str()), (200, Some("failed")), "{v}");
-    assert!(v.to_string().contains(REASON), "{v}");
+    assert_run_failed_with(&a, &id, REASON).await;
+    let v = get_run(&b, &id).await;
+    assert_eq!(v["state"], "failed", "{v}\n{}", c.logs());
     gate.open();
 }

@@ -8,35 +8,13 @@
 use crate::serve;
 use crate::support;
 
-use std::time::{Duration, Instant};
+use serde_json::json;
 
-use reqwest::Method;
-use serde_json::{Value, json};
-
-use serve::runs::{SERVER, follow_all, llm_config, start_run, until};
-use serve::{Api, Env};
+use serve::runs::{SERVER, llm_config, start_run, until};
+use serve::{Api, Env, assert_run_failed_with, ended_session};
 use support::fake_llm::{FakeLlm, Gate, Reply};
 
 const REASON: &str = "its sandbox was removed outside sandboxd";
-
-/// Polls the session until it has ended (a bound, not a pause).
-async fn ended_session(api: &Api, id: &str) -> Value {
-    let t = Instant::now();
-    loop {
-        let (s, v) = api
-            .json(Method::GET, &format!("/v1/sessions/{id}"), None)
-            .await;
-        assert_eq!(s, 200, "{v}");
-        if v["state"] == "ended" {
-            return v;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "the session did not end: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_container_removed_outside_sandboxd_ends_its_session_and_run_with_the_reason() {
@@ -69,20 +47,6 @@ async fn a_container_removed_outside_sandboxd_ends_its_session_and_run_with_the_
     assert_eq!(v["end_reason"], REASON, "{v}");
 
     // The run's stream ends with the run failed, saying why.
-    let evs = follow_all(&api, &id).await;
-    let last = evs.last().unwrap();
-    assert_eq!(last.data["state"], "failed", "{evs:?}");
-    let finished = evs
-        .iter()
-        .find(|e| e.event == "run_finished")
-        .expect("a run_finished event");
-    assert!(
-        finished.data.to_string().contains(REASON),
-        "{}",
-        finished.data
-    );
-    let (s, v) = api.json(Method::GET, &format!("/v1/runs/{id}"), None).await;
-    assert_eq!((s, v["state"].as_str()), (200, Some("failed")), "{v}");
-    assert!(v.to_string().contains(REASON), "{v}");
+    assert_run_failed_with(&api, &id, REASON).await;
     gate.open();
 }

@@ -330,21 +330,14 @@ pub async fn sweep(st: &AppState, at_start: bool) -> anyhow::Result<Swept> {
             }
             (_, SessionState::Running) => match found {
                 None => {
-                    // Its runs fail, on every replica, saying why: what the vanish watch
-                    // told if this replica heard it (a slower end than this sweep), else
-                    // that it is gone.
-                    let why = row
-                        .runtime_id
-                        .as_deref()
-                        .and_then(|rt| st.backend.manager().end_of(rt))
-                        .map_or_else(|| "its container is gone".to_string(), |r| r.to_string());
-                    // Stopped once, by the fail request, without waiting for runs driven
-                    // elsewhere: at start-up (before the port is bound) none is driven
-                    // here, and a dead driver's run is failed by whoever takes it over.
-                    st.runs
-                        .fail_session_here(&row.id, &why, Duration::from_secs(10))
-                        .await;
-                    record_end(st, row, &why, &mut out).await;
+                    // Its runs fail, on every replica, saying why.
+                    let why = crate::ends::gone_reason(st, row, "its container is gone");
+                    // As when the end is heard (ends.rs): failed once, by the fail request,
+                    // waiting only for runs driven here (none at start-up, before the port
+                    // is bound); a dead driver's run is failed by whoever takes it over.
+                    if crate::ends::end_vanished(st, row, &why).await {
+                        out.ended.push((row.id.clone(), why));
+                    }
                     if let Some(rt) = &row.runtime_id {
                         st.backend.manager().session_ended(rt).await;
                     }
@@ -447,21 +440,10 @@ async fn left_by_hibernation(
     }
 }
 
-/// Cancels the runs still in the session, then ends its row (`record_end`).
+/// Cancels the runs still in the session, then ends its row (ends.rs, as for a heard end).
 async fn end_row(st: &AppState, row: &SessionRow, why: &str, out: &mut Swept) {
-    st.runs
-        .cancel_session(&row.id, Duration::from_secs(10))
-        .await;
-    record_end(st, row, why, out).await;
-}
-
-/// Ends the session's row with why, its runs already stopped.
-async fn record_end(st: &AppState, row: &SessionRow, why: &str, out: &mut Swept) {
-    tracing::info!(session = %row.id, reason = %why, "ending a stored session");
-    match crate::audit::end(st, &crate::audit::Who::system(), &row.id, why).await {
-        Ok(true) => out.ended.push((row.id.clone(), why.to_string())),
-        Ok(false) => {}
-        Err(e) => tracing::warn!(session = %row.id, error = %e, "could not end a session's row"),
+    if crate::ends::end_row(st, row, why).await {
+        out.ended.push((row.id.clone(), why.to_string()));
     }
 }
 

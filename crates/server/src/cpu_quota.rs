@@ -165,12 +165,14 @@ pub async fn admit_owner(
     if owner == caller.id() {
         return admit(st, caller).await;
     }
-    // Only an admin gets here (`owned_row`), rarely: the store has no lookup by id, so
-    // the list is scanned. A removed owner has no override: the defaults hold.
-    let users = st.store.users().await.map_err(unreadable)?;
-    let quota = users
-        .into_iter()
-        .find(|u| u.id == owner)
+    // Only an admin gets here (`owned_row`). The owner's override is read even when no
+    // default applies: `sandboxd users quota` may give them one. A removed owner has none:
+    // the defaults hold.
+    let quota = st
+        .store
+        .user_by_id(owner)
+        .await
+        .map_err(unreadable)?
         .map(|u| u.quota)
         .unwrap_or_default();
     check(st, limit_of(&st.config, &quota), owner).await

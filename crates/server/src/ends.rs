@@ -90,15 +90,16 @@ async fn api_ended(st: &AppState, ended: &Ended) {
         return;
     };
     let reason = ended.reason.to_string();
-    if let EndReason::Vanished(_) = ended.reason {
+    match ended.reason {
         // A hibernated session's container goes on purpose (hibernate.rs), whoever hears it.
-        if row.hibernated() {
-            return;
+        EndReason::Vanished(_) if row.hibernated() => {}
+        EndReason::Vanished(_) => {
+            end_vanished(st, row, &reason).await;
         }
-        // The sandbox went under its runs: they fail, saying why, on every replica.
-        st.runs.fail_session(&row.id, &reason, RUN_STOP_WAIT).await;
+        _ => {
+            end_row(st, row, &reason).await;
+        }
     }
-    end_row(st, row, &reason).await;
 }
 
 /// After missed events: a running API row whose container is gone from the engine lost it
@@ -121,24 +122,50 @@ async fn api_sweep(st: &AppState) {
                 .as_ref()
                 .is_some_and(|rt| !containers.contains(rt));
         if gone {
-            // Its runs fail with why, as when the end is heard: the watch's reason if this
-            // replica's manager kept it, else that it was removed.
-            let reason = row
-                .runtime_id
-                .as_deref()
-                .and_then(|rt| st.backend.manager().end_of(rt))
-                .map_or_else(|| "its sandbox was removed".to_string(), |r| r.to_string());
-            st.runs.fail_session(&row.id, &reason, RUN_STOP_WAIT).await;
-            end_row(st, &row, &reason).await;
+            // Its runs fail with why, as when the end is heard.
+            let reason = gone_reason(st, &row, "its sandbox was removed");
+            end_vanished(st, &row, &reason).await;
         }
     }
 }
 
-/// Cancels the runs still in the session (they end `cancelled`), then ends its row.
-async fn end_row(st: &AppState, row: &SessionRow, reason: &str) {
-    tracing::info!(session = %row.id, %reason, "the session ended");
+/// Why a sweep found the row's sandbox gone: the vanish watch's reason if this replica's
+/// manager kept it (a slower end than the sweep), else `fallback`.
+pub(crate) fn gone_reason(st: &AppState, row: &SessionRow, fallback: &str) -> String {
+    row.runtime_id
+        .as_deref()
+        .and_then(|rt| st.backend.manager().end_of(rt))
+        .map_or_else(|| fallback.to_string(), |r| r.to_string())
+}
+
+/// Cancels the runs still in the session (they end `cancelled`), then ends its row;
+/// whether this ended it.
+pub(crate) async fn end_row(st: &AppState, row: &SessionRow, reason: &str) -> bool {
     st.runs.cancel_session(&row.id, RUN_STOP_WAIT).await;
-    if let Err(e) = crate::audit::end(st, &Who::system(), &row.id, reason).await {
-        tracing::warn!(session = %row.id, error = %e, "could not end a session's row");
+    record_end(st, row, reason).await
+}
+
+/// Ends the session whose sandbox went under it (heard, or found by a sweep here or in
+/// attach.rs): its runs end `failed` saying why, on every replica, and only then its row
+/// ends with why. One stop, the fail request, never followed by a cancel: a run another
+/// replica drives (or is yet to take over) ends failed whenever its driver reads the
+/// request, so only the runs driven here are waited for (`fail_session_here`), and the
+/// listener does not stall on a replica that is slow or gone. Whether this ended the row.
+pub(crate) async fn end_vanished(st: &AppState, row: &SessionRow, reason: &str) -> bool {
+    st.runs
+        .fail_session_here(&row.id, reason, RUN_STOP_WAIT)
+        .await;
+    record_end(st, row, reason).await
+}
+
+/// Ends the session's row with why, its runs already stopped; whether this ended it.
+async fn record_end(st: &AppState, row: &SessionRow, reason: &str) -> bool {
+    tracing::info!(session = %row.id, %reason, "the session ended");
+    match crate::audit::end(st, &Who::system(), &row.id, reason).await {
+        Ok(ended) => ended,
+        Err(e) => {
+            tracing::warn!(session = %row.id, error = %e, "could not end a session's row");
+            false
+        }
     }
 }

@@ -170,7 +170,8 @@ async fn api_upkeep(st: &AppState) {
             None => {
                 tracing::info!(session = %session.id, "removing a session whose row ended");
                 // A run still in it (its user was removed by `sandboxd users rm`) ends
-                // `cancelled` before its container goes, not `failed` after.
+                // `cancelled` before its container goes, not `failed` after; one whose
+                // sandbox vanished ends `failed`, as its row asks (ends.rs).
                 st.runs
                     .cancel_runtime(&session.id, Duration::from_secs(10))
                     .await;

@@ -269,6 +269,12 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn user_by_id(&self, id: &str) -> Result<Option<User>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| users::one(c, "WHERE id = ?1", [id]))
+            .await
+    }
+
     async fn users(&self) -> Result<Vec<User>, StoreError> {
         self.read(|c| users::select(c, "ORDER BY name", [])).await
     }

@@ -481,6 +481,8 @@ pub trait Store:
     async fn add_user(&self, user: NewUser) -> Result<User, StoreError>;
     async fn user_by_key(&self, hash: [u8; 32]) -> Result<Option<User>, StoreError>;
     async fn user_by_name(&self, name: &str) -> Result<Option<User>, StoreError>;
+    /// The user of that id (a session's owner); None when there is none (removed).
+    async fn user_by_id(&self, id: &str) -> Result<Option<User>, StoreError>;
     async fn users(&self) -> Result<Vec<User>, StoreError>;
     async fn user_count(&self) -> Result<u64, StoreError>;
     /// Removes the user and ends their sessions (the server removes the containers).

@@ -276,3 +276,42 @@ pub fn describe_containers(owner: &str) -> String {
         "{{.Names}} {{.Status}} created {{.CreatedAt}} creator {{.Label \"sandboxd.creator\"}}",
     )
 }
+
+/// Polls the API session `id` until it has ended (a bound, not a pause); returns it.
+pub async fn ended_session(api: &Api, id: &str) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let (s, v) = api
+            .json(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+        if v["state"] == "ended" {
+            return v;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the session did not end: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Asserts that run `id` ended `failed` saying `reason`: its stream's last state and its
+/// `run_finished` event, and its row.
+pub async fn assert_run_failed_with(api: &Api, id: &str, reason: &str) {
+    let evs = runs::follow_all(api, id).await;
+    let last = evs.last().expect("the run's events");
+    assert_eq!(last.data["state"], "failed", "{evs:?}");
+    let finished = evs
+        .iter()
+        .find(|e| e.event == "run_finished")
+        .expect("a run_finished event");
+    assert!(
+        finished.data.to_string().contains(reason),
+        "{}",
+        finished.data
+    );
+    let v = runs::get_run(api, id).await;
+    assert_eq!(v["state"], "failed", "{v}");
+    assert!(v.to_string().contains(reason), "{v}");
+}

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use serve::{Api, Env, container_of};
+use serve::{Api, Env, container_of, ended_session};
 use support::cli::{kept_session_id, sandboxd};
 use support::fake_llm::{FakeLlm, Reply};
 
@@ -328,19 +328,8 @@ async fn in_serve_nobody_ends_another_users_vanished_records_and_the_start_sweep
     remove_outside_sandboxd(&vanished_rt);
     remove_outside_sandboxd(&cli);
     // Serve holds ann's session: the engine's events end it at once, with its records.
-    let t = Instant::now();
-    loop {
-        let (s, v) = ann
-            .json(Method::GET, &format!("/v1/sessions/{vanished}"), None)
-            .await;
-        assert_eq!(s, 200, "{v}");
-        if v["state"] == "ended" {
-            assert_eq!(v["end_reason"], "its sandbox was removed outside sandboxd");
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "not ended: {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let v = ended_session(&ann, &vanished).await;
+    assert_eq!(v["end_reason"], "its sandbox was removed outside sandboxd");
     assert_eq!(env.stored_records(&vanished_rt).await, Vec::<String>::new());
 
     // Bob names ann's vanished session, by its API id and by its runtime id: the same 404

@@ -519,21 +519,12 @@ impl RunService {
     }
 
     /// Stops every run of the session in flight, on any replica, whose sandbox ended under
-    /// them: they end failed, saying `why` (the drivers elsewhere are asked to fail them
-    /// through their rows), and waits (at most `wait`) for their endings.
-    pub async fn fail_session(&self, session_id: &str, why: &str, wait: Duration) {
-        tracing::info!(session = %session_id, %why, "the session's sandbox ended under its runs");
-        let scope = RunScope::Session(session_id.to_string());
-        let stop = Stop::SessionEnded(why.to_string());
-        self.stop_scope(scope, |r| r.session_id == session_id, &stop, wait)
-            .await;
-    }
-
-    /// `fail_session` for a sweep that must not stall (at start-up, before the port is
-    /// bound, and in the upkeep): waits (at most `wait`) only for the runs driven here. The
-    /// others get the fail request in their rows: a live driver ends them failed when it
-    /// reads it, and whoever takes over a dead driver's run ends it failed too
-    /// (control.rs's `interrupt`), so nothing is gained by waiting for them.
+    /// them: they end failed, saying `why`. Waits (at most `wait`) only for the runs driven
+    /// here, so that ending the session (ends.rs, whether the end was heard or a sweep found
+    /// it, at start-up before the port is bound or in the upkeep) never stalls on another
+    /// replica. The others get the fail request in their rows: a live driver ends them
+    /// failed when it reads it, and whoever takes over a dead driver's run ends it failed
+    /// too (control.rs's `interrupt`), so nothing is gained by waiting for them.
     pub async fn fail_session_here(&self, session_id: &str, why: &str, wait: Duration) {
         tracing::info!(session = %session_id, %why, "the session's sandbox is gone under its runs");
         let stop = Stop::SessionEnded(why.to_string());
@@ -545,10 +536,29 @@ impl RunService {
         }
     }
 
-    /// Cancels every run in flight here in the manager's session `runtime_id` (its row ended
-    /// elsewhere) and waits (at most `wait`) for their endings.
+    /// Stops every run in flight here in the manager's session `runtime_id` (its row ended
+    /// elsewhere) and waits (at most `wait`) for their endings. Each stops as its row asks
+    /// when it holds a request, else it is cancelled: the replica that ended the row left a
+    /// fail request when the sandbox vanished (ends.rs), and the run must fail with why
+    /// whether this replica's control pass or its upkeep comes to it first.
     pub async fn cancel_runtime(&self, runtime_id: &str, wait: Duration) {
-        let runs = self.stop_local(|r| r.runtime_id == runtime_id);
+        let runs: Vec<Arc<LiveRun>> = self
+            .live
+            .lock()
+            .map(|m| {
+                m.values()
+                    .filter(|r| r.runtime_id == runtime_id)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for run in &runs {
+            let why = match self.store.run(&run.id).await {
+                Ok(Some(row)) => row.stop_request().map_or(Stop::User, Stop::requested),
+                _ => Stop::User,
+            };
+            run.stop(why);
+        }
         for run in runs {
             let _ = tokio::time::timeout(wait, run.ended.cancelled()).await;
         }
@@ -565,12 +575,7 @@ impl RunService {
         .await;
     }
 
-    /// Stops the runs driven here that `which` picks; returns them.
-    fn stop_local(&self, which: impl Fn(&LiveRun) -> bool) -> Vec<Arc<LiveRun>> {
-        self.stop_local_as(which, &Stop::User)
-    }
-
-    /// `stop_local`, saying `why`.
+    /// Stops the runs driven here that `which` picks, saying `why`; returns them.
     fn stop_local_as(&self, which: impl Fn(&LiveRun) -> bool, why: &Stop) -> Vec<Arc<LiveRun>> {
         let runs: Vec<Arc<LiveRun>> = self
             .live

@@ -24,6 +24,7 @@ mod store_sessions;
 mod store_snapshots;
 mod store_sso;
 mod store_tokens;
+mod store_users;
 mod store_wakes;
 
 pub use runtime::{RuntimeCaps, runtime_conformance};

@@ -57,6 +57,12 @@ pub async fn store_conformance(factory: &dyn StoreFactory) -> Result<()> {
     const S: &str = "store";
     run_case(S, "case_ping", case_ping(factory)).await?;
     run_case(S, "case_users_and_keys", case_users_and_keys(factory)).await?;
+    run_case(
+        S,
+        "case_user_by_id",
+        super::store_users::case_user_by_id(factory),
+    )
+    .await?;
     run_case(S, "case_logins", case_logins(factory)).await?;
     run_case(
         S,
