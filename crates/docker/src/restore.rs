@@ -50,6 +50,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_resumes_container_has_an_open_stdin() {
+        let mut spec = sandboxd_core::sandbox::runtime::SandboxSpec {
+            session_id: "s1".into(),
+            owner: None,
+            pooled: false,
+            limits: sandboxd_core::config::Limits::default(),
+            keep: false,
+            replica: None,
+            image: None,
+            restore_bytes: None,
+        };
+        let body = crate::container_body("image", None, &spec);
+        assert_eq!(body.open_stdin, None);
+        assert_eq!(body.cmd, Some(main_command(None)));
+        spec.restore_bytes = Some(4096);
+        let body = crate::container_body("image", None, &spec);
+        assert_eq!(
+            (body.open_stdin, body.stdin_once, body.attach_stdin),
+            (Some(true), Some(true), Some(true))
+        );
+        assert_eq!(body.cmd, Some(main_command(Some(4096))));
+        // Everything else is a cold create's.
+        assert_eq!(body.host_config.and_then(|h| h.readonly_rootfs), Some(true));
+    }
+
+    #[test]
     fn only_a_resume_tells_init_to_restore() {
         assert_eq!(main_command(None), vec![format!("{HELPERS_DIR}/init.sh")]);
         assert_eq!(

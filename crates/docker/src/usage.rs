@@ -231,6 +231,7 @@ mod tests {
             keep: false,
             replica: None,
             image: None,
+            restore_bytes: None,
         };
         for oci in [None, Some("runsc")] {
             let body = crate::container_body("image", oci, &spec);

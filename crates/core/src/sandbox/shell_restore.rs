@@ -74,14 +74,13 @@ pub(super) async fn start_restoring(
             Some(main) => {
                 // Fed while the shell starts: the transfer no longer waits for it.
                 let shell = async {
-                    let started = spawn_shell(host).await?;
-                    let mut process = started.0;
+                    let (mut process, proxy_env) = spawn_shell(host).await?;
                     let line = format!("{AWAIT_INIT}{GREETING}");
                     // A shell that stopped reading ended or failed: its output says which.
                     let _ = process.stdin.write_all(line.as_bytes()).await;
                     let _ = process.stdin.flush().await;
                     read_answer(&mut process.output, &mut stdout, &mut stderr).await?;
-                    Ok((process, started.1))
+                    Ok((process, proxy_env))
                 };
                 while_feeding(feed_main(main, src, len), shell).await
             }
