@@ -128,8 +128,7 @@ impl ExecBackend for DockerExec {
         })
     }
 
-    /// Running, and not being removed: during `docker rm -f` the engine may still say
-    /// `running` for a moment while the status already reads `removing`.
+    /// The attached stdin of a resume's container (restore.rs), once.
     fn take_main_stdin(&self) -> Option<Pin<Box<dyn AsyncWrite + Send>>> {
         self.main_stdin
             .lock()
@@ -137,6 +136,8 @@ impl ExecBackend for DockerExec {
             .take()
     }
 
+    /// Running, and not being removed: during `docker rm -f` the engine may still say
+    /// `running` for a moment while the status already reads `removing`.
     async fn is_alive(&self) -> bool {
         use bollard::models::ContainerStateStatusEnum as S;
         let info = self

@@ -450,8 +450,11 @@ impl<B: ExecBackend> Sandbox for ExecSandbox<B> {
         len: u64,
         timeout: Duration,
     ) -> Result<bool, SandboxError> {
-        let main_stdin = self.backend.take_main_stdin();
-        let start = super::shell_restore::start_restoring(self, archive, len, main_stdin, timeout);
+        // Taken only when the shell is started here: else init.sh keeps waiting for it.
+        let start = async {
+            let main_stdin = self.backend.take_main_stdin();
+            super::shell_restore::start_restoring(self, archive, len, main_stdin, timeout).await
+        };
         self.watched(async {
             match self.shell.start_first(start).await {
                 Some(started) => started.map(|()| true),
