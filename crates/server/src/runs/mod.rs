@@ -542,16 +542,7 @@ impl RunService {
     /// fail request when the sandbox vanished (ends.rs), and the run must fail with why
     /// whether this replica's control pass or its upkeep comes to it first.
     pub async fn cancel_runtime(&self, runtime_id: &str, wait: Duration) {
-        let runs: Vec<Arc<LiveRun>> = self
-            .live
-            .lock()
-            .map(|m| {
-                m.values()
-                    .filter(|r| r.runtime_id == runtime_id)
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
+        let runs = self.local_runs(|r| r.runtime_id == runtime_id);
         for run in &runs {
             let why = match self.store.run(&run.id).await {
                 Ok(Some(row)) => row.stop_request().map_or(Stop::User, Stop::requested),
@@ -575,13 +566,17 @@ impl RunService {
         .await;
     }
 
-    /// Stops the runs driven here that `which` picks, saying `why`; returns them.
-    fn stop_local_as(&self, which: impl Fn(&LiveRun) -> bool, why: &Stop) -> Vec<Arc<LiveRun>> {
-        let runs: Vec<Arc<LiveRun>> = self
-            .live
+    /// The runs driven here that `which` picks.
+    fn local_runs(&self, which: impl Fn(&LiveRun) -> bool) -> Vec<Arc<LiveRun>> {
+        self.live
             .lock()
             .map(|m| m.values().filter(|r| which(r)).cloned().collect())
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// Stops the runs driven here that `which` picks, saying `why`; returns them.
+    fn stop_local_as(&self, which: impl Fn(&LiveRun) -> bool, why: &Stop) -> Vec<Arc<LiveRun>> {
+        let runs = self.local_runs(which);
         for run in &runs {
             run.stop(why.clone());
         }
@@ -649,14 +644,7 @@ impl RunService {
     /// Shutdown: every run in flight is stopped (it ends `interrupted`); waits at most `wait`
     /// for their endings to be recorded.
     pub async fn shutdown(&self, wait: Duration) {
-        let all: Vec<Arc<LiveRun>> = self
-            .live
-            .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default();
-        for run in &all {
-            run.stop(Stop::Shutdown);
-        }
+        let all = self.stop_local_as(|_| true, &Stop::Shutdown);
         self.tasks.close();
         if tokio::time::timeout(wait, self.tasks.wait()).await.is_err() {
             tracing::warn!(runs = all.len(), "runs still ending after the drain bound");
